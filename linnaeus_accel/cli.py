@@ -1,0 +1,98 @@
+"""``linnaeus-accel`` command line (also ``python -m linnaeus_accel``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from . import __version__
+from .config import Config, ConfigError, load_config
+from .schedule import ResolvedPlan, batches_per_process, resolve_plan
+
+EXIT_CONFIG_ERROR = 2
+
+
+def _add_config_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--cfg", required=True, metavar="FILE", help="YAML config (e.g. configs/default.yaml)"
+    )
+    parser.add_argument(
+        "--opts",
+        nargs="+",
+        default=[],
+        metavar="KEY VALUE",
+        help="overrides as dotted KEY VALUE pairs, values read as YAML (null unsets a key), "
+        "e.g. --opts TRAIN.EPOCHS 20 LR_SCHEDULER.NAME wsd",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="linnaeus-accel", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    plan = commands.add_parser(
+        "plan",
+        help="resolve the whole schedule without training",
+        description="Resolve every schedule parameter into global optimizer steps and show the plan.",
+    )
+    _add_config_args(plan)
+    plan.add_argument(
+        "--world-size", type=int, default=1, metavar="N", help="number of processes (default 1)"
+    )
+    plan.add_argument(
+        "--dataset-size",
+        type=int,
+        default=None,
+        metavar="N",
+        help="training samples; default: build the configured training dataset and count them",
+    )
+    plan.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
+    plan.add_argument("--no-series", action="store_true", help="with --json: leave out the per-step series")
+    return parser
+
+
+def plan_for(config: Config, world_size: int, dataset_size: int | None) -> ResolvedPlan:
+    """The resolved plan, building the training dataset when its size is not given."""
+    if dataset_size is None:
+        from .data import build_dataset, dataset_problems
+
+        dataset = build_dataset(config, "train")
+        problems = dataset_problems(config, dataset)
+        if problems:
+            raise ConfigError(problems)
+        dataset_size = len(dataset)
+    elif dataset_size < 0:
+        raise ConfigError([("--dataset-size", f"must be >= 0 (got {dataset_size})")], source="arguments")
+    if world_size < 1:
+        raise ConfigError([("--world-size", f"must be >= 1 (got {world_size})")], source="arguments")
+    batches = batches_per_process(dataset_size, config.DATA.BATCH_SIZE, world_size, config.DATA.DROP_LAST)
+    return resolve_plan(config, batches, world_size, dataset_size)
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    from .schedule.summary import plan_json, summary_text
+
+    config = load_config(args.cfg, args.opts)
+    plan = plan_for(config, args.world_size, args.dataset_size)
+    for warning in plan.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    if args.json:
+        json.dump(plan_json(config, plan, with_series=not args.no_series), sys.stdout, separators=(",", ":"))
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(summary_text(config, plan))
+    return 0
+
+
+COMMANDS = {"plan": run_plan}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except ConfigError as exc:
+        print(f"linnaeus-accel: {exc}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR

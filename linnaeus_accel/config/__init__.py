@@ -1,0 +1,6 @@
+"""Validated configuration: pydantic models over linnaeus' UPPERCASE YAML keys."""
+
+from .loading import ConfigError, apply_opts, load_config, read_yaml, validate_config
+from .root import Config
+
+__all__ = ["Config", "ConfigError", "apply_opts", "load_config", "read_yaml", "validate_config"]

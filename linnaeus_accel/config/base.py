@@ -1,0 +1,142 @@
+"""Building blocks shared by every config section.
+
+Sections are frozen pydantic models with ``extra="forbid"`` so a misspelt key is an error that
+names it. Rules that involve several fields of one section are collected by a validator into one
+``config_rules`` error carrying every problem, each with the keys it concerns; the loader turns
+them into fully qualified dotted keys (see ``loading.format_problems``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, ConfigDict
+from pydantic_core import PydanticCustomError
+
+RULES_ERROR_TYPE = "config_rules"
+
+TIME_UNITS = ("STEPS", "FRACTION", "EPOCHS")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One broken rule: the keys involved (relative to the section) and what to do about it.
+
+    ``message`` may refer to the keys as ``{0}``, ``{1}``, ... so that the final text names them
+    with their full dotted path.
+    """
+
+    keys: tuple[str, ...]
+    message: str
+
+    def render(self, prefix: str = "") -> tuple[str, str]:
+        full = [f"{prefix}.{k}" if prefix else k for k in self.keys]
+        return ", ".join(full), self.message.format(*full)
+
+
+def raise_if_problems(problems: Sequence[Problem]) -> None:
+    if problems:
+        summary = "; ".join(p.render()[1] for p in problems)
+        raise PydanticCustomError(RULES_ERROR_TYPE, summary, {"problems": list(problems)})
+
+
+class Section(BaseModel):
+    """Base of every config section: unknown keys are errors, values are immutable once loaded."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+def _check_fraction(value: float) -> float:
+    if not math.isfinite(value) or not 0.0 <= value <= 1.0:
+        raise ValueError(f"must be a fraction of training between 0 and 1 (got {value})")
+    return value
+
+
+def _check_probability(value: float) -> float:
+    if not math.isfinite(value) or not 0.0 <= value <= 1.0:
+        raise ValueError(f"must be a probability between 0 and 1 (got {value})")
+    return value
+
+
+def _check_non_negative(value: float) -> float:
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"must be a finite number >= 0 (got {value})")
+    return value
+
+
+def _check_positive(value: float) -> float:
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"must be a finite number > 0 (got {value})")
+    return value
+
+
+def _check_positive_int(value: int) -> int:
+    if value < 1:
+        raise ValueError(f"must be an integer >= 1 (got {value})")
+    return value
+
+
+def _check_interval(value: int) -> int:
+    if value < 1:
+        raise ValueError(f"must be an integer >= 1 (got {value}); leave it unset (null) to disable")
+    return value
+
+
+def _check_non_negative_int(value: int) -> int:
+    if value < 0:
+        raise ValueError(f"must be an integer >= 0 (got {value})")
+    return value
+
+
+Fraction = Annotated[float, AfterValidator(_check_fraction)]
+Probability = Annotated[float, AfterValidator(_check_probability)]
+NonNegativeFloat = Annotated[float, AfterValidator(_check_non_negative)]
+PositiveFloat = Annotated[float, AfterValidator(_check_positive)]
+PositiveInt = Annotated[int, AfterValidator(_check_positive_int)]
+NonNegativeInt = Annotated[int, AfterValidator(_check_non_negative_int)]
+# An optional count of steps or epochs, where "off" is spelled null, not 0.
+StepsOrOff = Annotated[int, AfterValidator(_check_interval)]
+
+
+def set_keys(model: BaseModel, stem: str, units: Iterable[str] = TIME_UNITS) -> list[str]:
+    """Names of the ``<stem>_<unit>`` fields of ``model`` that are set (not None)."""
+    return [f"{stem}_{u}" for u in units if getattr(model, f"{stem}_{u}", None) is not None]
+
+
+def one_unit_problems(
+    model: BaseModel, stem: str, *, units: Iterable[str] = TIME_UNITS, required_because: str | None = None
+) -> list[Problem]:
+    """The "exactly one unit per timed parameter" rule (SPEC §2) for ``<stem>_{STEPS,...}``.
+
+    With ``required_because`` the parameter must be given; the text says why.
+    """
+    units = tuple(units)
+    given = set_keys(model, stem, units)
+    choices = ", ".join(f"{stem}_{u}" for u in units)
+    if len(given) > 1:
+        refs = " and ".join(f"{{{i}}}" for i in range(len(given)))
+        return [Problem(tuple(given), f"{refs} are set together: keep exactly one of {choices}")]
+    if not given and required_because:
+        return [
+            Problem((f"{stem}_{units[0]}",), f"{{0}} (or one of {choices}) is required {required_because}")
+        ]
+    return []
+
+
+def merge_problems(*groups: Iterable[Problem]) -> list[Problem]:
+    return [p for group in groups for p in group]
+
+
+def prefixed(prefix: str, problems: Iterable[Problem]) -> list[Problem]:
+    """Problems of a nested model, re-keyed relative to its parent."""
+    return [Problem(tuple(f"{prefix}.{k}" for k in p.keys), p.message) for p in problems]
+
+
+def json_safe(value: Any) -> Any:
+    """Plain-data view of a config value (for the resolved config written next to a run)."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json", by_alias=True)
+    return value

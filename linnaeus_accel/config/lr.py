@@ -1,0 +1,142 @@
+"""``LR_SCHEDULER``: learning-rate schedule, batch-size scaling and per-parameter-group overrides."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from .base import (
+    Fraction,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    Problem,
+    Section,
+    merge_problems,
+    one_unit_problems,
+    raise_if_problems,
+)
+
+ScheduleName = Literal["cosine", "linear", "step", "wsd"]
+DecayType = Literal["cosine", "linear"]
+
+
+class ParameterGroup(Section):
+    """A set of parameters, selected by name pattern, with its own LR curve.
+
+    Unset fields follow the global curve times ``LR_MULTIPLIER``; a set field replaces the
+    scaled global value (SPEC §3).
+    """
+
+    LABEL: str = Field(description="Name shown in logs and metrics (lr/<LABEL>); 'default' is reserved.")
+    MATCH: list[str] = Field(
+        description="fnmatch patterns on parameter names (model.named_parameters()); "
+        "a parameter joins the first group that matches, else the default group."
+    )
+    LR_MULTIPLIER: NonNegativeFloat = Field(1.0, description="Multiplies the scaled global curve.")
+    NAME: ScheduleName | None = Field(None, description="Schedule shape for this group; default: global.")
+    MIN_LR: NonNegativeFloat | None = Field(
+        None, description="Absolute floor; default: global MIN_LR x multiplier."
+    )
+    WARMUP_LR: NonNegativeFloat | None = Field(
+        None, description="Absolute warmup start; default: global x multiplier."
+    )
+    WARMUP_STEPS: NonNegativeInt | None = None
+    WARMUP_FRACTION: Fraction | None = None
+    WARMUP_EPOCHS: NonNegativeFloat | None = None
+    DECAY_STEPS: PositiveInt | None = None
+    DECAY_FRACTION: Fraction | None = None
+    DECAY_EPOCHS: PositiveFloat | None = None
+    DECAY_RATE: PositiveFloat | None = None
+    STABLE_DURATION_FRACTION: Fraction | None = None
+    DECAY_DURATION_FRACTION: Fraction | None = None
+    DECAY_TYPE: DecayType | None = None
+
+    @model_validator(mode="after")
+    def _rules(self) -> ParameterGroup:
+        problems = merge_problems(one_unit_problems(self, "WARMUP"), one_unit_problems(self, "DECAY"))
+        if self.LABEL == "default":
+            problems.append(
+                Problem(
+                    ("LABEL",), "{0}: 'default' names the group of unmatched parameters; pick another label"
+                )
+            )
+        if not self.MATCH:
+            problems.append(
+                Problem(("MATCH",), "{0} is empty: give at least one parameter-name pattern, e.g. ['head.*']")
+            )
+        raise_if_problems(problems)
+        return self
+
+    def has_decay_period(self) -> bool:
+        return any(getattr(self, f"DECAY_{u}") is not None for u in ("STEPS", "FRACTION", "EPOCHS"))
+
+
+class LRSchedulerConfig(Section):
+    """The learning-rate curve, a pure function of the global optimizer step (SPEC §3)."""
+
+    NAME: ScheduleName = Field("cosine", description="cosine | linear | step | wsd (warmup-stable-decay).")
+    BASE_LR: PositiveFloat = Field(
+        1e-3, description="Peak LR at REFERENCE_BS; scaled by effective batch / REFERENCE_BS."
+    )
+    REFERENCE_BS: PositiveInt | None = Field(
+        512, description="Effective batch size at which BASE_LR applies unscaled; null disables scaling."
+    )
+    MIN_LR: NonNegativeFloat = Field(0.0, description="Absolute LR at the end of decay (not scaled).")
+    WARMUP_LR: NonNegativeFloat = Field(0.0, description="Absolute LR at step 0 of warmup (not scaled).")
+    WARMUP_STEPS: NonNegativeInt | None = Field(None, description="Warmup length in optimizer steps.")
+    WARMUP_FRACTION: Fraction | None = Field(None, description="Warmup length as a fraction of total steps.")
+    WARMUP_EPOCHS: NonNegativeFloat | None = Field(
+        None, description="Warmup length in epochs (may be fractional)."
+    )
+    DECAY_STEPS: PositiveInt | None = Field(None, description="step schedule: steps between decays.")
+    DECAY_FRACTION: Fraction | None = Field(
+        None, description="step schedule: decay period as a fraction of total."
+    )
+    DECAY_EPOCHS: PositiveFloat | None = Field(None, description="step schedule: decay period in epochs.")
+    DECAY_RATE: PositiveFloat = Field(
+        0.1, description="step schedule: multiplier applied every decay period."
+    )
+    STABLE_DURATION_FRACTION: Fraction = Field(
+        0.8, description="wsd: share of post-warmup steps held at BASE_LR."
+    )
+    DECAY_DURATION_FRACTION: Fraction = Field(
+        0.1, description="wsd: share of post-warmup steps spent decaying."
+    )
+    DECAY_TYPE: DecayType = Field("cosine", description="wsd: shape of the decay phase.")
+    PARAMETER_GROUPS: list[ParameterGroup] = Field(
+        default_factory=list,
+        description="Per-group overrides; unmatched parameters form group 0 ('default').",
+    )
+
+    @model_validator(mode="after")
+    def _rules(self) -> LRSchedulerConfig:
+        problems = merge_problems(one_unit_problems(self, "WARMUP"), one_unit_problems(self, "DECAY"))
+        has_global_decay = (
+            self.DECAY_STEPS is not None or self.DECAY_FRACTION is not None or self.DECAY_EPOCHS is not None
+        )
+        if self.NAME == "step" and not has_global_decay:
+            problems.append(
+                Problem(
+                    ("DECAY_STEPS",), "{0} (or DECAY_FRACTION / DECAY_EPOCHS) is required when NAME is 'step'"
+                )
+            )
+        seen: set[str] = set()
+        for i, group in enumerate(self.PARAMETER_GROUPS):
+            key = f"PARAMETER_GROUPS.{i}.LABEL"
+            if group.LABEL in seen:
+                problems.append(
+                    Problem((key,), f"{{0}}: label '{group.LABEL}' is used twice; labels must be unique")
+                )
+            seen.add(group.LABEL)
+            if (group.NAME or self.NAME) == "step" and not (group.has_decay_period() or has_global_decay):
+                problems.append(
+                    Problem(
+                        (f"PARAMETER_GROUPS.{i}.DECAY_STEPS",),
+                        "{0} (or a global DECAY_*) is required for a 'step' group",
+                    )
+                )
+        raise_if_problems(problems)
+        return self

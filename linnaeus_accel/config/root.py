@@ -1,0 +1,67 @@
+"""The whole config and the rules that span sections."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field, model_validator
+
+from .base import Problem, Section, raise_if_problems
+from .lr import LRSchedulerConfig
+from .schedule import ScheduleConfig
+from .sections import DataConfig, EnvConfig, ExperimentConfig, LossConfig, ModelConfig, TrainConfig
+
+
+def _gradnorm_vs_accumulation(s: Mapping[str, Any]) -> list[Problem]:
+    gradnorm = s["LOSS"].GRAD_WEIGHTING.TASK
+    accum = s["TRAIN"].accumulation
+    if gradnorm.GRADNORM_ENABLED and accum > gradnorm.UPDATE_INTERVAL:
+        return [
+            Problem(
+                ("LOSS.GRAD_WEIGHTING.TASK.UPDATE_INTERVAL", "TRAIN.ACCUMULATION_STEPS"),
+                f"{{0}} ({gradnorm.UPDATE_INTERVAL}) is smaller than {{1}} ({accum}): GradNorm updates happen at "
+                "optimizer steps, so raise the interval to at least the accumulation",
+            )
+        ]
+    return []
+
+
+# (sections a rule reads, the rule). The loader runs a rule whenever those sections are valid, even
+# if others are not, so that one run reports every problem of a config together.
+CROSS_SECTION_RULES: list[tuple[tuple[str, ...], Callable[[Mapping[str, Any]], list[Problem]]]] = [
+    (("LOSS", "TRAIN"), _gradnorm_vs_accumulation),
+]
+
+
+def cross_section_problems(sections: Mapping[str, Any]) -> list[Problem]:
+    problems: list[Problem] = []
+    for needs, rule in CROSS_SECTION_RULES:
+        if all(isinstance(sections.get(name), BaseModel) for name in needs):
+            problems += rule(sections)
+    return problems
+
+
+class Config(Section):
+    """A validated linnaeus-accel config (linnaeus' UPPERCASE YAML keys)."""
+
+    EXPERIMENT: ExperimentConfig = Field(default_factory=ExperimentConfig)
+    ENV: EnvConfig = Field(default_factory=EnvConfig)
+    DATA: DataConfig = Field(default_factory=DataConfig)
+    MODEL: ModelConfig = Field(default_factory=ModelConfig)
+    LOSS: LossConfig = Field(default_factory=LossConfig)
+    TRAIN: TrainConfig = Field(default_factory=TrainConfig)
+    LR_SCHEDULER: LRSchedulerConfig = Field(default_factory=LRSchedulerConfig)
+    SCHEDULE: ScheduleConfig = Field(default_factory=ScheduleConfig)
+
+    @model_validator(mode="after")
+    def _cross_section_rules(self) -> Config:
+        raise_if_problems(
+            cross_section_problems({name: getattr(self, name) for name in type(self).model_fields})
+        )
+        return self
+
+    @property
+    def output_dir(self) -> Path:
+        return Path(self.ENV.OUTPUT.BASE_DIR) / self.EXPERIMENT.NAME

@@ -1,0 +1,249 @@
+"""``TrainingProgress``: the single source of truth for where a run is (SPEC §6).
+
+``epoch`` counts *completed* epochs (SPEC §5 numbers boundaries 1..EPOCHS by completed epochs);
+the epoch being trained is ``epoch + 1``. ``global_step`` counts optimizer updates, never
+micro-batches nor processes; ``samples_seen`` counts samples over all processes.
+
+Its state is versioned plain data (JSON) so that a checkpoint never needs unpickling.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from .schedule.steps import batches_per_process, optimizer_steps_per_epoch, steps_from_fraction
+
+logger = logging.getLogger(__name__)
+
+STATE_VERSION = 1
+
+
+class TrainingStage(str, Enum):
+    TRAINING = "TRAINING"
+    VALIDATION_NORMAL = "VALIDATION_NORMAL"
+    VALIDATION_MASK_META = "VALIDATION_MASK_META"
+    VALIDATION_PARTIAL_MASK_META = "VALIDATION_PARTIAL_MASK_META"
+
+
+VALIDATION_ORDER = (
+    TrainingStage.VALIDATION_NORMAL,
+    TrainingStage.VALIDATION_MASK_META,
+    TrainingStage.VALIDATION_PARTIAL_MASK_META,
+)
+
+
+@dataclass
+class TrainingProgress:
+    total_epochs: int
+    expected_total_steps: int | None = None
+    current_stage: TrainingStage = TrainingStage.TRAINING
+    epoch: int = 0
+    global_step: int = 0
+    batches_seen_in_epoch: int = 0
+    samples_seen: int = 0
+    pending_validations: list[TrainingStage] = field(default_factory=list)
+    completed_validations: list[TrainingStage] = field(default_factory=list)
+    partial_validation_indices: list[int] = field(default_factory=list)
+    completed_partial_indices: list[int] = field(default_factory=list)
+    best_metric: dict[str, Any] | None = None  # {"name", "value", "step"}
+
+    # -- training ------------------------------------------------------------------------------
+    @property
+    def current_epoch(self) -> int:
+        """1-based number of the epoch being trained."""
+        return self.epoch + 1
+
+    def start_training_epoch(self, epoch: int | None = None) -> None:
+        """Begin epoch ``epoch`` (1-based; default: the next one) from its first batch."""
+        if epoch is not None:
+            self.epoch = epoch - 1
+        self.current_stage = TrainingStage.TRAINING
+        self.batches_seen_in_epoch = 0
+        self._clear_validations()
+
+    def update_step(self, batch_size: int, is_accumulation_step: bool = False) -> bool:
+        """Record one micro-batch of ``batch_size`` samples (over all processes); returns whether it
+        completed an optimizer step."""
+        self.batches_seen_in_epoch += 1
+        self.samples_seen += batch_size
+        if not is_accumulation_step:
+            self.global_step += 1
+        return not is_accumulation_step
+
+    def end_epoch(self) -> None:
+        self.epoch += 1
+        self.batches_seen_in_epoch = 0
+
+    # -- validation bookkeeping ----------------------------------------------------------------
+    def schedule_validation(self, validation_type: TrainingStage, partial_index: int | None = None) -> None:
+        if validation_type not in self.pending_validations:
+            self.pending_validations.append(validation_type)
+            self.pending_validations.sort(key=VALIDATION_ORDER.index)
+        if partial_index is not None and partial_index not in self.partial_validation_indices:
+            self.partial_validation_indices.append(partial_index)
+
+    def start_validation(self, validation_type: TrainingStage) -> None:
+        self.current_stage = validation_type
+
+    def complete_validation(self, validation_type: TrainingStage, partial_index: int | None = None) -> None:
+        if partial_index is not None:
+            if partial_index in self.partial_validation_indices:
+                self.partial_validation_indices.remove(partial_index)
+                self.completed_partial_indices.append(partial_index)
+            if self.partial_validation_indices:
+                return  # the partial stage stays pending until every combination has run
+        if validation_type in self.pending_validations:
+            self.pending_validations.remove(validation_type)
+        if validation_type not in self.completed_validations:
+            self.completed_validations.append(validation_type)
+        if not self.pending_validations:
+            self.current_stage = TrainingStage.TRAINING
+
+    def has_pending_validations(self) -> bool:
+        return bool(self.pending_validations)
+
+    def _clear_validations(self) -> None:
+        self.pending_validations.clear()
+        self.completed_validations.clear()
+        self.partial_validation_indices.clear()
+        self.completed_partial_indices.clear()
+
+    def update_best(self, name: str, value: float, mode: str = "min") -> bool:
+        """Keep the best value of the checkpoint-ranking metric; True when ``value`` is a new best."""
+        if not math.isfinite(value):
+            return False
+        best = self.best_metric
+        better = (
+            best is None
+            or best["name"] != name
+            or (value < best["value"] if mode == "min" else value > best["value"])
+        )
+        if better:
+            self.best_metric = {"name": name, "value": value, "step": self.global_step}
+        return better
+
+    # -- fractions -------------------------------------------------------------------------------
+    def get_progress_fraction(self) -> float:
+        if self.expected_total_steps:
+            return min(1.0, self.global_step / self.expected_total_steps)
+        return min(1.0, self.epoch / max(1, self.total_epochs))
+
+    def is_fraction_point(self, fraction: float) -> bool:
+        """True right after the optimizer step at which ``fraction`` of training is reached (the
+        step that fraction resolves to, SPEC §2)."""
+        if not self.expected_total_steps or not 0 < fraction <= 1:
+            return False
+        return self.global_step == steps_from_fraction(fraction, self.expected_total_steps)
+
+    # -- state -----------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "version": STATE_VERSION,
+            "total_epochs": self.total_epochs,
+            "expected_total_steps": self.expected_total_steps,
+            "current_stage": self.current_stage.value,
+            "epoch": self.epoch,
+            "global_step": self.global_step,
+            "batches_seen_in_epoch": self.batches_seen_in_epoch,
+            "samples_seen": self.samples_seen,
+            "pending_validations": [s.value for s in self.pending_validations],
+            "completed_validations": [s.value for s in self.completed_validations],
+            "partial_validation_indices": list(self.partial_validation_indices),
+            "completed_partial_indices": list(self.completed_partial_indices),
+            "best_metric": dict(self.best_metric) if self.best_metric else None,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Tolerant: unknown keys are ignored and missing ones keep their current value, so that
+        checkpoints of other versions still load."""
+        version = state.get("version", STATE_VERSION)
+        if version > STATE_VERSION:
+            logger.warning(
+                "progress state version %s is newer than this code (%s); loading what is known",
+                version,
+                STATE_VERSION,
+            )
+        ints = ("total_epochs", "epoch", "global_step", "batches_seen_in_epoch", "samples_seen")
+        for name in ints:
+            if state.get(name) is not None:
+                setattr(self, name, int(state[name]))
+        if "expected_total_steps" in state:
+            t = state["expected_total_steps"]
+            self.expected_total_steps = int(t) if t is not None else None
+        if "current_stage" in state:
+            self.current_stage = TrainingStage(state["current_stage"])
+        for name in ("pending_validations", "completed_validations"):
+            if name in state:
+                setattr(self, name, [TrainingStage(s) for s in state[name]])
+        for name in ("partial_validation_indices", "completed_partial_indices"):
+            if name in state:
+                setattr(self, name, [int(i) for i in state[name]])
+        if "best_metric" in state:
+            self.best_metric = dict(state["best_metric"]) if state["best_metric"] else None
+
+
+class TrainingConsistencyChecker:
+    """Checks that epochs advance by the number of optimizer steps the plan expects."""
+
+    def __init__(
+        self,
+        total_epochs: int,
+        batch_size: int,
+        world_size: int,
+        accumulation_steps: int,
+        drop_last: bool = False,
+    ) -> None:
+        self.total_epochs = total_epochs
+        self.batch_size = batch_size
+        self.world_size = world_size
+        self.accumulation_steps = max(1, accumulation_steps)
+        self.drop_last = drop_last
+        self.expected_steps_per_epoch: int | None = None
+        self.expected_total_steps: int | None = None
+
+    def expected_steps_for(self, dataset_size: int) -> int:
+        batches = batches_per_process(dataset_size, self.batch_size, self.world_size, self.drop_last)
+        return optimizer_steps_per_epoch(batches, self.accumulation_steps)
+
+    def initialize_with_first_epoch(self, actual_steps: int, dataset_size: int) -> bool:
+        expected = self.expected_steps_for(dataset_size)
+        self.expected_steps_per_epoch = expected
+        self.expected_total_steps = expected * self.total_epochs
+        if actual_steps != expected:
+            logger.warning(
+                "first epoch took %d optimizer steps but %d samples at batch %d x %d processes, accumulation %d "
+                "should take %d: check the sampler and the accumulation setting",
+                actual_steps,
+                dataset_size,
+                self.batch_size,
+                self.world_size,
+                self.accumulation_steps,
+                expected,
+            )
+            return False
+        return True
+
+    def validate_epoch_steps(self, epoch: int, actual_steps: int) -> bool:
+        if self.expected_steps_per_epoch is None:
+            raise RuntimeError("call initialize_with_first_epoch() first")
+        if actual_steps != self.expected_steps_per_epoch:
+            logger.warning(
+                "epoch %d took %d optimizer steps, expected %d",
+                epoch,
+                actual_steps,
+                self.expected_steps_per_epoch,
+            )
+            return False
+        return True
+
+    def calculate_expected_fractions(
+        self, fractions: tuple[float, ...] = (0.25, 0.5, 0.75)
+    ) -> dict[float, int]:
+        """The global step at which each fraction of training is reached."""
+        if self.expected_total_steps is None:
+            raise RuntimeError("call initialize_with_first_epoch() first")
+        return {f: steps_from_fraction(f, self.expected_total_steps) for f in fractions}

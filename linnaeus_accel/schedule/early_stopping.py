@@ -1,0 +1,105 @@
+"""Early stopping (SPEC §7): a small state machine checked at validation points."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from ..config.sections import EarlyStopConfig
+
+STATE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class StopDecision:
+    reason: str  # patience | max_loss | not_finite | min_lr | max_grad_norm | max_steps
+    message: str
+
+
+class EarlyStopping:
+    """Tracks the best value of the monitored metric and decides whether to stop.
+
+    ``check`` is called at validation points with the metrics of that point; the decision is meant
+    to be taken on one process and broadcast (the trainer does that).
+    """
+
+    def __init__(self, config: EarlyStopConfig, warmup_steps: int = 0) -> None:
+        self.config = config
+        self.warmup_steps = warmup_steps
+        self.metric = config.METRIC
+        self.mode = config.mode
+        self.best: float | None = None
+        self.step_of_best: int | None = None
+
+    def is_improvement(self, value: float) -> bool:
+        if self.best is None:
+            return math.isfinite(value)
+        delta = self.best - value if self.mode == "min" else value - self.best
+        return delta > self.config.MIN_DELTA
+
+    def update(self, value: float, global_step: int) -> bool:
+        """Record a new value of the metric; True when it is a new best."""
+        if self.is_improvement(value):
+            self.best, self.step_of_best = value, global_step
+            return True
+        return False
+
+    def check(
+        self, global_step: int, metric: float | None, lr: float | None = None, grad_norm: float | None = None
+    ) -> StopDecision | None:
+        """Update with this validation point's values and say whether training should stop."""
+        cfg = self.config
+        if not cfg.ACTIVE:
+            if metric is not None:
+                self.update(metric, global_step)
+            return None
+        if metric is not None:
+            if not math.isfinite(metric):
+                return StopDecision("not_finite", f"{self.metric} is {metric} at step {global_step}")
+            self.update(metric, global_step)
+            if cfg.MAX_LOSS is not None and metric > cfg.MAX_LOSS:
+                return StopDecision(
+                    "max_loss", f"{self.metric} = {metric:.6g} exceeds MAX_LOSS {cfg.MAX_LOSS:g}"
+                )
+            if cfg.PATIENCE_STEPS is not None and self.step_of_best is not None:
+                waited = global_step - self.step_of_best
+                if waited >= cfg.PATIENCE_STEPS:
+                    return StopDecision(
+                        "patience",
+                        f"no improvement of {self.metric} by more than {cfg.MIN_DELTA:g} for {waited} steps "
+                        f"(best {self.best:.6g} at step {self.step_of_best}; PATIENCE_STEPS {cfg.PATIENCE_STEPS})",
+                    )
+        if cfg.MIN_LR is not None and lr is not None and global_step >= self.warmup_steps and lr < cfg.MIN_LR:
+            return StopDecision(
+                "min_lr", f"learning rate {lr:.3g} fell below MIN_LR {cfg.MIN_LR:g} at step {global_step}"
+            )
+        if cfg.MAX_GRAD_NORM is not None and grad_norm is not None and grad_norm > cfg.MAX_GRAD_NORM:
+            return StopDecision(
+                "max_grad_norm", f"gradient norm {grad_norm:.4g} exceeds MAX_GRAD_NORM {cfg.MAX_GRAD_NORM:g}"
+            )
+        return None
+
+    def reached_max_steps(self, global_step: int) -> StopDecision | None:
+        max_steps = self.config.MAX_STEPS
+        if self.config.ACTIVE and max_steps is not None and global_step >= max_steps:
+            return StopDecision("max_steps", f"reached MAX_STEPS ({max_steps})")
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "version": STATE_VERSION,
+            "metric": self.metric,
+            "best": self.best,
+            "step_of_best": self.step_of_best,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        # Tolerant: a checkpoint that monitored another metric restarts the search for a best.
+        if state.get("metric", self.metric) != self.metric:
+            self.best, self.step_of_best = None, None
+            return
+        best = state.get("best")
+        self.best = float(best) if best is not None else None
+        step = state.get("step_of_best")
+        self.step_of_best = int(step) if step is not None else None

@@ -1,0 +1,127 @@
+"""``OpsSchedule``: the questions the training loop asks, answered from the resolved plan.
+
+Step-keyed questions take ``k``, the index of the optimizer update being made (0-based, equal to
+``global_step`` before it is incremented). Boundary questions take the number of completed epochs
+``epoch`` (1-based) and ``final``, true at the last boundary of the run (the last epoch, or an
+early stop / MAX_STEPS cut-off).
+"""
+
+from __future__ import annotations
+
+from .events import Interval, mask_pass_name
+from .plan import ResolvedPlan
+
+
+class OpsSchedule:
+    def __init__(self, plan: ResolvedPlan) -> None:
+        self.plan = plan
+
+    # -- epoch boundaries (SPEC §5) ------------------------------------------------------------
+    def is_final_epoch(self, epoch: int) -> bool:
+        return epoch >= self.plan.epochs
+
+    def _fires(self, interval: Interval | None, epoch: int) -> bool:
+        if interval is None:
+            return False
+        step = self.plan.boundary_step(epoch)
+        return interval.fires(epoch, step, self.plan.boundary_step(epoch - 1))
+
+    def should_save_checkpoint(self, epoch: int, final: bool = False) -> bool:
+        return final or self.is_final_epoch(epoch) or self._fires(self.plan.checkpoint, epoch)
+
+    def should_validate(self, epoch: int, final: bool = False) -> bool:
+        if self.plan.validation is None:
+            return False
+        return final or self.is_final_epoch(epoch) or self._fires(self.plan.validation, epoch)
+
+    def should_validate_mask_meta(self, epoch: int, final: bool = False) -> bool:
+        return self._fires(self.plan.mask_meta_validation, epoch)
+
+    def should_run_exhaustive_validation(self, epoch: int, final: bool = False) -> bool:
+        return bool(self.plan.exhaustive_combinations) and (final or self.is_final_epoch(epoch))
+
+    def should_validate_partial_mask_meta(self, epoch: int, final: bool = False) -> bool:
+        # The exhaustive passes replace the whitelist passes at the final boundary.
+        if self.should_run_exhaustive_validation(epoch, final):
+            return False
+        return self._fires(self.plan.partial_mask_meta_validation, epoch)
+
+    def partial_mask_combinations(self, epoch: int, final: bool = False) -> tuple[tuple[str, ...], ...]:
+        """The component combinations to mask at this boundary, one validation pass each."""
+        if self.should_run_exhaustive_validation(epoch, final):
+            return self.plan.exhaustive_combinations
+        if self.should_validate_partial_mask_meta(epoch, final):
+            return self.plan.partial_validation_whitelist
+        return ()
+
+    @staticmethod
+    def partial_pass_name(combination: tuple[str, ...]) -> str:
+        return mask_pass_name(combination)
+
+    # -- per step (SPEC §3, §4, §8) -------------------------------------------------------------
+    def get_lr(self, k: int, group: int = 0) -> float:
+        return self.plan.lr(k, group)
+
+    def get_meta_mask_prob(self, k: int) -> float:
+        return self.plan.meta_mask(k)
+
+    def get_partial_mask_enabled(self, k: int) -> bool:
+        return self.plan.partial_mask.active(k)
+
+    def get_partial_mask_prob(self, k: int) -> float:
+        return self.plan.partial_mask(k)
+
+    def get_mixup_prob(self, k: int) -> float:
+        return self.plan.mixup(k)
+
+    def get_mixup_group_level(self, k: int) -> str | None:
+        # Level switching is not supported: GROUP_LEVELS[0] all run.
+        return self.plan.mixup_group_level
+
+    def should_update_gradnorm(self, k: int) -> bool:
+        p = self.plan
+        return p.gradnorm_enabled and k >= p.gradnorm_warmup_steps and k % p.gradnorm_interval == 0
+
+    def should_stop_at_max_steps(self, global_step: int) -> bool:
+        return self.plan.max_steps is not None and global_step >= self.plan.max_steps
+
+    # -- logging: ``global_step`` counts completed optimizer steps --------------------------------
+    def _every(self, interval: int, global_step: int) -> bool:
+        return global_step > 0 and (global_step % interval == 0 or global_step == self.plan.total_steps)
+
+    def should_log_metrics(self, global_step: int) -> bool:
+        return self._every(self.plan.metrics_interval, global_step)
+
+    def should_log_console(self, global_step: int) -> bool:
+        return self._every(self.plan.console_interval, global_step)
+
+    def should_log_wandb(self, global_step: int) -> bool:
+        return self._every(self.plan.wandb_interval, global_step)
+
+    def should_log_lr(self, global_step: int) -> bool:
+        return self._every(self.plan.lr_interval, global_step)
+
+    def should_log_pipeline(self, global_step: int) -> bool:
+        return self._every(self.plan.pipeline_interval, global_step)
+
+    # -- whole-run views, for ``plan`` -----------------------------------------------------------
+    def event_epochs(self) -> dict[str, list[int]]:
+        events: dict[str, list[int]] = {
+            "validation": [],
+            "mask_meta_validation": [],
+            "partial_mask_meta_validation": [],
+            "checkpoint": [],
+            "exhaustive_validation": [],
+        }
+        checks = {
+            "validation": self.should_validate,
+            "mask_meta_validation": self.should_validate_mask_meta,
+            "partial_mask_meta_validation": self.should_validate_partial_mask_meta,
+            "checkpoint": self.should_save_checkpoint,
+            "exhaustive_validation": self.should_run_exhaustive_validation,
+        }
+        for epoch in range(1, self.plan.epochs + 1):
+            for name, check in checks.items():
+                if check(epoch):
+                    events[name].append(epoch)
+        return events

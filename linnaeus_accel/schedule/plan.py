@@ -1,0 +1,255 @@
+"""The resolved plan: every schedule parameter of a config, in integer global steps, computed once.
+
+``resolve_plan(config, batches_per_epoch, world_size)`` is the only place where steps, fractions and
+epochs meet; everything downstream (the training loop, ``OpsSchedule``, ``plan``) reads ints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ..config import Config, ConfigError
+from ..config.lr import LRSchedulerConfig, ParameterGroup
+from ..config.schedule import ProbabilityRamp
+from .events import Interval, exhaustive_combinations, interval_from
+from .lr import LRCurve
+from .ramps import DISABLED, PartialMasking, Ramp
+from .sanity import sanity_warnings
+from .steps import floor_fraction_of, optimizer_steps_per_epoch, resolve_steps, steps_from_fraction
+
+
+@dataclass(frozen=True)
+class ResolvedPlan:
+    world_size: int
+    batch_size: int
+    accumulation: int
+    batches_per_epoch: int
+    optimizer_steps_per_epoch: int
+    epochs: int
+    total_steps: int
+    effective_batch_size: int
+    lr_scale: float
+    lr_curves: tuple[LRCurve, ...]  # [0] is the default group (unmatched parameters)
+    group_patterns: tuple[tuple[str, ...], ...]  # MATCH patterns of lr_curves[1:]
+    validation: Interval | None
+    mask_meta_validation: Interval | None
+    partial_mask_meta_validation: Interval | None
+    partial_validation_whitelist: tuple[tuple[str, ...], ...]
+    exhaustive_combinations: tuple[tuple[str, ...], ...]  # empty when disabled
+    checkpoint: Interval | None
+    meta_mask: Ramp
+    partial_mask: PartialMasking
+    mixup: Ramp
+    mixup_group_level: str | None
+    metrics_interval: int
+    console_interval: int
+    wandb_interval: int
+    lr_interval: int
+    pipeline_interval: int
+    gradnorm_enabled: bool
+    gradnorm_warmup_steps: int
+    gradnorm_interval: int
+    max_steps: int | None
+    dataset_size: int | None = None
+    warnings: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def warmup_steps(self) -> int:
+        return self.lr_curves[0].warmup_steps
+
+    def lr(self, step: int, group: int = 0) -> float:
+        return self.lr_curves[group](step)
+
+    def boundary_step(self, epoch: int) -> int:
+        """Global step count once ``epoch`` epochs are complete."""
+        return epoch * self.optimizer_steps_per_epoch
+
+
+def resolve_plan(
+    config: Config, batches_per_epoch: int, world_size: int = 1, dataset_size: int | None = None
+) -> ResolvedPlan:
+    """Resolve ``config`` for a dataloader of ``batches_per_epoch`` batches per process."""
+    if world_size < 1:
+        raise ConfigError([("--world-size", f"must be >= 1 (got {world_size})")], source="plan")
+    if batches_per_epoch < 1:
+        raise ConfigError(
+            [
+                (
+                    "DATA.BATCH_SIZE",
+                    f"the training data yields no batch per process (dataset size {dataset_size}, "
+                    f"{world_size} processes{', DROP_LAST' if config.DATA.DROP_LAST else ''}): lower BATCH_SIZE or add data",
+                )
+            ],
+            source="plan",
+        )
+    accum = config.TRAIN.accumulation
+    ope = optimizer_steps_per_epoch(batches_per_epoch, accum)
+    total = ope * config.TRAIN.EPOCHS
+    sched, lrc = config.SCHEDULE, config.LR_SCHEDULER
+    effective = config.DATA.BATCH_SIZE * world_size * accum
+    scale = effective / lrc.REFERENCE_BS if lrc.REFERENCE_BS else 1.0
+
+    def steps(block: Any, stem: str) -> int | None:
+        return resolve_steps(
+            steps=getattr(block, f"{stem}_STEPS", None),
+            fraction=getattr(block, f"{stem}_FRACTION", None),
+            epochs=getattr(block, f"{stem}_EPOCHS", None),
+            total_steps=total,
+            steps_per_epoch=ope,
+        )
+
+    def interval(block: Any, stem: str) -> Interval | None:
+        fraction = getattr(block, f"{stem}_FRACTION")
+        return interval_from(
+            epochs=getattr(block, f"{stem}_EPOCHS"),
+            steps=getattr(block, f"{stem}_STEPS"),
+            fraction_steps=None if fraction is None else steps_from_fraction(fraction, total),
+        )
+
+    def ramp(block: ProbabilityRamp) -> Ramp:
+        if not block.ENABLED:
+            return DISABLED
+        return Ramp(True, block.START_PROB, block.END_PROB, steps(block, "END") or 0)
+
+    curves = [_curve("default", lrc, None, scale, total, steps)]
+    curves += [_curve(g.LABEL, lrc, g, scale, total, steps) for g in lrc.PARAMETER_GROUPS]
+    _check_lr_bounds(curves, lrc)
+
+    pm = sched.META_MASKING.PARTIAL
+    partial_start = steps(pm, "START") or 0
+    partial_end = steps(pm, "END")
+    partial_end = total if partial_end is None else partial_end
+    if pm.ENABLED and partial_start >= partial_end:
+        raise ConfigError(
+            [
+                (
+                    "SCHEDULE.META_MASKING.PARTIAL.START_*, SCHEDULE.META_MASKING.PARTIAL.END_*",
+                    f"the partial-masking window [{partial_start}, {partial_end}) is empty: START must come before END",
+                )
+            ],
+            source="plan",
+        )
+    whitelist = tuple(tuple(c) for c in pm.WHITELIST)
+    partial = PartialMasking(
+        enabled=pm.ENABLED,
+        start_step=partial_start,
+        end_step=partial_end,
+        prob=Ramp(pm.ENABLED, pm.START_PROB, pm.END_PROB, steps(pm, "PROB_END") or 0),
+        whitelist=whitelist,
+        weights=tuple(pm.WEIGHTS) if pm.WEIGHTS is not None else tuple(1.0 for _ in whitelist),
+    )
+
+    val, final = sched.VALIDATION, sched.VALIDATION.FINAL_EPOCH
+    metrics = sched.METRICS
+    log_every = metrics.STEP_INTERVAL or (
+        steps_from_fraction(metrics.STEP_FRACTION, total) if metrics.STEP_FRACTION else 0
+    )
+    log_every = log_every or 50
+    gradnorm = config.LOSS.GRAD_WEIGHTING.TASK
+    plan = ResolvedPlan(
+        world_size=world_size,
+        batch_size=config.DATA.BATCH_SIZE,
+        accumulation=accum,
+        batches_per_epoch=batches_per_epoch,
+        optimizer_steps_per_epoch=ope,
+        epochs=config.TRAIN.EPOCHS,
+        total_steps=total,
+        effective_batch_size=effective,
+        lr_scale=scale,
+        lr_curves=tuple(curves),
+        group_patterns=tuple(tuple(g.MATCH) for g in lrc.PARAMETER_GROUPS),
+        validation=interval(val, "INTERVAL"),
+        mask_meta_validation=interval(val, "MASK_META_INTERVAL"),
+        partial_mask_meta_validation=interval(val.PARTIAL_MASK_META, "INTERVAL")
+        if val.PARTIAL_MASK_META.ENABLED
+        else None,
+        partial_validation_whitelist=tuple(tuple(c) for c in val.PARTIAL_MASK_META.WHITELIST),
+        exhaustive_combinations=exhaustive_combinations(tuple(final.EXHAUSTIVE_META_COMPONENTS))
+        if final.EXHAUSTIVE_PARTIAL_META_VALIDATION
+        else (),
+        checkpoint=interval(sched.CHECKPOINT, "INTERVAL"),
+        meta_mask=ramp(sched.META_MASKING),
+        partial_mask=partial,
+        mixup=ramp(sched.MIXUP.PROB),
+        mixup_group_level=sched.MIXUP.GROUP_LEVELS[0] if sched.MIXUP.GROUP_LEVELS else None,
+        metrics_interval=log_every,
+        console_interval=metrics.CONSOLE_INTERVAL or log_every,
+        wandb_interval=metrics.WANDB_INTERVAL or log_every,
+        lr_interval=metrics.LR_INTERVAL or log_every,
+        pipeline_interval=metrics.PIPELINE_INTERVAL or log_every,
+        gradnorm_enabled=gradnorm.GRADNORM_ENABLED,
+        gradnorm_warmup_steps=gradnorm.GRADNORM_WARMUP_STEPS,
+        gradnorm_interval=gradnorm.UPDATE_INTERVAL,
+        max_steps=config.TRAIN.EARLY_STOP.MAX_STEPS if config.TRAIN.EARLY_STOP.ACTIVE else None,
+        dataset_size=dataset_size,
+    )
+    return replace(plan, warnings=tuple(sanity_warnings(config, plan)))
+
+
+StepResolver = Callable[[Any, str], "int | None"]
+
+
+def _curve(
+    label: str,
+    lrc: LRSchedulerConfig,
+    group: ParameterGroup | None,
+    scale: float,
+    total: int,
+    steps: StepResolver,
+) -> LRCurve:
+    """SPEC §3: a group follows the global curve times LR_MULTIPLIER; a field it sets replaces the
+    scaled global value."""
+    mult = group.LR_MULTIPLIER if group else 1.0
+
+    def pick(name: str) -> Any:
+        own = getattr(group, name, None) if group else None
+        return own if own is not None else getattr(lrc, name)
+
+    def own_or_global_steps(stem: str) -> int | None:
+        own = steps(group, stem) if group is not None else None
+        return own if own is not None else steps(lrc, stem)
+
+    kind = group.NAME if group and group.NAME else lrc.NAME
+    warmup = min(own_or_global_steps("WARMUP") or 0, total)
+    post = max(1, total - warmup)
+    decay_every = own_or_global_steps("DECAY")
+    return LRCurve(
+        label=label,
+        kind=kind,
+        base_lr=lrc.BASE_LR * scale * mult,
+        min_lr=group.MIN_LR if group and group.MIN_LR is not None else lrc.MIN_LR * mult,
+        warmup_lr=group.WARMUP_LR if group and group.WARMUP_LR is not None else lrc.WARMUP_LR * mult,
+        warmup_steps=warmup,
+        total_steps=total,
+        decay_every=max(1, decay_every) if decay_every else None,
+        decay_rate=pick("DECAY_RATE"),
+        stable_steps=floor_fraction_of(pick("STABLE_DURATION_FRACTION"), post),
+        decay_steps=floor_fraction_of(pick("DECAY_DURATION_FRACTION"), post),
+        decay_type=pick("DECAY_TYPE"),
+    )
+
+
+def _check_lr_bounds(curves: list[LRCurve], lrc: LRSchedulerConfig) -> None:
+    problems = []
+    for i, c in enumerate(curves):
+        where = "LR_SCHEDULER" if i == 0 else f"LR_SCHEDULER.PARAMETER_GROUPS.{i - 1}"
+        if c.min_lr > c.base_lr:
+            problems.append(
+                (
+                    f"{where}.MIN_LR",
+                    f"{c.min_lr:g} is above the peak LR {c.base_lr:g} "
+                    f"(BASE_LR x scale {'x multiplier ' if i else ''}): lower MIN_LR",
+                )
+            )
+        if c.warmup_lr > c.base_lr:
+            problems.append(
+                (
+                    f"{where}.WARMUP_LR",
+                    f"{c.warmup_lr:g} is above the peak LR {c.base_lr:g}: "
+                    "warmup would go down; lower WARMUP_LR",
+                )
+            )
+    if problems:
+        raise ConfigError(problems, source="plan")

@@ -1,0 +1,67 @@
+"""Sanity checks: configurations that are legal but probably not what the user meant.
+
+They are printed as warnings, never fatal (unlike the rules in ``config``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..config import Config
+from .events import Interval
+
+if TYPE_CHECKING:
+    from .plan import ResolvedPlan
+
+
+def sanity_warnings(config: Config, plan: ResolvedPlan) -> list[str]:
+    out: list[str] = []
+    sched, lrc = config.SCHEDULE, config.LR_SCHEDULER
+    intervals: dict[str, Interval | None] = {
+        "SCHEDULE.VALIDATION.INTERVAL_*": plan.validation,
+        "SCHEDULE.VALIDATION.MASK_META_INTERVAL_*": plan.mask_meta_validation,
+        "SCHEDULE.VALIDATION.PARTIAL_MASK_META.INTERVAL_*": plan.partial_mask_meta_validation,
+        "SCHEDULE.CHECKPOINT.INTERVAL_*": plan.checkpoint,
+    }
+    for key, interval in intervals.items():
+        if interval is None:
+            continue
+        length = interval.every * (plan.optimizer_steps_per_epoch if interval.unit == "epochs" else 1)
+        if length * 4 > plan.total_steps:
+            out.append(
+                f"{key}: an interval of {interval.every} {interval.unit} is longer than a quarter of the run "
+                f"({plan.total_steps} steps), so it fires at most {plan.total_steps // max(1, length)} time(s) before the final epoch"
+            )
+    units = {i.unit for i in intervals.values() if i is not None}
+    if len(units) > 1:
+        out.append(
+            "SCHEDULE: validation and checkpoint intervals mix epochs and steps; events still happen only at "
+            "epoch boundaries, so consider one unit for all"
+        )
+    if plan.validation is None:
+        out.append("SCHEDULE.VALIDATION: no INTERVAL_* is set, so the model is never validated")
+    if plan.checkpoint is None:
+        out.append("SCHEDULE.CHECKPOINT: no INTERVAL_* is set, so only the final epoch is checkpointed")
+    if lrc.REFERENCE_BS is not None and lrc.REFERENCE_BS != 512:
+        out.append(
+            f"LR_SCHEDULER.REFERENCE_BS is {lrc.REFERENCE_BS}, not linnaeus' 512: BASE_LR is scaled by "
+            f"effective batch / {lrc.REFERENCE_BS} = {plan.lr_scale:g}"
+        )
+    if lrc.NAME == "wsd" and lrc.STABLE_DURATION_FRACTION + lrc.DECAY_DURATION_FRACTION > 1:
+        out.append(
+            "LR_SCHEDULER: STABLE_DURATION_FRACTION + DECAY_DURATION_FRACTION > 1, so the decay is cut off "
+            "before the LR reaches MIN_LR"
+        )
+    if plan.warmup_steps >= plan.total_steps:
+        out.append(
+            f"LR_SCHEDULER.WARMUP_*: warmup ({plan.warmup_steps} steps) covers the whole run ({plan.total_steps} steps)"
+        )
+    ranking = sched.CHECKPOINT.METRIC
+    early = config.TRAIN.EARLY_STOP
+    if early.ACTIVE and early.PATIENCE_STEPS is not None and plan.validation is None:
+        out.append(
+            "TRAIN.EARLY_STOP.PATIENCE_STEPS is set but validation never runs, so patience is never checked"
+        )
+    if ranking is not None and (sched.CHECKPOINT.KEEP_TOP_N > 0) and plan.validation is None:
+        out.append("SCHEDULE.CHECKPOINT.KEEP_TOP_N ranks by a validation metric but validation never runs")
+    return out

@@ -1,0 +1,268 @@
+"""Human summary, text timeline and JSON of a resolved plan (``linnaeus-accel plan``).
+
+The same text is written to ``<output dir>/assets/schedule_summary.txt`` when training starts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..config import Config
+from .lr import LRCurve
+from .ops import OpsSchedule
+from .plan import ResolvedPlan
+
+SERIES_FULL_LIMIT = 100_000
+SERIES_SAMPLES = 10_000
+TIMELINE_WIDTH = 64
+BARS = " ▁▂▃▄▅▆▇█"
+
+
+def _pct(part: int, whole: int) -> str:
+    return f"{100.0 * part / max(1, whole):.1f}%"
+
+
+def describe_lr(curve: LRCurve) -> str:
+    """One line per curve, e.g. 'warmup 50 steps (5.0%); stable 760 steps (80.0% of post-warmup) ...'."""
+    t, w = curve.total_steps, curve.warmup_steps
+    post = curve.post_warmup_steps
+    parts = [f"warmup {w} steps ({_pct(w, t)})" + (f" from {curve.warmup_lr:.3g}" if w else "")]
+    if curve.kind == "wsd":
+        phases = curve.phases()
+        for name, length in (("stable", curve.stable_steps), ("decay", curve.decay_steps)):
+            span = phases.get(name)
+            where = f" from step {span[0]} to {span[1]}" if span else ""
+            share = f"{_pct(length, post)} of post-warmup" if name == "stable" else _pct(length, post)
+            parts.append(f"{name} {length} steps ({share}){where}")
+        if "decay" in phases:
+            parts[-1] += f" ({curve.decay_type})"
+        if "min" in phases:
+            a, b = phases["min"]
+            parts.append(f"held at MIN_LR from step {a} to {b}")
+    elif curve.kind == "step":
+        every = f"every {curve.decay_every} steps" if curve.decay_every else "never"
+        parts.append(f"x{curve.decay_rate:g} {every} after warmup, floor {curve.min_lr:.3g}")
+    elif w < t:
+        parts.append(f"{curve.kind} decay {post} steps from step {w} to {t - 1}")
+    return "; ".join(parts) + "."
+
+
+def _epochs_text(epochs: list[int]) -> str:
+    if not epochs:
+        return "never"
+    shown = (
+        ", ".join(map(str, epochs))
+        if len(epochs) <= 12
+        else (", ".join(map(str, epochs[:6])) + ", ..., " + ", ".join(map(str, epochs[-3:])))
+    )
+    return f"after epoch{'s' if len(epochs) > 1 else ''} {shown}"
+
+
+def summary_text(config: Config, plan: ResolvedPlan) -> str:
+    ops = OpsSchedule(plan)
+    events = ops.event_epochs()
+    lines = ["Schedule summary", "================"]
+    data = f"{plan.dataset_size} training samples -> " if plan.dataset_size is not None else ""
+    procs = f"{plan.world_size} process{'es' if plan.world_size > 1 else ''}"
+    lines += [
+        f"Data:     {data}{plan.batches_per_epoch} batches per process per epoch (batch {plan.batch_size} x {procs})",
+        f"Steps:    {plan.optimizer_steps_per_epoch} optimizer steps per epoch (accumulation {plan.accumulation}) "
+        f"x {plan.epochs} epochs = {plan.total_steps} total steps",
+        f"Batch:    effective batch size {plan.effective_batch_size}; LR scale {plan.lr_scale:g}"
+        + (
+            f" (= {plan.effective_batch_size} / {config.LR_SCHEDULER.REFERENCE_BS})"
+            if config.LR_SCHEDULER.REFERENCE_BS
+            else " (scaling off)"
+        ),
+        "",
+    ]
+    for i, curve in enumerate(plan.lr_curves):
+        head = f"LR {curve.kind}, group {i} '{curve.label}'"
+        if i:
+            head += f" (params matching {', '.join(plan.group_patterns[i - 1])})"
+        lines.append(f"{head}: peak {curve.base_lr:.4g}, min {curve.min_lr:.4g}")
+        lines.append("  " + describe_lr(curve))
+    lines.append("")
+    lines.append(f"Validation:            {_epochs_text(events['validation'])}")
+    lines.append(f"Mask-meta validation:  {_epochs_text(events['mask_meta_validation'])}")
+    partial = events["partial_mask_meta_validation"]
+    combos = "; ".join("+".join(c) for c in plan.partial_validation_whitelist)
+    lines.append(f"Partial-mask validation: {_epochs_text(partial)}" + (f" ({combos})" if partial else ""))
+    if plan.exhaustive_combinations:
+        lines.append(
+            f"Exhaustive validation: {len(plan.exhaustive_combinations)} passes at the final epoch: "
+            + ", ".join("+".join(c) for c in plan.exhaustive_combinations)
+        )
+    ck = config.SCHEDULE.CHECKPOINT
+    keep = (
+        "all"
+        if ck.KEEP_TOP_N == 0 and ck.KEEP_LAST_N == 0
+        else f"best {ck.KEEP_TOP_N} + last {ck.KEEP_LAST_N}"
+    )
+    lines.append(f"Checkpoints:           {_epochs_text(events['checkpoint'])}; keep {keep}")
+    lines.append("")
+    lines += _ramp_lines(config, plan)
+    lines.append(
+        f"Logging:  metrics every {plan.metrics_interval} steps, console every {plan.console_interval}"
+    )
+    if plan.max_steps is not None:
+        lines.append(f"MAX_STEPS: training stops after step {plan.max_steps} of {plan.total_steps}")
+    lines += ["", *timeline(plan, events)]
+    if plan.warnings:
+        lines += ["", "Warnings:", *(f"  - {w}" for w in plan.warnings)]
+    return "\n".join(lines) + "\n"
+
+
+def _ramp_lines(config: Config, plan: ResolvedPlan) -> list[str]:
+    out = []
+    t = plan.total_steps
+    m = plan.meta_mask
+    out.append(
+        f"Meta masking:    {m.start_prob:g} -> {m.end_prob:g} by step {m.end_step} ({_pct(m.end_step, t)})"
+        if m.enabled
+        else "Meta masking:    off"
+    )
+    pm = plan.partial_mask
+    if pm.enabled:
+        out.append(
+            f"Partial masking: active steps {pm.start_step}..{pm.end_step - 1}; prob {pm.prob.start_prob:g} -> "
+            f"{pm.prob.end_prob:g} by step {pm.prob.end_step}; combinations "
+            + ", ".join("+".join(c) for c in pm.whitelist)
+        )
+    else:
+        out.append("Partial masking: off")
+    x = plan.mixup
+    out.append(
+        f"Mixup:           {x.start_prob:g} -> {x.end_prob:g} by step {x.end_step} ({_pct(x.end_step, t)}), "
+        f"within groups of '{plan.mixup_group_level}'"
+        if x.enabled
+        else "Mixup:           off"
+    )
+    if plan.gradnorm_enabled:
+        out.append(
+            f"GradNorm:        every {plan.gradnorm_interval} steps from step {plan.gradnorm_warmup_steps}"
+        )
+    es = config.TRAIN.EARLY_STOP
+    if es.ACTIVE:
+        out.append(
+            f"Early stopping:  {es.METRIC} ({es.mode}), patience {es.PATIENCE_STEPS} steps, min delta {es.MIN_DELTA:g}"
+        )
+    return out
+
+
+def _spark(values: list[float], lo: float, hi: float, bars: str = BARS) -> str:
+    top = len(bars) - 1
+
+    def level(v: float) -> int:
+        return top if hi <= lo else round((v - lo) / (hi - lo) * top)
+
+    return "".join(bars[level(v)] for v in values)
+
+
+def timeline(plan: ResolvedPlan, events: dict[str, list[int]]) -> list[str]:
+    """A text timeline, one column per ``T / width`` steps."""
+    t = plan.total_steps
+    width = min(TIMELINE_WIDTH, t)
+    starts = [c * t // width for c in range(width)]
+    mids = [min(t - 1, (c * t + (c + 1) * t) // (2 * width)) for c in range(width)]
+    curve = plan.lr_curves[0]
+    phase_char = {
+        "warmup": "w",
+        "stable": "S",
+        "decay": "d",
+        "min": "_",
+        "cosine": "c",
+        "linear": "l",
+        "step": "s",
+    }
+
+    def column(step: int) -> int:
+        return min(width - 1, step * width // t)
+
+    phases = ["?"] * width
+    for name, (a, b) in curve.phases().items():
+        for c in range(column(a), column(b) + 1):
+            if starts[c] >= a or phases[c] == "?":
+                phases[c] = phase_char[name]
+    lrs = [curve(k) for k in mids]
+
+    def marks(epochs: list[int], char: str) -> str:
+        row = [" "] * width
+        for e in epochs:
+            row[column(plan.boundary_step(e) - 1)] = char
+        return "".join(row)
+
+    rows = [
+        f"Timeline: {t} steps, one column = {t / width:.4g} steps; lr {min(lrs):.3g}..{max(lrs):.3g}",
+        f"  LR phase   |{''.join(phases)}|  w=warmup S=stable d=decay _=MIN_LR c/l/s=cosine/linear/step",
+        f"  LR         |{_spark(lrs, min(lrs), max(lrs), BARS[1:])}|",
+        f"  epochs     |{marks(list(range(1, plan.epochs + 1)), '|')}|",
+        f"  validation |{marks(events['validation'], 'V')}|",
+        f"  mask-meta  |{marks(events['mask_meta_validation'], 'M')}|",
+        f"  partial    |{marks(events['partial_mask_meta_validation'] + events['exhaustive_validation'], 'P')}|",
+        f"  checkpoint |{marks(events['checkpoint'], 'C')}|",
+    ]
+    for label, fn in (("meta mask", plan.meta_mask), ("partial", plan.partial_mask), ("mixup", plan.mixup)):
+        rows.append(f"  {label:<11}|{_spark([fn(k) for k in mids], 0.0, 1.0)}|  probability 0..1")
+    return rows
+
+
+def series_steps(total_steps: int) -> list[int]:
+    if total_steps <= SERIES_FULL_LIMIT:
+        return list(range(total_steps))
+    n = SERIES_SAMPLES
+    return [round(i * (total_steps - 1) / (n - 1)) for i in range(n)]
+
+
+def plan_json(config: Config, plan: ResolvedPlan, with_series: bool = True) -> dict[str, Any]:
+    events = OpsSchedule(plan).event_epochs()
+    out: dict[str, Any] = {
+        "experiment": config.EXPERIMENT.NAME,
+        "output_dir": str(config.output_dir),
+        "dataset_size": plan.dataset_size,
+        "world_size": plan.world_size,
+        "batch_size": plan.batch_size,
+        "accumulation_steps": plan.accumulation,
+        "epochs": plan.epochs,
+        "batches_per_epoch": plan.batches_per_epoch,
+        "optimizer_steps_per_epoch": plan.optimizer_steps_per_epoch,
+        "total_steps": plan.total_steps,
+        "effective_batch_size": plan.effective_batch_size,
+        "lr_scale": plan.lr_scale,
+        "warmup_steps": plan.warmup_steps,
+        "lr_groups": [
+            {
+                "label": c.label,
+                "schedule": c.kind,
+                "base_lr": c.base_lr,
+                "min_lr": c.min_lr,
+                "warmup_lr": c.warmup_lr,
+                "warmup_steps": c.warmup_steps,
+                "phases": {k: list(v) for k, v in c.phases().items()},
+            }
+            for c in plan.lr_curves
+        ],
+        "events": events,
+        "warnings": list(plan.warnings),
+    }
+    if with_series:
+        steps = series_steps(plan.total_steps)
+        series: dict[str, Any] = {
+            "step": steps,
+            "lr": [plan.lr_curves[0](k) for k in steps],
+            "meta_mask_prob": [plan.meta_mask(k) for k in steps],
+            "partial_mask_prob": [plan.partial_mask(k) for k in steps],
+            "mixup_prob": [plan.mixup(k) for k in steps],
+        }
+        if len(plan.lr_curves) > 1:
+            series["lr_by_group"] = {c.label: [c(k) for k in steps] for c in plan.lr_curves}
+        out["series"] = series
+    return out
+
+
+def write_schedule_summary(output_dir: str | Path, text: str) -> Path:
+    path = Path(output_dir) / "assets" / "schedule_summary.txt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
