@@ -33,8 +33,10 @@ class EarlyStopping:
         self.step_of_best: int | None = None
 
     def is_improvement(self, value: float) -> bool:
+        if not math.isfinite(value):
+            return False  # never a best: it would also not survive the JSON checkpoint state
         if self.best is None:
-            return math.isfinite(value)
+            return True
         delta = self.best - value if self.mode == "min" else value - self.best
         return delta > self.config.MIN_DELTA
 
