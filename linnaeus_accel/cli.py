@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 
@@ -96,3 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"linnaeus-accel: {exc}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
+    except BrokenPipeError:
+        # The reader went away (e.g. `| head`): not an error of ours, and no traceback.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1

@@ -121,16 +121,6 @@ def resolve_plan(
     partial_start = steps(pm, "START") or 0
     partial_end = steps(pm, "END")
     partial_end = total if partial_end is None else partial_end
-    if pm.ENABLED and partial_start >= partial_end:
-        raise ConfigError(
-            [
-                (
-                    "SCHEDULE.META_MASKING.PARTIAL.START_*, SCHEDULE.META_MASKING.PARTIAL.END_*",
-                    f"the partial-masking window [{partial_start}, {partial_end}) is empty: START must come before END",
-                )
-            ],
-            source="plan",
-        )
     whitelist = tuple(tuple(c) for c in pm.WHITELIST)
     partial = PartialMasking(
         enabled=pm.ENABLED,

@@ -28,9 +28,10 @@ def sanity_warnings(config: Config, plan: ResolvedPlan) -> list[str]:
             continue
         length = interval.every * (plan.optimizer_steps_per_epoch if interval.unit == "epochs" else 1)
         if length * 4 > plan.total_steps:
+            before_final = (plan.total_steps - 1) // length
             out.append(
-                f"{key}: an interval of {interval.every} {interval.unit} is longer than a quarter of the run "
-                f"({plan.total_steps} steps), so it fires at most {plan.total_steps // max(1, length)} time(s) before the final epoch"
+                f"{key}: an interval of {_count(interval.every, interval.unit[:-1])} is longer than a quarter of the "
+                f"run ({plan.total_steps} steps), so it fires {_count(before_final, 'time')} before the final epoch"
             )
     units = {i.unit for i in intervals.values() if i is not None}
     if len(units) > 1:
@@ -52,6 +53,12 @@ def sanity_warnings(config: Config, plan: ResolvedPlan) -> list[str]:
             "LR_SCHEDULER: STABLE_DURATION_FRACTION + DECAY_DURATION_FRACTION > 1, so the decay is cut off "
             "before the LR reaches MIN_LR"
         )
+    pm = plan.partial_mask
+    if pm.enabled and pm.start_step >= pm.end_step:
+        out.append(
+            f"SCHEDULE.META_MASKING.PARTIAL: the window resolves to steps [{pm.start_step}, {pm.end_step}), "
+            f"which is empty in a {plan.total_steps}-step run, so partial masking never applies"
+        )
     if plan.warmup_steps >= plan.total_steps:
         out.append(
             f"LR_SCHEDULER.WARMUP_*: warmup ({plan.warmup_steps} steps) covers the whole run ({plan.total_steps} steps)"
@@ -65,3 +72,7 @@ def sanity_warnings(config: Config, plan: ResolvedPlan) -> list[str]:
     if ranking is not None and (sched.CHECKPOINT.KEEP_TOP_N > 0) and plan.validation is None:
         out.append("SCHEDULE.CHECKPOINT.KEEP_TOP_N ranks by a validation metric but validation never runs")
     return out
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
