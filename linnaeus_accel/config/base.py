@@ -13,7 +13,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 RULES_ERROR_TYPE = "config_rules"
@@ -31,6 +38,9 @@ class Problem:
 
     keys: tuple[str, ...]
     message: str
+    # The one-unit rule counts a pruned key as given; other rules are silent about pruned keys,
+    # whose stand-in defaults are not what the user wrote.
+    counts_pruned: bool = False
 
     def render(self, prefix: str = "") -> tuple[str, str]:
         full = [f"{prefix}.{k}" if prefix else k for k in self.keys]
@@ -43,10 +53,56 @@ def raise_if_problems(problems: Sequence[Problem]) -> None:
         raise PydanticCustomError(RULES_ERROR_TYPE, summary, {"problems": list(problems)})
 
 
+class _Pruned:
+    """Stands in for a value the loader already reported as invalid (see ``loading``): the field
+    takes its default, but still counts as given for the one-unit rule, so that the next pass
+    reports the section's other problems without inventing new ones."""
+
+    def __repr__(self) -> str:
+        return "<pruned>"
+
+
+PRUNED = _Pruned()
+
+
 class Section(BaseModel):
-    """Base of every config section: unknown keys are errors, values are immutable once loaded."""
+    """Base of every config section: unknown keys are errors, values are immutable once loaded.
+
+    Rules that involve several fields live in ``problems()``; all of a section's problems are
+    raised together as one ``config_rules`` error.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    _pruned: frozenset[str] = PrivateAttr(default=frozenset())
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _check_rules(cls, data: Any, handler: ModelWrapValidatorHandler[Section]) -> Section:
+        pruned: frozenset[str] = frozenset()
+        if isinstance(data, dict) and any(v is PRUNED for v in data.values()):
+            pruned = frozenset(k for k, v in data.items() if v is PRUNED)
+            data = {k: v for k, v in data.items() if v is not PRUNED}
+        model = handler(data)
+        model._pruned = pruned
+        silent = model.pruned_paths()
+        raise_if_problems([p for p in model.problems() if p.counts_pruned or not silent.intersection(p.keys)])
+        return model
+
+    def pruned_paths(self) -> set[str]:
+        """Dotted keys (relative to this section) that stand for values already reported."""
+        out = set(self._pruned)
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            children = value if isinstance(value, list) else [value]
+            for i, child in enumerate(children):
+                if isinstance(child, Section):
+                    where = f"{name}.{i}" if isinstance(value, list) else name
+                    out |= {f"{where}.{k}" for k in child.pruned_paths()}
+        return out
+
+    def problems(self) -> list[Problem]:
+        """Cross-field rules of this section; each problem names its keys and the fix."""
+        return []
 
 
 def _check_fraction(value: float) -> float:
@@ -103,7 +159,9 @@ StepsOrOff = Annotated[int, AfterValidator(_check_interval)]
 
 def set_keys(model: BaseModel, stem: str, units: Iterable[str] = TIME_UNITS) -> list[str]:
     """Names of the ``<stem>_<unit>`` fields of ``model`` that are set (not None)."""
-    return [f"{stem}_{u}" for u in units if getattr(model, f"{stem}_{u}", None) is not None]
+    pruned = model._pruned if isinstance(model, Section) else frozenset()
+    names = [f"{stem}_{u}" for u in units]
+    return [n for n in names if getattr(model, n, None) is not None or n in pruned]
 
 
 def one_unit_problems(
@@ -118,7 +176,11 @@ def one_unit_problems(
     choices = ", ".join(f"{stem}_{u}" for u in units)
     if len(given) > 1:
         refs = " and ".join(f"{{{i}}}" for i in range(len(given)))
-        return [Problem(tuple(given), f"{refs} are set together: keep exactly one of {choices}")]
+        return [
+            Problem(
+                tuple(given), f"{refs} are set together: keep exactly one of {choices}", counts_pruned=True
+            )
+        ]
     if not given and required_because:
         return [
             Problem((f"{stem}_{units[0]}",), f"{{0}} (or one of {choices}) is required {required_because}")

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import AliasChoices, BaseModel, ValidationError
 
-from .base import RULES_ERROR_TYPE, Problem
+from .base import PRUNED, RULES_ERROR_TYPE, Problem
 from .root import Config
 
 
@@ -100,65 +100,77 @@ def validate_config(data: Mapping[str, Any]) -> Config:
     """Validate, reporting every problem at once.
 
     pydantic stops checking a section's cross-field rules (and the cross-section rules) as soon as
-    one of its fields is invalid. So after each pass the offending keys are pruned back to their
-    defaults and the config is validated again, until nothing new turns up; problems about keys
-    already reported are not repeated.
+    one of its fields is invalid. So after each pass the offending values are replaced by a marker
+    (``PRUNED``: the field takes its default but still counts as given) and the config is
+    validated again, until nothing new turns up.
     """
     pruned = copy.deepcopy(dict(data))
-    problems: list[tuple[str, str]] = []
-    reported: set[str] = set()
+    problems: dict[tuple[str, str], None] = {}
     for _ in range(_MAX_PASSES):
         try:
             config = Config.model_validate(pruned)
         except ValidationError as exc:
-            found = _pydantic_problems(exc)
+            found = _pydantic_problems(exc, pruned)
         else:
             if not problems:
                 return config
             break
         progress = False
-        new_keys: set[str] = set()
-        for keys, message, prune, fallback in found:
-            if not reported.intersection(keys):
-                problems.append((", ".join(keys), message))
-                new_keys.update(keys)
-            deleted = [_delete(pruned, path) for path in prune]
-            if not any(deleted) and fallback:
-                deleted.append(_delete(pruned, fallback))
-            progress |= any(deleted)
-        reported |= new_keys
+        for key, message, delete, prune in found:
+            problems.setdefault((key, message), None)
+            changed = _apply(pruned, delete, delete=True) or _apply(pruned, prune, delete=False)
+            progress |= changed
         if not progress:
             break
-    raise ConfigError(sorted(set(problems)))
+    raise ConfigError(sorted(problems))
 
 
-_MAX_PASSES = 8
+_MAX_PASSES = 10
 
 
-def _delete(data: dict[str, Any], path: tuple[str, ...]) -> bool:
+def _apply(data: dict[str, Any], paths: list[tuple[str, ...]], delete: bool) -> bool:
+    changed = False
+    for path in paths:  # every path, no short-circuit
+        changed |= _set_path(data, path, delete)
+    return changed
+
+
+def _set_path(data: dict[str, Any], path: tuple[str, ...], delete: bool) -> bool:
+    """Mark ``path`` as pruned (or delete an unknown key); False when nothing changed.
+
+    An invalid list item prunes the whole list: items have no defaults to fall back on.
+    """
     node: Any = data
+    owner: dict[str, Any] | None = None
+    owner_key = ""
     for part in path[:-1]:
-        if isinstance(node, list) and part.isdigit() and int(part) < len(node):
+        if isinstance(node, dict):
+            owner, owner_key = node, part
+            node = node.setdefault(part, {}) if not delete else node.get(part)
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
             node = node[int(part)]
-        elif isinstance(node, dict) and part in node:
-            node = node[part]
         else:
+            break
+    leaf = path[-1] if path else ""
+    if isinstance(node, dict) and path:
+        if delete:
+            return node.pop(leaf, PRUNED) is not PRUNED
+        if node.get(leaf, None) is PRUNED:
             return False
-    if isinstance(node, dict) and path and path[-1] in node:
-        del node[path[-1]]
+        node[leaf] = PRUNED
         return True
-    if isinstance(node, list) and path and path[-1].isdigit() and int(path[-1]) < len(node):
-        node[int(path[-1])] = {}
+    if owner is not None and not delete and owner.get(owner_key) is not PRUNED:
+        owner[owner_key] = PRUNED
         return True
     return False
 
 
-# (keys it concerns, message, paths to prune so that the next pass can check the rest, and what to
-# prune instead when none of those exist, e.g. a required key that is missing)
-Found = tuple[tuple[str, ...], str, list[tuple[str, ...]], tuple[str, ...]]
+# (dotted key, message, paths to delete before the next pass, paths to mark PRUNED if deleting
+# changed nothing)
+Found = tuple[str, str, list[tuple[str, ...]], list[tuple[str, ...]]]
 
 
-def _pydantic_problems(exc: ValidationError) -> list[Found]:
+def _pydantic_problems(exc: ValidationError, data: Mapping[str, Any]) -> list[Found]:
     out: list[Found] = []
     for err in exc.errors():
         loc = tuple(str(part) for part in err["loc"])
@@ -168,37 +180,60 @@ def _pydantic_problems(exc: ValidationError) -> list[Found]:
             for p in problems:
                 keys = tuple(f"{key}.{k}" if key else k for k in p.keys)
                 paths = [tuple(k.split(".")) for k in keys]
-                out.append((keys, p.render(key)[1], paths, loc))
+                # The one-unit rule stops firing once its extra keys are gone (or, when a required
+                # unit is missing, once it is marked given); other rules go quiet on PRUNED keys.
+                delete, prune = (paths, paths[:1]) if p.counts_pruned else ([], paths)
+                out.append((", ".join(keys), p.render(key)[1], delete, prune))
         elif err["type"] == "extra_forbidden":
-            out.append(((key,), _unknown_key_message(err["loc"]), [loc], ()))
+            out.append((key, _unknown_key_message(err["loc"], data), [loc], []))
         elif err["type"] == "model_type" and loc:
-            out.append(((key,), f"must be a mapping of keys, got {err['input']!r}", [loc], ()))
+            out.append((key, f"must be a mapping of keys, got {err['input']!r}", [], [loc]))
         else:
             # Our own validators' messages already say what was given; pydantic's do not.
             ours = err["msg"].startswith("Value error, ")
             msg = err["msg"].removeprefix("Value error, ")
-            out.append(((key,), msg if ours else f"{msg} (got {err['input']!r})", [loc], ()))
+            out.append((key, msg if ours else f"{msg} (got {err['input']!r})", [], [loc]))
     return out
 
 
-def _unknown_key_message(loc: tuple[int | str, ...]) -> str:
+def _unknown_key_message(loc: tuple[int | str, ...], data: Mapping[str, Any]) -> str:
     model: Any = Config
     for part in loc[:-1]:
-        fields = getattr(model, "model_fields", None)
-        if fields is None or part not in fields:
-            model = None
-            break
-        model = _model_of(fields[part].annotation)
-    known = list(getattr(model, "model_fields", {}) or [])
-    guess = difflib.get_close_matches(str(loc[-1]), known, n=1)
-    hint = f"; did you mean {guess[0]}?" if guess else (f"; known keys: {', '.join(known)}" if known else "")
+        if isinstance(part, int):
+            continue  # a list item: the element model was already taken from list[...]
+        name = _field_name(model, str(part))
+        model = _model_of(model.model_fields[name].annotation) if name else None
+        if model is None:
+            return "unknown key"
+    leaf = str(loc[-1])
+    name = _field_name(model, leaf)
+    if name is not None:
+        # An alternative spelling of a field whose main spelling is also given.
+        return f"{leaf} and {name} are two spellings of the same key: keep only {name}"
+    known = list(model.model_fields)
+    guess = difflib.get_close_matches(leaf, known, n=1)
+    hint = f"; did you mean {guess[0]}?" if guess else f"; known keys: {', '.join(known)}"
     return f"unknown key{hint}"
 
 
+def _field_name(model: Any, key: str) -> str | None:
+    """The field that ``key`` names, by its name or one of its accepted spellings."""
+    fields = model.model_fields
+    if key in fields:
+        return key
+    for name, field in fields.items():
+        alias = field.validation_alias
+        if isinstance(alias, AliasChoices) and key in alias.choices:
+            return str(name)
+    return None
+
+
 def _model_of(annotation: Any) -> Any:
+    """The pydantic model inside an annotation such as ``X``, ``X | None`` or ``list[X]``."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     for arg in getattr(annotation, "__args__", ()):
-        if isinstance(arg, type) and issubclass(arg, BaseModel):
-            return arg
+        found = _model_of(arg)
+        if found is not None:
+            return found
     return None

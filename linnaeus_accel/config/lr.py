@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from .base import (
     Fraction,
@@ -16,7 +16,6 @@ from .base import (
     Section,
     merge_problems,
     one_unit_problems,
-    raise_if_problems,
 )
 
 ScheduleName = Literal["cosine", "linear", "step", "wsd"]
@@ -30,10 +29,11 @@ class ParameterGroup(Section):
     scaled global value (SPEC §3).
     """
 
-    LABEL: str = Field(description="Name shown in logs and metrics (lr/<LABEL>); 'default' is reserved.")
+    LABEL: str = Field("", description="Name shown in logs and metrics (lr/<LABEL>); 'default' is reserved.")
     MATCH: list[str] = Field(
+        default_factory=list,
         description="fnmatch patterns on parameter names (model.named_parameters()); "
-        "a parameter joins the first group that matches, else the default group."
+        "a parameter joins the first group that matches, else the default group.",
     )
     LR_MULTIPLIER: NonNegativeFloat = Field(1.0, description="Multiplies the scaled global curve.")
     NAME: ScheduleName | None = Field(None, description="Schedule shape for this group; default: global.")
@@ -54,9 +54,10 @@ class ParameterGroup(Section):
     DECAY_DURATION_FRACTION: Fraction | None = None
     DECAY_TYPE: DecayType | None = None
 
-    @model_validator(mode="after")
-    def _rules(self) -> ParameterGroup:
+    def problems(self) -> list[Problem]:
         problems = merge_problems(one_unit_problems(self, "WARMUP"), one_unit_problems(self, "DECAY"))
+        if not self.LABEL:
+            problems.append(Problem(("LABEL",), "{0} is required: name the group, e.g. 'head'"))
         if self.LABEL == "default":
             problems.append(
                 Problem(
@@ -67,8 +68,7 @@ class ParameterGroup(Section):
             problems.append(
                 Problem(("MATCH",), "{0} is empty: give at least one parameter-name pattern, e.g. ['head.*']")
             )
-        raise_if_problems(problems)
-        return self
+        return problems
 
     def has_decay_period(self) -> bool:
         return any(getattr(self, f"DECAY_{u}") is not None for u in ("STEPS", "FRACTION", "EPOCHS"))
@@ -111,8 +111,7 @@ class LRSchedulerConfig(Section):
         description="Per-group overrides; unmatched parameters form group 0 ('default').",
     )
 
-    @model_validator(mode="after")
-    def _rules(self) -> LRSchedulerConfig:
+    def problems(self) -> list[Problem]:
         problems = merge_problems(one_unit_problems(self, "WARMUP"), one_unit_problems(self, "DECAY"))
         has_global_decay = (
             self.DECAY_STEPS is not None or self.DECAY_FRACTION is not None or self.DECAY_EPOCHS is not None
@@ -138,5 +137,4 @@ class LRSchedulerConfig(Section):
                         "{0} (or a global DECAY_*) is required for a 'step' group",
                     )
                 )
-        raise_if_problems(problems)
-        return self
+        return problems

@@ -6,9 +6,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field
 
-from .base import Problem, Section, raise_if_problems
+from .base import Problem, Section
 from .lr import LRSchedulerConfig
 from .schedule import ScheduleConfig
 from .sections import DataConfig, EnvConfig, ExperimentConfig, LossConfig, ModelConfig, TrainConfig
@@ -55,12 +55,8 @@ class Config(Section):
     LR_SCHEDULER: LRSchedulerConfig = Field(default_factory=LRSchedulerConfig)
     SCHEDULE: ScheduleConfig = Field(default_factory=ScheduleConfig)
 
-    @model_validator(mode="after")
-    def _cross_section_rules(self) -> Config:
-        raise_if_problems(
-            cross_section_problems({name: getattr(self, name) for name in type(self).model_fields})
-        )
-        return self
+    def problems(self) -> list[Problem]:
+        return cross_section_problems({name: getattr(self, name) for name in type(self).model_fields})
 
     @property
     def output_dir(self) -> Path:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from itertools import chain
 from typing import Any
 
-from pydantic import AliasChoices, Field, model_validator
+from pydantic import AliasChoices, Field
 
 from .base import (
     Fraction,
@@ -25,7 +25,6 @@ from .base import (
     StepsOrOff,
     merge_problems,
     one_unit_problems,
-    raise_if_problems,
 )
 
 INTERVAL_UNITS = ("EPOCHS", "STEPS", "FRACTION")
@@ -55,16 +54,14 @@ class PartialMaskMetaValidation(Section):
         default_factory=list, description="Component combinations, one pass each."
     )
 
-    @model_validator(mode="after")
-    def _rules(self) -> PartialMaskMetaValidation:
+    def problems(self) -> list[Problem]:
         problems = one_unit_problems(self, "INTERVAL", units=INTERVAL_UNITS)
         if self.ENABLED and not self.WHITELIST:
             problems.append(
                 Problem(("WHITELIST",), "{0} is empty while ENABLED is true: list the combinations to mask")
             )
         problems += _combination_problems("WHITELIST", self.WHITELIST)
-        raise_if_problems(problems)
-        return self
+        return problems
 
 
 class FinalEpochValidation(Section):
@@ -73,8 +70,7 @@ class FinalEpochValidation(Section):
     )
     EXHAUSTIVE_META_COMPONENTS: list[str] = Field(default_factory=list)
 
-    @model_validator(mode="after")
-    def _rules(self) -> FinalEpochValidation:
+    def problems(self) -> list[Problem]:
         problems = []
         comps = self.EXHAUSTIVE_META_COMPONENTS
         if self.EXHAUSTIVE_PARTIAL_META_VALIDATION and len(comps) < 2:
@@ -86,8 +82,7 @@ class FinalEpochValidation(Section):
             )
         if len(set(comps)) != len(comps):
             problems.append(Problem(("EXHAUSTIVE_META_COMPONENTS",), "{0} names a component twice"))
-        raise_if_problems(problems)
-        return self
+        return problems
 
 
 class ValidationSchedule(Section):
@@ -100,15 +95,11 @@ class ValidationSchedule(Section):
     PARTIAL_MASK_META: PartialMaskMetaValidation = Field(default_factory=PartialMaskMetaValidation)
     FINAL_EPOCH: FinalEpochValidation = Field(default_factory=FinalEpochValidation)
 
-    @model_validator(mode="after")
-    def _rules(self) -> ValidationSchedule:
-        raise_if_problems(
-            merge_problems(
-                one_unit_problems(self, "INTERVAL", units=INTERVAL_UNITS),
-                one_unit_problems(self, "MASK_META_INTERVAL", units=INTERVAL_UNITS),
-            )
+    def problems(self) -> list[Problem]:
+        return merge_problems(
+            one_unit_problems(self, "INTERVAL", units=INTERVAL_UNITS),
+            one_unit_problems(self, "MASK_META_INTERVAL", units=INTERVAL_UNITS),
         )
-        return self
 
 
 class CheckpointSchedule(Section):
@@ -125,10 +116,8 @@ class CheckpointSchedule(Section):
         None, description="Ranking metric; default: TRAIN.EARLY_STOP.METRIC, else val/loss."
     )
 
-    @model_validator(mode="after")
-    def _rules(self) -> CheckpointSchedule:
-        raise_if_problems(one_unit_problems(self, "INTERVAL", units=INTERVAL_UNITS))
-        return self
+    def problems(self) -> list[Problem]:
+        return one_unit_problems(self, "INTERVAL", units=INTERVAL_UNITS)
 
 
 class ProbabilityRamp(Section):
@@ -141,11 +130,9 @@ class ProbabilityRamp(Section):
     END_FRACTION: Fraction | None = None
     END_EPOCHS: NonNegativeFloat | None = None
 
-    @model_validator(mode="after")
-    def _rules(self) -> ProbabilityRamp:
+    def problems(self) -> list[Problem]:
         required = "when ENABLED is true (the step at which END_PROB is reached)" if self.ENABLED else None
-        raise_if_problems(one_unit_problems(self, "END", units=POSITION_UNITS, required_because=required))
-        return self
+        return one_unit_problems(self, "END", units=POSITION_UNITS, required_because=required)
 
 
 class PartialMetaMasking(Section):
@@ -170,8 +157,7 @@ class PartialMetaMasking(Section):
     )
     WEIGHTS: list[NonNegativeFloat] | None = Field(None, description="Draw weights, one per WHITELIST entry.")
 
-    @model_validator(mode="after")
-    def _rules(self) -> PartialMetaMasking:
+    def problems(self) -> list[Problem]:
         problems = merge_problems(
             one_unit_problems(self, "START", units=POSITION_UNITS),
             one_unit_problems(self, "END", units=POSITION_UNITS),
@@ -210,8 +196,7 @@ class PartialMetaMasking(Section):
                     "{0} must be smaller than {1}: the window would be empty",
                 )
             )
-        raise_if_problems(problems)
-        return self
+        return problems
 
 
 class MetaMasking(ProbabilityRamp):
@@ -232,7 +217,8 @@ class Mixup(Section):
     LEVEL_SWITCH_EPOCHS: list[Any] = Field(
         default_factory=list, description="Not supported: must stay empty."
     )
-    # linnaeus' code reads MIX while its docs say PROB: accept either spelling (not both).
+    # linnaeus' code reads MIX while its docs say PROB: accept either spelling (both together is
+    # reported by the loader as a duplicate).
     PROB: ProbabilityRamp = Field(
         default_factory=ProbabilityRamp,
         validation_alias=AliasChoices("PROB", "MIX"),
@@ -243,15 +229,7 @@ class Mixup(Section):
     MIN_GROUP_SIZE: PositiveInt = Field(4, description="Groups smaller than this in a batch stay unmixed.")
     EXCLUDE_NULL_SAMPLES: bool = Field(True, description="Samples with a null group label are never mixed.")
 
-    @model_validator(mode="before")
-    @classmethod
-    def _not_both_spellings(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "MIX" in data and "PROB" in data:
-            raise ValueError("MIX and PROB are two spellings of the same block: keep only PROB")
-        return data
-
-    @model_validator(mode="after")
-    def _rules(self) -> Mixup:
+    def problems(self) -> list[Problem]:
         problems = []
         for key in ("LEVEL_SWITCH_STEPS", "LEVEL_SWITCH_EPOCHS"):
             if getattr(self, key):
@@ -268,8 +246,7 @@ class Mixup(Section):
                     "{0} is empty while PROB.ENABLED is true: name the label level to group by",
                 )
             )
-        raise_if_problems(problems)
-        return self
+        return problems
 
 
 class MetricsSchedule(Section):
@@ -288,10 +265,8 @@ class MetricsSchedule(Section):
     )
     PIPELINE_INTERVAL: StepsOrOff | None = Field(None, description="Data-pipeline stats every N steps.")
 
-    @model_validator(mode="after")
-    def _rules(self) -> MetricsSchedule:
-        raise_if_problems(one_unit_problems(self, "STEP", units=("INTERVAL", "FRACTION")))
-        return self
+    def problems(self) -> list[Problem]:
+        return one_unit_problems(self, "STEP", units=("INTERVAL", "FRACTION"))
 
 
 class ScheduleConfig(Section):

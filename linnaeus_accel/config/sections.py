@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator
 
 from .base import (
     Fraction,
@@ -16,7 +16,6 @@ from .base import (
     Problem,
     Section,
     StepsOrOff,
-    raise_if_problems,
 )
 
 
@@ -46,19 +45,16 @@ class EarlyStopConfig(Section):
     def _canonical_metric(cls, value: str) -> str:
         return canonical_metric_name(value)
 
-    @model_validator(mode="after")
-    def _rules(self) -> EarlyStopConfig:
+    def problems(self) -> list[Problem]:
         conditions = ("PATIENCE_STEPS", "MAX_STEPS", "MAX_LOSS", "MIN_LR", "MAX_GRAD_NORM")
         if self.ACTIVE and all(getattr(self, c) is None for c in conditions):
-            raise_if_problems(
-                [
-                    Problem(
-                        ("ACTIVE",),
-                        "{0} is true but no stopping condition is set: set PATIENCE_STEPS (or MAX_STEPS, MAX_LOSS, MIN_LR, MAX_GRAD_NORM)",
-                    )
-                ]
-            )
-        return self
+            return [
+                Problem(
+                    ("ACTIVE",),
+                    "{0} is true but no stopping condition is set: set PATIENCE_STEPS (or MAX_STEPS, MAX_LOSS, MIN_LR, MAX_GRAD_NORM)",
+                )
+            ]
+        return []
 
     @property
     def mode(self) -> Literal["min", "max"]:
@@ -142,11 +138,10 @@ class BucketConfig(Section):
     )
     PREFIX: str = Field("", description="Key prefix inside the bucket.")
 
-    @model_validator(mode="after")
-    def _rules(self) -> BucketConfig:
+    def problems(self) -> list[Problem]:
         if self.ENABLED and not self.BUCKET:
-            raise_if_problems([Problem(("BUCKET",), "{0} is required when ENABLED is true")])
-        return self
+            return [Problem(("BUCKET",), "{0} is required when ENABLED is true")]
+        return []
 
 
 class OutputConfig(Section):

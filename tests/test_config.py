@@ -1,0 +1,999 @@
+"""Config loading and validation as a user meets it (SPEC §2 and the rules in ``linnaeus_accel.config``).
+
+Every rule has a table row: the config given, and the keys the error must name (with their full
+dotted path). Then: every problem of a config is reported in one ``ConfigError``; YAML files with
+``BASE`` inheritance and ``--opts`` overrides; the ``plan`` command's exit status and messages on a
+bad config; and the sanity warnings, which never make a run fail.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from linnaeus_accel.cli import EXIT_CONFIG_ERROR, main
+from linnaeus_accel.config import Config, ConfigError, apply_opts, load_config, validate_config
+from linnaeus_accel.schedule import resolve_plan
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+
+
+def nested(*pairs: Any) -> dict[str, Any]:
+    """``nested("A.B", 1, "A.C", 2)`` -> ``{"A": {"B": 1, "C": 2}}``."""
+    assert len(pairs) % 2 == 0, "nested() takes KEY VALUE pairs"
+    out: dict[str, Any] = {}
+    for dotted, value in zip(pairs[::2], pairs[1::2], strict=True):
+        *parents, leaf = dotted.split(".")
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return out
+
+
+def under(prefix: str, **fields: Any) -> dict[str, Any]:
+    """``under("A.B", X=1, Y=2)`` -> ``{"A": {"B": {"X": 1, "Y": 2}}}``."""
+    return nested(*(item for key, value in fields.items() for item in (f"{prefix}.{key}", value)))
+
+
+LR = "LR_SCHEDULER"
+GROUPS = "LR_SCHEDULER.PARAMETER_GROUPS"
+PARTIAL = "SCHEDULE.META_MASKING.PARTIAL"
+PVAL = "SCHEDULE.VALIDATION.PARTIAL_MASK_META"
+FINAL = "SCHEDULE.VALIDATION.FINAL_EPOCH"
+MIXUP = "SCHEDULE.MIXUP"
+VALIDATION = "SCHEDULE.VALIDATION"
+GRADNORM = "LOSS.GRAD_WEIGHTING.TASK"
+
+
+def group(label: str = "head", **fields: Any) -> dict[str, Any]:
+    """One LR_SCHEDULER.PARAMETER_GROUPS entry."""
+    return {"LABEL": label, "MATCH": [f"{label}.*"], **fields}
+
+
+def groups(*entries: dict[str, Any]) -> dict[str, Any]:
+    return nested(GROUPS, list(entries))
+
+
+def config_error(data: dict[str, Any]) -> ConfigError:
+    """The ConfigError ``data`` raises (the test fails if it validates)."""
+    with pytest.raises(ConfigError) as info:
+        validate_config(data)
+    return info.value
+
+
+def problems_of(data: dict[str, Any]) -> str:
+    """The text of the error ``data`` raises, as the user reads it."""
+    return str(config_error(data))
+
+
+def names(text: str, key: str) -> bool:
+    """Whether ``text`` names ``key`` as a whole dotted key (``A.B`` is not found in ``X.A.B_C``)."""
+    return re.search(rf"(?<![\w.]){re.escape(key)}(?!\w)", text) is not None
+
+
+def assert_names_all(text: str, keys: Sequence[str]) -> None:
+    missing = [k for k in keys if not names(text, k)]
+    assert not missing, f"the error does not name {missing}:\n{text}"
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """``linnaeus-accel ARGS`` in-process: (exit status, stdout, stderr)."""
+    rc = main(list(args))
+    captured = capsys.readouterr()
+    return rc, captured.out, captured.err
+
+
+def out_dir_opts(out_dir: Path) -> list[str]:
+    """``--opts`` that send a run's output under ``out_dir``."""
+    return ["--opts", "ENV.OUTPUT.BASE_DIR", str(out_dir)]
+
+
+UNIT_VALUE = {"STEPS": 10, "FRACTION": 0.1, "EPOCHS": 1, "INTERVAL": 10}
+
+
+def two_units(stem: str, unit_a: str, unit_b: str) -> tuple[dict[str, Any], list[str]]:
+    """A config setting ``<stem>_<unit_a>`` and ``<stem>_<unit_b>``, and those two full keys."""
+    keys = [f"{stem}_{unit_a}", f"{stem}_{unit_b}"]
+    return nested(keys[0], UNIT_VALUE[unit_a], keys[1], UNIT_VALUE[unit_b]), keys
+
+
+# ---------------------------------------------------------------------------------------------
+# exactly one unit per timed parameter (SPEC §2): the error names both keys
+
+
+@pytest.mark.parametrize(
+    ("stem", "unit_a", "unit_b"),
+    [
+        ("LR_SCHEDULER.WARMUP", "STEPS", "FRACTION"),  # SPEC example: WARMUP_STEPS 30 + WARMUP_FRACTION
+        ("LR_SCHEDULER.WARMUP", "FRACTION", "EPOCHS"),  # warmup: fraction and epochs
+        ("LR_SCHEDULER.DECAY", "STEPS", "EPOCHS"),  # step-decay period in two units
+        ("LR_SCHEDULER.DECAY", "FRACTION", "STEPS"),  # step-decay period, fraction and steps
+        ("SCHEDULE.VALIDATION.INTERVAL", "EPOCHS", "STEPS"),  # standard validation interval
+        ("SCHEDULE.VALIDATION.INTERVAL", "EPOCHS", "FRACTION"),  # ... epochs and fraction
+        ("SCHEDULE.VALIDATION.MASK_META_INTERVAL", "STEPS", "FRACTION"),  # mask-meta validation
+        ("SCHEDULE.VALIDATION.MASK_META_INTERVAL", "EPOCHS", "STEPS"),  # ... epochs and steps
+        ("SCHEDULE.VALIDATION.PARTIAL_MASK_META.INTERVAL", "EPOCHS", "STEPS"),  # partial-mask validation
+        ("SCHEDULE.VALIDATION.PARTIAL_MASK_META.INTERVAL", "FRACTION", "EPOCHS"),  # ... fraction, epochs
+        ("SCHEDULE.CHECKPOINT.INTERVAL", "EPOCHS", "FRACTION"),  # checkpoint interval
+        ("SCHEDULE.CHECKPOINT.INTERVAL", "STEPS", "EPOCHS"),  # ... steps and epochs
+        ("SCHEDULE.META_MASKING.END", "STEPS", "FRACTION"),  # full-mask ramp end
+        ("SCHEDULE.META_MASKING.END", "EPOCHS", "STEPS"),  # ... epochs and steps
+        ("SCHEDULE.META_MASKING.PARTIAL.START", "STEPS", "EPOCHS"),  # partial-mask window start
+        ("SCHEDULE.META_MASKING.PARTIAL.END", "FRACTION", "EPOCHS"),  # partial-mask window end
+        ("SCHEDULE.META_MASKING.PARTIAL.PROB_END", "STEPS", "FRACTION"),  # partial-mask ramp end
+        ("SCHEDULE.MIXUP.PROB.END", "STEPS", "EPOCHS"),  # mixup ramp end
+        ("SCHEDULE.MIXUP.MIX.END", "STEPS", "FRACTION"),  # mixup ramp end, spelt MIX
+        ("SCHEDULE.METRICS.STEP", "INTERVAL", "FRACTION"),  # logging interval: steps and fraction
+    ],
+)
+def test_two_units_for_one_parameter_is_an_error_naming_both_keys(
+    stem: str, unit_a: str, unit_b: str
+) -> None:
+    data, keys = two_units(stem, unit_a, unit_b)
+    error = config_error(data)
+    assert len(error.problems) == 1, error
+    assert_names_all(str(error), keys)
+
+
+def test_two_units_in_a_parameter_group_name_the_group_keys() -> None:
+    group = {"LABEL": "head", "MATCH": ["head.*"], "WARMUP_STEPS": 5, "WARMUP_EPOCHS": 1}
+    text = problems_of(nested("LR_SCHEDULER.PARAMETER_GROUPS", [group]))
+    assert_names_all(
+        text,
+        ["LR_SCHEDULER.PARAMETER_GROUPS.0.WARMUP_STEPS", "LR_SCHEDULER.PARAMETER_GROUPS.0.WARMUP_EPOCHS"],
+    )
+
+
+def test_three_units_for_one_parameter_name_all_three() -> None:
+    data = nested(
+        "LR_SCHEDULER.WARMUP_STEPS", 30, "LR_SCHEDULER.WARMUP_FRACTION", 0.1, "LR_SCHEDULER.WARMUP_EPOCHS", 2
+    )
+    assert_names_all(
+        problems_of(data),
+        ["LR_SCHEDULER.WARMUP_STEPS", "LR_SCHEDULER.WARMUP_FRACTION", "LR_SCHEDULER.WARMUP_EPOCHS"],
+    )
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        nested("LR_SCHEDULER.WARMUP_FRACTION", 0.1),  # warmup as a fraction only
+        nested("LR_SCHEDULER.WARMUP_EPOCHS", 2.5),  # fractional warmup epochs are allowed
+        nested("SCHEDULE.VALIDATION.INTERVAL_STEPS", 350),  # one unit per interval
+        under(VALIDATION, INTERVAL_EPOCHS=1, MASK_META_INTERVAL_STEPS=100),  # two parameters, two units
+        nested("SCHEDULE.METRICS.STEP_FRACTION", 0.01),  # logging by fraction
+        {},  # nothing set: every timed parameter unset is fine
+    ],
+)
+def test_one_unit_per_parameter_is_accepted(data: dict[str, Any]) -> None:
+    assert isinstance(validate_config(data), Config)
+
+
+# ---------------------------------------------------------------------------------------------
+# fractions and probabilities must lie in [0, 1]; 0 is a valid fraction (disabled)
+
+FRACTION_KEYS = [
+    "LR_SCHEDULER.WARMUP_FRACTION",
+    "LR_SCHEDULER.DECAY_FRACTION",
+    "LR_SCHEDULER.STABLE_DURATION_FRACTION",  # wsd
+    "LR_SCHEDULER.DECAY_DURATION_FRACTION",  # wsd
+    "SCHEDULE.VALIDATION.INTERVAL_FRACTION",
+    "SCHEDULE.VALIDATION.MASK_META_INTERVAL_FRACTION",
+    "SCHEDULE.VALIDATION.PARTIAL_MASK_META.INTERVAL_FRACTION",
+    "SCHEDULE.CHECKPOINT.INTERVAL_FRACTION",
+    "SCHEDULE.META_MASKING.END_FRACTION",
+    "SCHEDULE.META_MASKING.PARTIAL.START_FRACTION",
+    "SCHEDULE.META_MASKING.PARTIAL.END_FRACTION",
+    "SCHEDULE.META_MASKING.PARTIAL.PROB_END_FRACTION",
+    "SCHEDULE.MIXUP.PROB.END_FRACTION",
+    "SCHEDULE.METRICS.STEP_FRACTION",
+    "DATA.DATASET.VAL_FRACTION",
+]
+
+PROBABILITY_KEYS = [
+    "SCHEDULE.META_MASKING.START_PROB",
+    "SCHEDULE.META_MASKING.END_PROB",
+    "SCHEDULE.META_MASKING.PARTIAL.START_PROB",
+    "SCHEDULE.META_MASKING.PARTIAL.END_PROB",
+    "SCHEDULE.MIXUP.PROB.START_PROB",
+    "SCHEDULE.MIXUP.PROB.END_PROB",
+]
+
+
+@pytest.mark.parametrize("key", FRACTION_KEYS + PROBABILITY_KEYS)
+@pytest.mark.parametrize(
+    "value",
+    [
+        1.5,  # SPEC example: above 1
+        -0.1,  # below 0
+        1.0001,  # just above 1
+        float("nan"),  # YAML .nan
+        float("inf"),  # YAML .inf
+    ],
+)
+def test_value_outside_0_1_is_an_error_naming_the_key(key: str, value: float) -> None:
+    error = config_error(nested(key, value))
+    assert len(error.problems) == 1, error
+    assert_names_all(str(error), [key])
+
+
+@pytest.mark.parametrize(
+    ("data", "key"),
+    [
+        (under(MIXUP, MIX={"START_PROB": 1.5}), f"{MIXUP}.MIX.START_PROB"),  # MIX is checked like PROB
+        (groups(group(WARMUP_FRACTION=1.5)), f"{GROUPS}.0.WARMUP_FRACTION"),  # a group's own fraction
+        (groups(group(STABLE_DURATION_FRACTION=-0.1)), f"{GROUPS}.0.STABLE_DURATION_FRACTION"),  # group wsd
+    ],
+)
+def test_nested_fraction_or_probability_outside_0_1_names_the_key(data: dict[str, Any], key: str) -> None:
+    assert_names_all(problems_of(data), [key])
+
+
+@pytest.mark.parametrize("value", [0, 0.0, 1, 1.0, 0.5])  # the bounds are inside: 0 (disabled) and 1
+@pytest.mark.parametrize(
+    "key",  # (holding out the whole dataset, VAL_FRACTION 1, is for the data checks to judge)
+    [k for k in FRACTION_KEYS if k != "DATA.DATASET.VAL_FRACTION"] + PROBABILITY_KEYS,
+)
+def test_fraction_and_probability_bounds_are_accepted(key: str, value: float) -> None:
+    assert isinstance(validate_config(nested(key, value)), Config)
+
+
+def test_fraction_zero_means_disabled_not_every_step() -> None:
+    config = validate_config(
+        nested(
+            "SCHEDULE.VALIDATION.INTERVAL_FRACTION",
+            0,
+            "SCHEDULE.CHECKPOINT.INTERVAL_FRACTION",
+            0.1,
+            "LR_SCHEDULER.WARMUP_FRACTION",
+            0,
+        )
+    )
+    plan = resolve_plan(config, batches_per_epoch=100)
+    assert plan.validation is None  # linnaeus resolved 0 to "every step"; we disable
+    assert plan.warmup_steps == 0
+    assert plan.checkpoint is not None
+    assert plan.checkpoint.every == plan.total_steps // 10
+
+
+# ---------------------------------------------------------------------------------------------
+# intervals: 0 is an error that says to use null
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "SCHEDULE.VALIDATION.INTERVAL_EPOCHS",  # standard validation
+        "SCHEDULE.VALIDATION.INTERVAL_STEPS",
+        "SCHEDULE.VALIDATION.MASK_META_INTERVAL_EPOCHS",  # mask-meta validation
+        "SCHEDULE.VALIDATION.MASK_META_INTERVAL_STEPS",
+        "SCHEDULE.VALIDATION.PARTIAL_MASK_META.INTERVAL_EPOCHS",  # partial-mask validation
+        "SCHEDULE.VALIDATION.PARTIAL_MASK_META.INTERVAL_STEPS",
+        "SCHEDULE.CHECKPOINT.INTERVAL_EPOCHS",  # checkpoints
+        "SCHEDULE.CHECKPOINT.INTERVAL_STEPS",
+        "SCHEDULE.METRICS.STEP_INTERVAL",  # logging
+        "SCHEDULE.METRICS.CONSOLE_INTERVAL",
+        "SCHEDULE.METRICS.WANDB_INTERVAL",
+        "SCHEDULE.METRICS.LR_INTERVAL",
+        "SCHEDULE.METRICS.PIPELINE_INTERVAL",
+        "TRAIN.EARLY_STOP.PATIENCE_STEPS",  # "off" is null here too
+        "TRAIN.EARLY_STOP.MAX_STEPS",
+    ],
+)
+def test_interval_zero_is_an_error_that_says_to_use_null(key: str) -> None:
+    text = problems_of(nested(key, 0))
+    assert_names_all(text, [key])
+    assert "null" in text
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "SCHEDULE.VALIDATION.INTERVAL_EPOCHS",  # negative interval
+        "SCHEDULE.CHECKPOINT.INTERVAL_STEPS",
+    ],
+)
+def test_negative_interval_is_an_error(key: str) -> None:
+    assert_names_all(problems_of(nested(key, -1)), [key])
+
+
+# ---------------------------------------------------------------------------------------------
+# rules that involve several fields of one section
+
+
+@pytest.mark.parametrize(
+    ("data", "keys", "says"),
+    [
+        (  # WEIGHTS must have one entry per WHITELIST combination
+            under(PARTIAL, WHITELIST=[["A"], ["B"]], WEIGHTS=[1.0]),
+            [f"{PARTIAL}.WEIGHTS", f"{PARTIAL}.WHITELIST"],
+            "",
+        ),
+        (  # more weights than combinations
+            under(PARTIAL, WHITELIST=[["A"]], WEIGHTS=[1, 2]),
+            [f"{PARTIAL}.WEIGHTS", f"{PARTIAL}.WHITELIST"],
+            "",
+        ),
+        (under(PARTIAL, WHITELIST=[["A"]], WEIGHTS=[0]), [f"{PARTIAL}.WEIGHTS"], ""),  # weights sum to 0
+        (under(PARTIAL, WHITELIST=[["A"]], WEIGHTS=[-1]), [f"{PARTIAL}.WEIGHTS.0"], ""),  # negative weight
+        (under(PARTIAL, WHITELIST=[[]]), [f"{PARTIAL}.WHITELIST.0"], "empty"),  # empty combination
+        (under(PVAL, WHITELIST=[["A"], ["B", "B"]]), [f"{PVAL}.WHITELIST.1"], "twice"),  # component twice
+        (  # partial window START >= END is empty
+            under(PARTIAL, START_FRACTION=0.5, END_FRACTION=0.5),
+            [f"{PARTIAL}.START_FRACTION", f"{PARTIAL}.END_FRACTION"],
+            "",
+        ),
+        (  # partial masking enabled with nothing to mask
+            under(PARTIAL, ENABLED=True, PROB_END_STEPS=10),
+            [f"{PARTIAL}.WHITELIST"],
+            "ENABLED",
+        ),
+        (under(PVAL, ENABLED=True), [f"{PVAL}.WHITELIST"], "ENABLED"),  # validation with nothing to mask
+        (  # exhaustive final validation needs at least two components
+            under(FINAL, EXHAUSTIVE_PARTIAL_META_VALIDATION=True, EXHAUSTIVE_META_COMPONENTS=["A"]),
+            [f"{FINAL}.EXHAUSTIVE_META_COMPONENTS"],
+            "2",
+        ),
+        (  # exhaustive components listed twice
+            under(FINAL, EXHAUSTIVE_META_COMPONENTS=["A", "A"]),
+            [f"{FINAL}.EXHAUSTIVE_META_COMPONENTS"],
+            "twice",
+        ),
+        (  # mixup group-level switching is not supported (steps) ...
+            under(MIXUP, LEVEL_SWITCH_STEPS=[100]),
+            [f"{MIXUP}.LEVEL_SWITCH_STEPS"],
+            "empty",
+        ),
+        (  # ... nor by epochs
+            under(MIXUP, LEVEL_SWITCH_EPOCHS=[2]),
+            [f"{MIXUP}.LEVEL_SWITCH_EPOCHS"],
+            "empty",
+        ),
+        (  # mixup enabled without a level to group by
+            under(MIXUP, PROB={"ENABLED": True, "END_STEPS": 10}),
+            [f"{MIXUP}.GROUP_LEVELS"],
+            "",
+        ),
+        (  # an enabled full-mask ramp needs an END_*
+            under("SCHEDULE.META_MASKING", ENABLED=True),
+            ["SCHEDULE.META_MASKING.END_STEPS"],
+            "ENABLED",
+        ),
+        (  # an enabled mixup ramp needs an END_*
+            under(MIXUP, GROUP_LEVELS=["digit"], PROB={"ENABLED": True}),
+            [f"{MIXUP}.PROB.END_STEPS"],
+            "ENABLED",
+        ),
+        (  # an enabled partial-mask ramp needs a PROB_END_*
+            under(PARTIAL, ENABLED=True, WHITELIST=[["A"]]),
+            [f"{PARTIAL}.PROB_END_STEPS"],
+            "ENABLED",
+        ),
+        (under(LR, NAME="step"), [f"{LR}.DECAY_STEPS"], "step"),  # NAME step needs a decay period
+        (groups(group(NAME="step")), [f"{GROUPS}.0.DECAY_STEPS"], "step"),  # ... so does a 'step' group
+        (groups(group("default")), [f"{GROUPS}.0.LABEL"], "default"),  # reserved label
+        (groups(group(MATCH=[])), [f"{GROUPS}.0.MATCH"], "empty"),  # a group must select something
+        (groups(group("head"), group("head")), [f"{GROUPS}.1.LABEL"], "head"),  # labels are unique
+        (  # early stopping switched on with no condition to stop on
+            under("TRAIN.EARLY_STOP", ACTIVE=True),
+            ["TRAIN.EARLY_STOP.ACTIVE"],
+            "PATIENCE_STEPS",
+        ),
+        (  # bucket upload without a bucket
+            under("ENV.OUTPUT.BUCKET", ENABLED=True),
+            ["ENV.OUTPUT.BUCKET.BUCKET"],
+            "ENABLED",
+        ),
+    ],
+)
+def test_section_rule_is_an_error_naming_its_keys(data: dict[str, Any], keys: list[str], says: str) -> None:
+    error = config_error(data)
+    assert len(error.problems) == 1, error
+    assert_names_all(str(error), keys)
+    assert says in str(error)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        under(LR, NAME="step", DECAY_STEPS=30),  # step with steps
+        under(LR, NAME="step", DECAY_FRACTION=0.3),  # step with a fraction
+        under(LR, NAME="step", DECAY_EPOCHS=1.5),  # step with epochs
+        {LR: {"DECAY_STEPS": 30, "PARAMETER_GROUPS": [group(NAME="step")]}},  # step group, global period
+        under(MIXUP, LEVEL_SWITCH_STEPS=[], LEVEL_SWITCH_EPOCHS=[]),  # empty switch lists are fine
+        under(PARTIAL, WHITELIST=[["A"], ["B"]], WEIGHTS=[1, 3]),  # WEIGHTS of the right length
+        under("SCHEDULE.META_MASKING", ENABLED=True, END_FRACTION=0.3),  # enabled ramp with an END
+        under("SCHEDULE.META_MASKING", END_FRACTION=0.3),  # a disabled ramp may still carry an END
+        under("TRAIN.EARLY_STOP", ACTIVE=True, MAX_STEPS=100),  # any stopping condition will do
+        groups(group("a"), group("b")),  # distinct labels
+    ],
+)
+def test_section_rule_satisfied_is_accepted(data: dict[str, Any]) -> None:
+    assert isinstance(validate_config(data), Config)
+
+
+# ---------------------------------------------------------------------------------------------
+# GradNorm: UPDATE_INTERVAL < accumulation is an error, only when GradNorm is on (SPEC §8)
+
+
+@pytest.mark.parametrize(
+    ("enabled", "interval", "accumulation", "is_error"),
+    [
+        (True, 2, 4, True),  # SPEC example: interval 2, accumulation 4
+        (True, 1, 2, True),  # interval 1 is too short as soon as accumulation > 1
+        (False, 2, 4, False),  # GradNorm off: the interval does not matter
+        (True, 4, 4, False),  # equal is fine
+        (True, 5, 4, False),  # longer is fine
+        (True, 1, 1, False),  # no accumulation
+        (True, 1, 0, False),  # accumulation 0 counts as 1
+    ],
+)
+def test_gradnorm_interval_against_accumulation(
+    enabled: bool, interval: int, accumulation: int, is_error: bool
+) -> None:
+    data = nested(
+        f"{GRADNORM}.GRADNORM_ENABLED",
+        enabled,
+        f"{GRADNORM}.UPDATE_INTERVAL",
+        interval,
+        "TRAIN.ACCUMULATION_STEPS",
+        accumulation,
+    )
+    if is_error:
+        assert_names_all(problems_of(data), [f"{GRADNORM}.UPDATE_INTERVAL", "TRAIN.ACCUMULATION_STEPS"])
+    else:
+        assert isinstance(validate_config(data), Config)
+
+
+def test_accumulation_zero_counts_as_one() -> None:
+    config = validate_config(nested("TRAIN.ACCUMULATION_STEPS", 0, "DATA.BATCH_SIZE", 8))
+    assert config.TRAIN.accumulation == 1
+    plan = resolve_plan(config, batches_per_epoch=37, world_size=2)
+    assert (plan.accumulation, plan.optimizer_steps_per_epoch, plan.effective_batch_size) == (1, 37, 16)
+
+
+# ---------------------------------------------------------------------------------------------
+# unknown keys, MIX/PROB, EXPERIMENT.NAME, EARLY_STOP.METRIC
+
+
+@pytest.mark.parametrize(
+    ("data", "key", "hint"),
+    [
+        ({"TRIAN": {}}, "TRIAN", "TRAIN"),  # misspelt section
+        (nested("TRAIN.EPCHS", 3), "TRAIN.EPCHS", "EPOCHS"),  # misspelt field
+        (nested("SCHEDULE.VALIDATON.INTERVAL_EPOCHS", 1), "SCHEDULE.VALIDATON", "VALIDATION"),  # subsection
+        (under(LR, WARMUP_FRACTON=0.1), f"{LR}.WARMUP_FRACTON", "WARMUP_FRACTION"),  # a timed key
+        (nested("SCHEDULE.MIXUP.PROB.ENABLD", True), "SCHEDULE.MIXUP.PROB.ENABLD", "ENABLED"),  # deep
+        (  # three levels down
+            nested("SCHEDULE.META_MASKING.PARTIAL.WHITELST", [["A"]]),
+            "SCHEDULE.META_MASKING.PARTIAL.WHITELST",
+            "WHITELIST",
+        ),
+        (under(MIXUP, MIX={"ENABLD": True}), f"{MIXUP}.MIX.ENABLD", "ENABLED"),  # in the MIX spelling
+        (  # inside a list item (a parameter group)
+            groups(group(LR_MULTIPLER=2.0)),
+            f"{GROUPS}.0.LR_MULTIPLER",
+            "LR_MULTIPLIER",
+        ),
+    ],
+)
+def test_unknown_key_is_an_error_with_a_did_you_mean_hint(data: dict[str, Any], key: str, hint: str) -> None:
+    text = problems_of(data)
+    assert_names_all(text, [key])
+    assert f"did you mean {hint}" in text
+
+
+def test_mix_is_accepted_as_a_spelling_of_prob() -> None:
+    ramp = {"ENABLED": True, "START_PROB": 1.0, "END_PROB": 0.2, "END_FRACTION": 0.4}
+    spelt_mix = validate_config(under(MIXUP, GROUP_LEVELS=["digit"], MIX=ramp))
+    spelt_prob = validate_config(under(MIXUP, GROUP_LEVELS=["digit"], PROB=ramp))
+    assert spelt_mix.SCHEDULE.MIXUP.PROB == spelt_prob.SCHEDULE.MIXUP.PROB
+    assert spelt_mix.SCHEDULE.MIXUP.PROB.END_FRACTION == 0.4
+    mixup = resolve_plan(spelt_mix, batches_per_epoch=100).mixup  # T = 1000 (10 epochs)
+    assert (mixup(200), mixup(400)) == pytest.approx((0.6, 0.2))  # EXAMPLES.md
+
+
+def test_mix_and_prob_together_is_an_error() -> None:
+    text = problems_of(under(MIXUP, MIX={"ENABLED": False}, PROB={"ENABLED": False}))
+    assert names(text, MIXUP) or names(text, f"{MIXUP}.MIX")
+    assert "MIX" in text
+    assert "PROB" in text
+    assert "unknown key" not in text  # MIX is a known spelling: the error is about having both
+
+
+@pytest.mark.parametrize(
+    ("name", "ok"),
+    [
+        ("digits_default", True),  # the default
+        ("run-1.v2_b", True),  # letters, digits, '.', '_', '-'
+        ("A", True),  # a single character
+        ("", False),  # empty: would write into BASE_DIR itself
+        (".", False),  # BASE_DIR itself
+        ("..", False),  # the parent of BASE_DIR
+        ("a/b", False),  # a path, not a name
+        ("../escape", False),  # escapes BASE_DIR
+        ("/abs", False),  # absolute path
+        ("a\x00b", False),  # NUL cannot be in a file name
+    ],
+)
+def test_experiment_name_must_be_a_usable_directory_name(name: str, ok: bool) -> None:
+    data = nested("EXPERIMENT.NAME", name)
+    if ok:
+        assert validate_config(data).output_dir == Path("outputs") / name
+    else:
+        assert_names_all(problems_of(data), ["EXPERIMENT.NAME"])
+
+
+@pytest.mark.parametrize(
+    ("metric", "canonical", "mode"),
+    [
+        ("val_loss", "val/loss", "min"),  # linnaeus' spelling is canonicalised
+        ("val/loss", "val/loss", "min"),  # already canonical
+        ("val/acc1", "val/acc1", "max"),  # not a loss: higher is better
+    ],
+)
+def test_early_stop_metric_is_canonicalised(metric: str, canonical: str, mode: str) -> None:
+    early = validate_config(nested("TRAIN.EARLY_STOP.METRIC", metric)).TRAIN.EARLY_STOP
+    assert (early.METRIC, early.mode) == (canonical, mode)
+
+
+@pytest.mark.parametrize(
+    ("data", "key"),
+    [
+        (nested("TRAIN.ACCUMULATION_STEPS", "four"), "TRAIN.ACCUMULATION_STEPS"),  # not a number
+        (nested("TRAIN.EPOCHS", 0), "TRAIN.EPOCHS"),  # no training
+        (under(VALIDATION, INTERVAL_EPOCHS=1.5), f"{VALIDATION}.INTERVAL_EPOCHS"),  # whole epochs only
+        (nested("LR_SCHEDULER.NAME", "cosin"), "LR_SCHEDULER.NAME"),  # not a schedule
+        (nested("LR_SCHEDULER.BASE_LR", 0), "LR_SCHEDULER.BASE_LR"),  # LR must be positive
+        ({"TRAIN": 5}, "TRAIN"),  # a section given as a scalar
+    ],
+)
+def test_bad_field_value_names_the_key(data: dict[str, Any], key: str) -> None:
+    error = config_error(data)
+    assert len(error.problems) == 1, error
+    assert_names_all(str(error), [key])
+
+
+# ---------------------------------------------------------------------------------------------
+# every problem of a config is reported together, in one ConfigError
+
+MANY_PROBLEMS: dict[str, Any] = {
+    "EXPERIMENT": {"NAME": "a/b"},  # bad directory name
+    "DATA": {"BATCH_SZE": 32},  # typo
+    "TRAIN": {"EPOCHS": 0, "ACCUMULATION_STEPS": 4},  # bad field in TRAIN ...
+    "LOSS": {"GRAD_WEIGHTING": {"TASK": {"GRADNORM_ENABLED": True, "UPDATE_INTERVAL": 2}}},  # ... + GradNorm
+    "LR_SCHEDULER": {"WARMUP_STEPS": 30, "WARMUP_FRACTION": 0.1, "BASE_LR": -1},  # rule + bad field
+    "SCHEDULE": {
+        "VALIDATION": {"INTERVAL_EPOCHS": 0},  # interval 0
+        "CHECKPOINT": {"INTERVAL_FRACTION": 1.5},  # fraction > 1
+        "MIXUP": {"LEVEL_SWITCH_STEPS": [5], "ALPHA": 0},  # rule + bad field
+    },
+}
+MANY_PROBLEM_KEYS = [
+    "EXPERIMENT.NAME",
+    "DATA.BATCH_SZE",
+    "TRAIN.EPOCHS",
+    "LOSS.GRAD_WEIGHTING.TASK.UPDATE_INTERVAL",
+    "TRAIN.ACCUMULATION_STEPS",
+    "LR_SCHEDULER.WARMUP_STEPS",
+    "LR_SCHEDULER.WARMUP_FRACTION",
+    "LR_SCHEDULER.BASE_LR",
+    "SCHEDULE.VALIDATION.INTERVAL_EPOCHS",
+    "SCHEDULE.CHECKPOINT.INTERVAL_FRACTION",
+    "SCHEDULE.MIXUP.LEVEL_SWITCH_STEPS",
+    "SCHEDULE.MIXUP.ALPHA",
+]
+
+
+def test_every_problem_is_reported_in_one_error() -> None:
+    error = config_error(MANY_PROBLEMS)
+    text = str(error)
+    assert_names_all(text, MANY_PROBLEM_KEYS)
+    problem_keys = " | ".join(key for key, _ in error.problems)
+    assert_names_all(problem_keys, MANY_PROBLEM_KEYS)
+    # one entry per problem, none repeated: 10 (GradNorm and WARMUP_* each concern two keys)
+    assert len(error.problems) == 10, text
+    assert text.startswith("invalid config (10 problems)")
+
+
+@pytest.mark.parametrize(
+    ("data", "keys"),
+    [
+        pytest.param(  # an out-of-range fraction does not hide that a second unit is set too
+            under(LR, WARMUP_STEPS=30, WARMUP_FRACTION=1.5),
+            [f"{LR}.WARMUP_STEPS", f"{LR}.WARMUP_FRACTION"],
+            id="fraction-hides-unit-conflict",
+        ),
+        pytest.param(  # MIX + PROB does not hide the other problems of SCHEDULE.MIXUP
+            under(MIXUP, MIX={"ENABLED": False}, PROB={}, ALPHA=-1),
+            [MIXUP, f"{MIXUP}.ALPHA"],
+            id="mix-prob-hides-mixup-field",
+        ),
+        pytest.param(  # a bad parameter group does not hide a rule of LR_SCHEDULER itself
+            under(LR, NAME="step", PARAMETER_GROUPS=[group("default")]),
+            [f"{GROUPS}.0.LABEL", f"{LR}.DECAY_STEPS"],
+            id="group-rule-hides-lr-rule",
+        ),
+        pytest.param(  # a bad parameter group does not hide the duplicate labels of two other groups
+            groups(group("a", MATCH=[]), group("x"), group("x")),
+            [f"{GROUPS}.0.MATCH", f"{GROUPS}.2.LABEL"],
+            id="group-rule-hides-duplicate-label",
+        ),
+        pytest.param(  # a bad field does not hide a rule of the same section
+            under("TRAIN.EARLY_STOP", ACTIVE=True, MIN_DELTA=-1),
+            ["TRAIN.EARLY_STOP.ACTIVE", "TRAIN.EARLY_STOP.MIN_DELTA"],
+            id="field-hides-early-stop-rule",
+        ),
+        pytest.param(  # a bad probability does not hide the missing END_* of the same ramp
+            under("SCHEDULE.META_MASKING", ENABLED=True, START_PROB=2),
+            ["SCHEDULE.META_MASKING.START_PROB", "SCHEDULE.META_MASKING.END_STEPS"],
+            id="probability-hides-missing-end",
+        ),
+        pytest.param(  # a bad field in LOSS does not hide the GradNorm rule
+            nested(
+                f"{GRADNORM}.GRADNORM_ENABLED",
+                True,
+                f"{GRADNORM}.UPDATE_INTERVAL",
+                2,
+                "LOSS.TASK_WEIGHTS",
+                [-1.0],
+                "TRAIN.ACCUMULATION_STEPS",
+                4,
+            ),
+            ["LOSS.TASK_WEIGHTS.0", f"{GRADNORM}.UPDATE_INTERVAL", "TRAIN.ACCUMULATION_STEPS"],
+            id="list-item-hides-gradnorm-rule",
+        ),
+    ],
+)
+def test_one_problem_does_not_hide_another(data: dict[str, Any], keys: list[str]) -> None:
+    assert_names_all(problems_of(data), keys)
+
+
+# ---------------------------------------------------------------------------------------------
+# loading YAML files: BASE inheritance, --opts, errors
+
+
+def test_default_config_loads(default_config_path: Path) -> None:
+    config = load_config(default_config_path)
+    assert config.output_dir == Path("outputs/digits_default")
+    assert config.TRAIN.EPOCHS == 20
+    assert config.LR_SCHEDULER.NAME == "wsd"
+
+
+def test_base_is_relative_to_the_file_and_merged_deeply(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write(
+        tmp_path / "bases" / "base.yaml",
+        "TRAIN:\n  EPOCHS: 5\n  ACCUMULATION_STEPS: 2\n"
+        "LR_SCHEDULER:\n  NAME: wsd\n  BASE_LR: 0.5\n"
+        "SCHEDULE:\n  VALIDATION:\n    INTERVAL_EPOCHS: 2\n    MASK_META_INTERVAL_EPOCHS: 3\n",
+    )
+    child = write(
+        tmp_path / "exp" / "child.yaml",
+        "BASE: [../bases/base.yaml]\n"
+        "TRAIN:\n  EPOCHS: 7\n"  # nested override wins ...
+        "SCHEDULE:\n  VALIDATION:\n    INTERVAL_EPOCHS: 1\n",
+    )
+    monkeypatch.chdir(tmp_path)  # BASE is read relative to the file, not to the working directory
+    config = load_config(child)
+    assert config.TRAIN.EPOCHS == 7
+    assert config.TRAIN.ACCUMULATION_STEPS == 2  # ... and its siblings stay (deep merge)
+    assert (config.LR_SCHEDULER.NAME, config.LR_SCHEDULER.BASE_LR) == ("wsd", 0.5)
+    assert config.SCHEDULE.VALIDATION.INTERVAL_EPOCHS == 1
+    assert config.SCHEDULE.VALIDATION.MASK_META_INTERVAL_EPOCHS == 3
+
+
+def test_base_chain_and_several_bases(tmp_path: Path, default_config_path: Path) -> None:
+    write(tmp_path / "a.yaml", f"BASE: {default_config_path}\nTRAIN:\n  EPOCHS: 3\nDATA:\n  BATCH_SIZE: 8\n")
+    write(tmp_path / "b.yaml", "TRAIN:\n  EPOCHS: 4\n")
+    child = write(tmp_path / "child.yaml", "BASE: [a.yaml, b.yaml]\nEXPERIMENT:\n  NAME: child\n")
+    config = load_config(child)
+    assert config.TRAIN.EPOCHS == 4  # a later base overrides an earlier one
+    assert config.DATA.BATCH_SIZE == 8  # from a.yaml
+    assert config.LR_SCHEDULER.BASE_LR == 0.032  # from the default config, two levels down
+    assert config.output_dir == Path("outputs/child")
+
+
+def test_base_cycle_is_a_config_error(tmp_path: Path) -> None:
+    write(tmp_path / "a.yaml", "BASE: [b.yaml]\n")
+    write(tmp_path / "b.yaml", "BASE: [a.yaml]\n")
+    with pytest.raises(ConfigError, match="BASE"):
+        load_config(tmp_path / "a.yaml")
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        (None, "cannot read"),  # the file does not exist
+        ("TRAIN: [unclosed\n", "not valid YAML"),  # broken YAML
+        ("TRAIN:\n  EPOCHS: 3\n    BATCH: 2\n", "not valid YAML"),  # bad indentation
+        ("- TRAIN\n- DATA\n", "mapping"),  # a list, not sections
+        ("BASE: [missing.yaml]\n", "missing.yaml"),  # a BASE that does not exist
+    ],
+)
+def test_unreadable_config_is_a_config_error(tmp_path: Path, text: str | None, says: str) -> None:
+    path = tmp_path / "cfg.yaml"
+    if text is not None:
+        write(path, text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert says in str(info.value)
+
+
+def test_empty_file_is_the_built_in_defaults(tmp_path: Path) -> None:
+    assert load_config(write(tmp_path / "empty.yaml", "")) == Config()
+
+
+@pytest.mark.parametrize(
+    ("opts", "read"),
+    [
+        (["TRAIN.EPOCHS", "3"], lambda c: c.TRAIN.EPOCHS == 3),  # an int
+        (["LR_SCHEDULER.BASE_LR", "1e-3"], lambda c: c.LR_SCHEDULER.BASE_LR == 0.001),  # 1e-3 is a number
+        (["LR_SCHEDULER.MIN_LR", "2.5e-6"], lambda c: c.LR_SCHEDULER.MIN_LR == 2.5e-6),  # float with exponent
+        (["LR_SCHEDULER.WARMUP_LR", "0.0001"], lambda c: c.LR_SCHEDULER.WARMUP_LR == 0.0001),  # plain float
+        (  # a list of lists
+            ["SCHEDULE.VALIDATION.PARTIAL_MASK_META.WHITELIST", "[[ROWS],[COLS, MOMENTS]]"],
+            lambda c: c.SCHEDULE.VALIDATION.PARTIAL_MASK_META.WHITELIST == [["ROWS"], ["COLS", "MOMENTS"]],
+        ),
+        (["SCHEDULE.MIXUP.PROB.ENABLED", "false"], lambda c: c.SCHEDULE.MIXUP.PROB.ENABLED is False),  # bool
+        (["TRAIN.EARLY_STOP.ACTIVE", "true"], lambda c: c.TRAIN.EARLY_STOP.ACTIVE is True),  # bool
+        (["LR_SCHEDULER.NAME", "cosine"], lambda c: c.LR_SCHEDULER.NAME == "cosine"),  # a string
+        (["EXPERIMENT.NAME", "run2"], lambda c: c.output_dir == Path("outputs/run2")),  # moves the output
+        (  # several pairs, the last one of a key wins
+            ["TRAIN.EPOCHS", "3", "TRAIN.EPOCHS", "4", "DATA.BATCH_SIZE", "16"],
+            lambda c: (c.TRAIN.EPOCHS, c.DATA.BATCH_SIZE) == (4, 16),
+        ),
+        (  # a section the file does not have
+            [f"{GRADNORM}.GRADNORM_ENABLED", "true"],
+            lambda c: c.LOSS.GRAD_WEIGHTING.TASK.GRADNORM_ENABLED is True,
+        ),
+        (["TRAIN.EPOCHS", "null"], lambda c: c.TRAIN.EPOCHS == 10),  # null: the built-in default, not 20
+        (  # null unsets a unit, so another one can be used
+            ["LR_SCHEDULER.WARMUP_FRACTION", "null", "LR_SCHEDULER.WARMUP_STEPS", "10"],
+            lambda c: (c.LR_SCHEDULER.WARMUP_FRACTION, c.LR_SCHEDULER.WARMUP_STEPS) == (None, 10),
+        ),
+        (  # null on a key that is not set is harmless
+            ["LR_SCHEDULER.DECAY_STEPS", "null"],
+            lambda c: c.LR_SCHEDULER.DECAY_STEPS is None,
+        ),
+    ],
+)
+def test_opts_override_the_file(default_config_path: Path, opts: list[str], read: Any) -> None:
+    assert read(load_config(default_config_path, opts))
+
+
+def test_opts_are_validated_like_the_file(default_config_path: Path) -> None:
+    # the default config sets WARMUP_FRACTION; adding WARMUP_STEPS without unsetting it conflicts
+    with pytest.raises(ConfigError) as info:
+        load_config(default_config_path, ["LR_SCHEDULER.WARMUP_STEPS", "10", "TRAIN.EPOCS", "3"])
+    assert_names_all(
+        str(info.value), ["LR_SCHEDULER.WARMUP_STEPS", "LR_SCHEDULER.WARMUP_FRACTION", "TRAIN.EPOCS"]
+    )
+
+
+@pytest.mark.parametrize(
+    "opts",
+    [
+        ["TRAIN.EPOCHS"],  # a key without a value
+        ["TRAIN.EPOCHS", "3", "DATA.BATCH_SIZE"],  # the last key has no value
+    ],
+)
+def test_odd_number_of_opts_is_an_error(default_config_path: Path, opts: list[str]) -> None:
+    with pytest.raises(ConfigError, match=re.escape(opts[-1])):
+        load_config(default_config_path, opts)
+
+
+def test_opts_through_a_value_is_an_error() -> None:
+    with pytest.raises(ConfigError, match=re.escape("TRAIN.EPOCHS.X")):
+        apply_opts({"TRAIN": {"EPOCHS": 3}}, ["TRAIN.EPOCHS.X", "1"])
+
+
+def test_apply_opts_leaves_its_input_alone() -> None:
+    data = {"TRAIN": {"EPOCHS": 3}}
+    assert apply_opts(data, ["TRAIN.EPOCHS", "null", "DATA.BATCH_SIZE", "4"]) == {
+        "TRAIN": {},
+        "DATA": {"BATCH_SIZE": 4},
+    }
+    assert data == {"TRAIN": {"EPOCHS": 3}}
+
+
+# ---------------------------------------------------------------------------------------------
+# the CLI on a bad config: exit 2, one message naming every bad key, no traceback, nothing written
+
+BAD_CONFIG_KEYS = [
+    "TRAIN.EPCHS",
+    "LR_SCHEDULER.WARMUP_STEPS",
+    "LR_SCHEDULER.WARMUP_FRACTION",
+    "SCHEDULE.VALIDATION.INTERVAL_EPOCHS",
+    "LOSS.GRAD_WEIGHTING.TASK.UPDATE_INTERVAL",
+    "TRAIN.ACCUMULATION_STEPS",
+]
+
+
+@pytest.fixture
+def bad_config(tmp_path: Path, default_config_path: Path) -> Path:
+    return write(
+        tmp_path / "bad.yaml",
+        f"BASE: [{default_config_path}]\n"
+        "TRAIN:\n  EPCHS: 3\n  ACCUMULATION_STEPS: 4\n"
+        "LOSS:\n  GRAD_WEIGHTING:\n    TASK:\n      GRADNORM_ENABLED: true\n      UPDATE_INTERVAL: 2\n"
+        "LR_SCHEDULER:\n  WARMUP_STEPS: 30\n"  # the default config sets WARMUP_FRACTION
+        "SCHEDULE:\n  VALIDATION:\n    INTERVAL_EPOCHS: 0\n",
+    )
+
+
+def test_cli_bad_config_exits_2_with_one_message(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, bad_config: Path
+) -> None:
+    out_dir = tmp_path / "runs"
+    rc, out, err = run_cli(capsys, "plan", "--cfg", str(bad_config), *out_dir_opts(out_dir))
+    assert rc == EXIT_CONFIG_ERROR == 2
+    assert_names_all(err, BAD_CONFIG_KEYS)
+    assert err.count("linnaeus-accel:") == 1  # one message ...
+    assert err.count("invalid config") == 1
+    assert "Traceback" not in err
+    assert out == ""
+    assert not out_dir.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--cfg", "does/not/exist.yaml"], "cannot read"),  # missing file
+        (["--cfg", "{config}", "--opts", "TRAIN.EPOCHS"], "TRAIN.EPOCHS"),  # odd number of opts
+        (["--cfg", "{config}", "--opts", "TRAIN.EPOCHS", "0"], "TRAIN.EPOCHS"),  # bad value given by --opts
+        (["--cfg", "{broken}"], "not valid YAML"),  # invalid YAML
+    ],
+)
+def test_cli_unusable_config_exits_2(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, default_config_path: Path, args: list[str], says: str
+) -> None:
+    broken = write(tmp_path / "broken.yaml", "TRAIN: [unclosed\n")
+    argv = [a.format(config=default_config_path, broken=broken) for a in args]
+    rc, out, err = run_cli(capsys, "plan", *argv, "--dataset-size", "100")
+    assert rc == 2, err
+    assert says in err
+    assert "Traceback" not in err
+    assert out == ""
+
+
+def test_cli_bad_config_in_a_real_process(tmp_path: Path, bad_config: Path) -> None:
+    out_dir = tmp_path / "runs"
+    proc = subprocess.run(
+        [sys.executable, "-m", "linnaeus_accel", "plan", "--cfg", str(bad_config), *out_dir_opts(out_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stdout == ""
+    assert_names_all(proc.stderr, BAD_CONFIG_KEYS)
+    assert not out_dir.exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# sanity warnings: legal but probably unintended; printed, never fatal
+
+# T = 1000 (10 epochs x 100 optimizer steps); validation and checkpoint every epoch: no warning.
+WARNING_BASE: dict[str, Any] = nested(
+    "TRAIN.EPOCHS", 10, f"{VALIDATION}.INTERVAL_EPOCHS", 1, "SCHEDULE.CHECKPOINT.INTERVAL_EPOCHS", 1
+)
+BATCHES = 100
+
+VAL, CKPT = VALIDATION, "SCHEDULE.CHECKPOINT"
+STEPS_CKPT = [f"{CKPT}.INTERVAL_EPOCHS", "null", f"{CKPT}.INTERVAL_STEPS", "100"]
+NO_VAL_EPOCHS = [f"{VAL}.INTERVAL_EPOCHS", "null"]
+PARTIAL_VAL_ON = [f"{VAL}.PARTIAL_MASK_META.ENABLED", "true", f"{VAL}.PARTIAL_MASK_META.WHITELIST", "[[A]]"]
+
+
+def lr_phases(name: str, stable: str, decay: str) -> list[str]:
+    return [
+        "LR_SCHEDULER.NAME",
+        name,
+        "LR_SCHEDULER.STABLE_DURATION_FRACTION",
+        stable,
+        "LR_SCHEDULER.DECAY_DURATION_FRACTION",
+        decay,
+    ]
+
+
+# what each kind of warning looks like
+WARNING_KINDS = {
+    "long validation": lambda w: f"{VAL}.INTERVAL_" in w and "quarter" in w,
+    "long mask-meta": lambda w: f"{VAL}.MASK_META_INTERVAL_" in w and "quarter" in w,
+    "long partial": lambda w: f"{VAL}.PARTIAL_MASK_META.INTERVAL_" in w and "quarter" in w,
+    "long checkpoint": lambda w: f"{CKPT}.INTERVAL_" in w and "quarter" in w,
+    "mixed units": lambda w: "mix" in w and "epochs" in w and "steps" in w and "quarter" not in w,
+    "no validation": lambda w: w.startswith(VAL) and "never validated" in w,
+    "no checkpoint": lambda w: w.startswith(CKPT) and "final epoch" in w and "quarter" not in w,
+    "reference bs": lambda w: "REFERENCE_BS" in w,
+    "wsd over 1": lambda w: "STABLE_DURATION_FRACTION" in w and "DECAY_DURATION_FRACTION" in w,
+}
+
+
+@pytest.mark.parametrize(
+    ("opts", "expected"),
+    [
+        ([], set()),  # the base: nothing to warn about
+        ([f"{VAL}.INTERVAL_EPOCHS", "3"], {"long validation"}),  # 300 steps > 1000 / 4
+        ([f"{VAL}.INTERVAL_EPOCHS", "2"], set()),  # 200 steps: fine
+        ([*NO_VAL_EPOCHS, f"{VAL}.INTERVAL_STEPS", "250", *STEPS_CKPT], set()),  # exactly a quarter
+        ([*NO_VAL_EPOCHS, f"{VAL}.INTERVAL_STEPS", "251", *STEPS_CKPT], {"long validation"}),  # just over
+        (  # a fraction is measured in steps too: 0.3 -> 300 steps
+            [*NO_VAL_EPOCHS, f"{VAL}.INTERVAL_FRACTION", "0.3", *STEPS_CKPT],
+            {"long validation"},
+        ),
+        ([f"{VAL}.MASK_META_INTERVAL_EPOCHS", "4"], {"long mask-meta"}),  # mask-meta validation
+        (  # partial-mask validation
+            [*PARTIAL_VAL_ON, f"{VAL}.PARTIAL_MASK_META.INTERVAL_EPOCHS", "3"],
+            {"long partial"},
+        ),
+        ([f"{VAL}.PARTIAL_MASK_META.INTERVAL_EPOCHS", "3"], set()),  # ... not when it is disabled
+        ([f"{CKPT}.INTERVAL_EPOCHS", "5"], {"long checkpoint"}),  # checkpoints
+        (STEPS_CKPT, {"mixed units"}),  # validation in epochs, checkpoints in steps
+        ([f"{VAL}.MASK_META_INTERVAL_STEPS", "100"], {"mixed units"}),  # one step interval among epochs
+        ([*NO_VAL_EPOCHS, f"{VAL}.INTERVAL_FRACTION", "0.1", *STEPS_CKPT], set()),  # fraction counts as steps
+        (NO_VAL_EPOCHS, {"no validation"}),  # validation never runs
+        ([*NO_VAL_EPOCHS, f"{VAL}.INTERVAL_FRACTION", "0"], {"no validation"}),  # fraction 0 disables it
+        ([f"{CKPT}.INTERVAL_EPOCHS", "null"], {"no checkpoint"}),  # only the final checkpoint
+        ([*NO_VAL_EPOCHS, f"{CKPT}.INTERVAL_EPOCHS", "null"], {"no validation", "no checkpoint"}),  # both
+        (["LR_SCHEDULER.REFERENCE_BS", "256"], {"reference bs"}),  # not linnaeus' 512
+        (["LR_SCHEDULER.REFERENCE_BS", "512"], set()),  # 512 given explicitly
+        (["LR_SCHEDULER.REFERENCE_BS", "null"], set()),  # scaling off
+        (lr_phases("wsd", "0.8", "0.3"), {"wsd over 1"}),  # wsd stable + decay > 1: decay cut off
+        (lr_phases("wsd", "0.8", "0.2"), set()),  # exactly 1
+        (lr_phases("cosine", "0.8", "0.3"), set()),  # the wsd fractions do not matter for cosine
+    ],
+)
+def test_sanity_warnings(opts: list[str], expected: set[str]) -> None:
+    config = validate_config(apply_opts(WARNING_BASE, opts))
+    warnings = resolve_plan(config, BATCHES, world_size=1).warnings
+    found = {kind for kind, matches in WARNING_KINDS.items() if any(matches(w) for w in warnings)}
+    assert found == expected, warnings
+    assert len(warnings) == len(expected), warnings  # nothing else, nothing twice
+
+
+def test_cli_prints_warnings_and_still_succeeds(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, default_config_path: Path
+) -> None:
+    out_dir = tmp_path / "runs"
+    rc, out, err = run_cli(
+        capsys,
+        "plan",
+        "--cfg",
+        str(default_config_path),
+        "--dataset-size",
+        "3200",
+        "--opts",
+        "ENV.OUTPUT.BASE_DIR",
+        str(out_dir),
+        "LR_SCHEDULER.REFERENCE_BS",
+        "256",
+        "SCHEDULE.CHECKPOINT.INTERVAL_EPOCHS",
+        "null",
+        "SCHEDULE.VALIDATION.INTERVAL_EPOCHS",
+        "null",
+    )
+    assert rc == 0, err
+    warning_lines = [line for line in err.splitlines() if line.startswith("warning: ")]
+    assert len(warning_lines) == 3, err
+    assert any("REFERENCE_BS" in line for line in warning_lines)
+    assert "Schedule summary" in out
+    assert not out_dir.exists()
