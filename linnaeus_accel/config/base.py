@@ -129,6 +129,14 @@ def _check_positive(value: float) -> float:
     return value
 
 
+def _check_decay_rate(value: float) -> float:
+    if not math.isfinite(value) or not 0.0 < value <= 1.0:
+        raise ValueError(
+            f"must be in (0, 1]: the step schedule multiplies the LR by it every period (got {value})"
+        )
+    return value
+
+
 def _check_positive_int(value: int) -> int:
     if value < 1:
         raise ValueError(f"must be an integer >= 1 (got {value})")
@@ -151,6 +159,7 @@ Fraction = Annotated[float, AfterValidator(_check_fraction)]
 Probability = Annotated[float, AfterValidator(_check_probability)]
 NonNegativeFloat = Annotated[float, AfterValidator(_check_non_negative)]
 PositiveFloat = Annotated[float, AfterValidator(_check_positive)]
+DecayRate = Annotated[float, AfterValidator(_check_decay_rate)]
 PositiveInt = Annotated[int, AfterValidator(_check_positive_int)]
 NonNegativeInt = Annotated[int, AfterValidator(_check_non_negative_int)]
 # An optional count of steps or epochs, where "off" is spelled null, not 0.

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from .base import (
+    DecayRate,
     Fraction,
     NonNegativeFloat,
     NonNegativeInt,
@@ -49,7 +50,7 @@ class ParameterGroup(Section):
     DECAY_STEPS: PositiveInt | None = None
     DECAY_FRACTION: Fraction | None = None
     DECAY_EPOCHS: PositiveFloat | None = None
-    DECAY_RATE: PositiveFloat | None = None
+    DECAY_RATE: DecayRate | None = None
     STABLE_DURATION_FRACTION: Fraction | None = None
     DECAY_DURATION_FRACTION: Fraction | None = None
     DECAY_TYPE: DecayType | None = None
@@ -96,9 +97,7 @@ class LRSchedulerConfig(Section):
         None, description="step schedule: decay period as a fraction of total."
     )
     DECAY_EPOCHS: PositiveFloat | None = Field(None, description="step schedule: decay period in epochs.")
-    DECAY_RATE: PositiveFloat = Field(
-        0.1, description="step schedule: multiplier applied every decay period."
-    )
+    DECAY_RATE: DecayRate = Field(0.1, description="step schedule: multiplier applied every decay period.")
     STABLE_DURATION_FRACTION: Fraction = Field(
         0.8, description="wsd: share of post-warmup steps held at BASE_LR."
     )

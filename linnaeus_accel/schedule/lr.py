@@ -42,7 +42,7 @@ class LRCurve:
         if self.kind == "cosine":
             return self._cosine(min(1.0, p / span))
         if self.kind == "linear":
-            return self.base_lr - (self.base_lr - self.min_lr) * min(1.0, p / span)
+            return self._linear(min(1.0, p / span))
         if self.kind == "step":
             if self.decay_every is None:
                 return self.base_lr
@@ -50,8 +50,17 @@ class LRCurve:
             return max(self.min_lr, self.base_lr * self.decay_rate ** (p // self.decay_every))
         return self._wsd(p)
 
+    # Both decays are written from MIN_LR up so that they end exactly on MIN_LR (progress 1),
+    # and start exactly on the peak (progress 0), with no float residue either side.
     def _cosine(self, progress: float) -> float:
+        if progress <= 0.0:
+            return self.base_lr
         return self.min_lr + 0.5 * (self.base_lr - self.min_lr) * (1.0 + math.cos(math.pi * progress))
+
+    def _linear(self, progress: float) -> float:
+        if progress <= 0.0:
+            return self.base_lr
+        return self.min_lr + (self.base_lr - self.min_lr) * (1.0 - progress)
 
     def _wsd(self, p: int) -> float:
         s, d = self.stable_steps, self.decay_steps
@@ -60,9 +69,7 @@ class LRCurve:
         if p >= s + d:
             return self.min_lr
         q = (p - s + 1) / d
-        if self.decay_type == "cosine":
-            return self._cosine(q)
-        return self.base_lr - (self.base_lr - self.min_lr) * q
+        return self._cosine(q) if self.decay_type == "cosine" else self._linear(q)
 
     def phases(self) -> dict[str, tuple[int, int]]:
         """Inclusive [first, last] step of each non-empty phase, for summaries."""
