@@ -997,3 +997,30 @@ def test_cli_prints_warnings_and_still_succeeds(
     assert any("REFERENCE_BS" in line for line in warning_lines)
     assert "Schedule summary" in out
     assert not out_dir.exists()
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "expected_base_lr"),
+    [
+        ("LR_SCHEDULER:\n  BASE_LR: 1e-3\n", 0.001),  # YAML 1.1 would read 1e-3 as a string
+        ("LR_SCHEDULER:\n  BASE_LR: 2.5E-4\n", 0.00025),  # upper-case exponent with a dot
+        ("LR_SCHEDULER:\n  BASE_LR: 3\n", 3.0),  # an int is a fine float
+    ],
+)
+def test_yaml_numbers_with_exponents_are_floats(
+    tmp_path: Path, yaml_text: str, expected_base_lr: float
+) -> None:
+    config = load_config(write(tmp_path / "c.yaml", yaml_text))
+    assert config.LR_SCHEDULER.BASE_LR == expected_base_lr
+
+
+@pytest.mark.parametrize(
+    ("data", "key"),
+    [
+        (under(VALIDATION, INTERVAL_EPOCHS=True), f"{VALIDATION}.INTERVAL_EPOCHS"),  # a bool is not a count
+        (under("DATA", BATCH_SIZE="32"), "DATA.BATCH_SIZE"),  # a quoted number is a string, not a size
+        (under("TRAIN", AUTO_RESUME="yes please"), "TRAIN.AUTO_RESUME"),  # not a bool
+    ],
+)
+def test_values_of_the_wrong_type_are_errors(data: dict[str, Any], key: str) -> None:
+    assert_names_all(problems_of(data), [key])

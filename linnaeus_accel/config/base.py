@@ -72,7 +72,8 @@ class Section(BaseModel):
     raised together as one ``config_rules`` error.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    # strict: YAML already gives real types, so `true` for a count or "5" for a number is a mistake.
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, strict=True)
     _pruned: frozenset[str] = PrivateAttr(default=frozenset())
 
     @model_validator(mode="wrap")
@@ -211,3 +212,10 @@ def json_safe(value: Any) -> Any:
     if isinstance(value, BaseModel):
         return value.model_dump(mode="json", by_alias=True)
     return value
+
+
+def canonical_metric_name(name: str) -> str:
+    """'val_loss' -> 'val/loss' (linnaeus' spelling); names that already contain '/' are kept."""
+    if "/" not in name and name.startswith("val_"):
+        return "val/" + name[len("val_") :]
+    return name

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,22 @@ from pydantic import AliasChoices, BaseModel, ValidationError
 
 from .base import PRUNED, RULES_ERROR_TYPE, Problem
 from .root import Config
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """YAML 1.1 (PyYAML) reads ``1e-3`` as a string; learning rates are written that way, so
+    numbers with an exponent and no dot are floats here, as in YAML 1.2."""
+
+
+_ConfigLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def parse_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_ConfigLoader)  # a SafeLoader: no arbitrary objects
 
 
 class ConfigError(Exception):
@@ -37,7 +54,7 @@ def read_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
         raise ConfigError([("BASE", f"{path} includes itself through BASE")], source=str(path))
     try:
         with path.open(encoding="utf-8") as f:
-            data = yaml.safe_load(f)
+            data = parse_yaml(f.read())
     except OSError as exc:
         raise ConfigError([("", f"cannot read {path}: {exc.strerror}")], source="--cfg") from None
     except yaml.YAMLError as exc:
@@ -72,7 +89,7 @@ def apply_opts(data: dict[str, Any], opts: Sequence[str]) -> dict[str, Any]:
     out = copy.deepcopy(data)
     for key, raw in zip(opts[::2], opts[1::2], strict=True):
         try:
-            value = yaml.safe_load(raw)
+            value = parse_yaml(raw)
         except yaml.YAMLError:
             value = raw
         *parents, leaf = key.split(".")

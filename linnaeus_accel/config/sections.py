@@ -16,6 +16,7 @@ from .base import (
     Problem,
     Section,
     StepsOrOff,
+    canonical_metric_name,
 )
 
 
@@ -59,13 +60,6 @@ class EarlyStopConfig(Section):
     @property
     def mode(self) -> Literal["min", "max"]:
         return self.MODE or ("min" if "loss" in self.METRIC else "max")
-
-
-def canonical_metric_name(name: str) -> str:
-    """'val_loss' -> 'val/loss' (linnaeus' spelling); names that already contain '/' are kept."""
-    if "/" not in name and name.startswith("val_"):
-        return "val/" + name[len("val_") :]
-    return name
 
 
 class TrainConfig(Section):
