@@ -51,6 +51,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
     plan.add_argument("--no-series", action="store_true", help="with --json: leave out the per-step series")
+    train = commands.add_parser(
+        "train",
+        help="train as the config says (also under `accelerate launch -m linnaeus_accel train`)",
+        description="Train the configured model on the configured dataset; results go to "
+        "<ENV.OUTPUT.BASE_DIR>/<EXPERIMENT.NAME>.",
+    )
+    _add_config_args(train)
     return parser
 
 
@@ -87,7 +94,36 @@ def run_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"plan": run_plan}
+def run_train(args: argparse.Namespace) -> int:
+    from accelerate.utils import set_seed
+
+    from .data import build_dataset, dataset_problems
+    from .models import build_model
+    from .training.trainer import Trainer
+
+    config = load_config(args.cfg, args.opts)
+    train_data, val_data = build_dataset(config, "train"), build_dataset(config, "val")
+    problems = dataset_problems(config, train_data)
+    if problems:
+        raise ConfigError(problems)
+    set_seed(config.EXPERIMENT.SEED)  # the same initial weights on every process and every run
+    model = build_model(config, train_data)
+    summary = Trainer(config, model, train_data, val_data).fit()
+    if _is_local_main():
+        last = summary["last_validation"]
+        accuracy = ", ".join(
+            f"{k} {v:.4f}" for k, v in last.items() if k.startswith("val/acc") or k == "val/chain_acc"
+        )
+        print(f"{summary['status']} at step {summary['global_step']} (epoch {summary['epoch']}): {accuracy}")
+        print(f"outputs in {config.output_dir}")
+    return 0
+
+
+def _is_local_main() -> bool:
+    return os.environ.get("LOCAL_RANK", "0") == "0"
+
+
+COMMANDS = {"plan": run_plan, "train": run_train}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -95,7 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except ConfigError as exc:
-        print(f"linnaeus-accel: {exc}", file=sys.stderr)
+        if _is_local_main():
+            print(f"linnaeus-accel: {exc}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
     except BrokenPipeError:
         # The reader went away (e.g. `| head`): not an error of ours, and no traceback.

@@ -1,0 +1,110 @@
+"""Everything a run writes or shows, in one place: only the main process writes files, logs to
+trackers or draws the progress bar; the other processes get a silent stand-in (SPEC §9).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+from accelerate import Accelerator
+from tqdm.auto import tqdm
+
+from ..config import Config
+from ..schedule.summary import write_schedule_summary
+
+
+class RunOutputs:
+    """The main process's view of ``<output dir>``: metrics.jsonl, summary.json, trackers, console."""
+
+    def __init__(
+        self, accelerator: Accelerator, config: Config, total_steps: int, initial_step: int = 0
+    ) -> None:
+        self.accelerator = accelerator
+        self.dir = config.output_dir
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._metrics = (self.dir / "metrics.jsonl").open("a", encoding="utf-8")
+        self._bar = tqdm(
+            total=total_steps, initial=initial_step, desc="train", unit="step", dynamic_ncols=True
+        )
+        self._started = time.time()
+
+    def write_assets(self, config: Config, summary_text: str) -> None:
+        write_schedule_summary(self.dir, summary_text)
+        resolved = config.model_dump(mode="json")
+        (self.dir / "assets" / "config.yaml").write_text(
+            yaml.safe_dump(resolved, sort_keys=False), encoding="utf-8"
+        )
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        """One logging event: a line of metrics.jsonl and, if configured, the trackers (step axis =
+        global step)."""
+        record = {"global_step": step, **{k: _json_number(v) for k, v in metrics.items()}}
+        self._metrics.write(json.dumps(record) + "\n")
+        self._metrics.flush()
+        self.accelerator.log(metrics, step=step)
+
+    def advance(self, steps: int, epoch: int, postfix: dict[str, str] | None = None) -> None:
+        self._bar.update(steps)
+        self._bar.set_description(f"epoch {epoch}")
+        if postfix is not None:
+            self._bar.set_postfix(postfix, refresh=False)
+
+    def say(self, message: str) -> None:
+        self._bar.write(message)
+
+    def write_json(self, relative: str, data: dict[str, Any]) -> Path:
+        path = self.dir / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+        tmp.replace(path)  # readers never see half a file
+        return path
+
+    def close(self) -> None:
+        self._bar.close()
+        self._metrics.close()
+
+
+class SilentRunOutputs(RunOutputs):
+    """What the other processes get: the same calls, doing nothing."""
+
+    def __init__(
+        self, accelerator: Accelerator, config: Config, total_steps: int, initial_step: int = 0
+    ) -> None:
+        self.accelerator = accelerator
+        self.dir = config.output_dir
+
+    def write_assets(self, config: Config, summary_text: str) -> None:
+        pass
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        self.accelerator.log(metrics, step=step)  # a no-op off the main process, but collective-safe
+
+    def advance(self, steps: int, epoch: int, postfix: dict[str, str] | None = None) -> None:
+        pass
+
+    def say(self, message: str) -> None:
+        pass
+
+    def write_json(self, relative: str, data: dict[str, Any]) -> Path:
+        return self.dir / relative
+
+    def close(self) -> None:
+        pass
+
+
+def run_outputs(
+    accelerator: Accelerator, config: Config, total_steps: int, initial_step: int = 0
+) -> RunOutputs:
+    cls = RunOutputs if accelerator.is_main_process else SilentRunOutputs
+    return cls(accelerator, config, total_steps, initial_step)
+
+
+def _json_number(value: float) -> float | str | None:
+    # JSON has no NaN/Infinity; keep the information as a string rather than writing invalid JSON.
+    return value if math.isfinite(value) else str(value)

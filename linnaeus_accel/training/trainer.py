@@ -1,0 +1,285 @@
+"""``Trainer``: the training loop on ``accelerate.Accelerator``.
+
+Accelerate owns devices, mixed precision, gradient accumulation, all-reduce and process control;
+the trainer owns *when* things happen, and asks the resolved plan (``OpsSchedule``) every time.
+The LR is set from the global step before each optimizer step; no LR scheduler is prepared
+(Accelerate would step it once per process, SPEC §1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from fnmatch import fnmatch
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import broadcast_object_list, set_seed
+from torch import nn
+from torch.utils.data import Dataset
+
+from ..config import Config, ConfigError
+from ..progress import TrainingProgress
+from ..schedule import EarlyStopping, OpsSchedule, ResolvedPlan, StopDecision, resolve_plan
+from ..schedule.summary import summary_text
+from .batches import BatchTransforms
+from .data import make_dataloader, samples_in_global_batch
+from .loss import HierarchicalLoss
+from .meter import TrainMeter
+from .outputs import run_outputs
+from .validation import passes_at_boundary, run_pass
+
+OptimizerFactory = Callable[[list[dict[str, Any]]], torch.optim.Optimizer]
+
+
+def default_optimizer(param_groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(param_groups, lr=0.0, weight_decay=0.0)
+
+
+class Trainer:
+    """Train ``model`` on ``train_dataset`` as ``config`` says; ``fit()`` runs the whole run.
+
+    ``model(batch)`` returns one logits tensor per label level (coarse to fine); datasets yield
+    dicts with ``index``, ``image``, ``meta`` and ``labels`` (see ``linnaeus_accel.data``).
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        model: nn.Module,
+        train_dataset: Dataset[Any],
+        val_dataset: Dataset[Any] | None = None,
+        *,
+        optimizer: OptimizerFactory = default_optimizer,
+        accelerator: Accelerator | None = None,
+        flops_per_sample: float | None = None,
+    ) -> None:
+        self.config = config
+        accum = config.TRAIN.accumulation
+        wandb = config.EXPERIMENT.WANDB
+        self.accelerator = accelerator or Accelerator(
+            gradient_accumulation_steps=accum,
+            log_with="wandb" if wandb.ENABLED else None,
+            project_dir=str(config.output_dir),
+            step_scheduler_with_optimizer=False,
+        )
+        if self.accelerator.gradient_accumulation_steps != accum:
+            raise ConfigError(
+                [
+                    (
+                        "TRAIN.ACCUMULATION_STEPS",
+                        f"is {accum} but the Accelerator given accumulates {self.accelerator.gradient_accumulation_steps}",
+                    )
+                ]
+            )
+        set_seed(config.EXPERIMENT.SEED)
+        self.levels: tuple[str, ...] = tuple(getattr(train_dataset, "levels", ()))
+        self.train_size = len(train_dataset)  # type: ignore[arg-type]
+        train_loader = make_dataloader(config, train_dataset, train=True)
+        val_loader = make_dataloader(config, val_dataset, train=False) if val_dataset is not None else None
+        param_groups = self._param_groups(model, config)
+        opt = optimizer(param_groups)
+        self.model, self.optimizer, self.train_loader = self.accelerator.prepare(model, opt, train_loader)
+        self.val_loader = self.accelerator.prepare(val_loader) if val_loader is not None else None
+        self.plan: ResolvedPlan = resolve_plan(
+            config, len(self.train_loader), self.accelerator.num_processes, self.train_size
+        )
+        self.ops = OpsSchedule(self.plan)
+        self.progress = TrainingProgress(
+            total_epochs=self.plan.epochs, expected_total_steps=self.plan.total_steps
+        )
+        self.early_stopping = EarlyStopping(config.TRAIN.EARLY_STOP, self.plan.warmup_steps)
+        self.level_weights = list(config.LOSS.TASK_WEIGHTS or [1.0] * len(self.levels))
+        self.loss = HierarchicalLoss(len(self.levels), config.LOSS.TASK_WEIGHTS).to(self.accelerator.device)
+        self.transforms = BatchTransforms(config, self.plan, train_dataset, self.accelerator)
+        self.meter = TrainMeter(self.accelerator, self.levels, flops_per_sample)
+        self.last_validation: dict[str, float] = {}
+
+    # -- the run ---------------------------------------------------------------------------------
+    def fit(self) -> dict[str, Any]:
+        out = self._start()
+        stop: StopDecision | None = None
+        for epoch in range(self.progress.current_epoch, self.plan.epochs + 1):
+            self.train_loader.set_epoch(epoch)
+            self.progress.start_training_epoch(epoch)
+            stop = self._train_epoch(epoch)
+            self.progress.end_epoch()
+            stop = self._epoch_boundary(epoch, final=stop is not None or epoch == self.plan.epochs) or stop
+            if stop is not None:
+                out.say(f"stopping early: {stop.message}")
+                break
+        return self._finish(stop)
+
+    def _train_epoch(self, epoch: int) -> StopDecision | None:
+        acc, model, progress = self.accelerator, self.model, self.progress
+        for batch_index, batch in enumerate(self.meter.timed(self.train_loader)):
+            k = progress.global_step
+            batch = self.transforms.train(batch, k, epoch, batch_index)
+            with acc.accumulate(model):
+                loss, level_losses = self.loss(model(batch), batch["labels"])
+                acc.backward(loss)
+                if acc.sync_gradients:
+                    self.meter.grad_norm = self._optimizer_step(k)
+            self.meter.add(loss.detach(), level_losses.detach())
+            samples = samples_in_global_batch(
+                self.train_size,
+                self.plan.batch_size,
+                self.plan.world_size,
+                batch_index,
+                self.config.DATA.DROP_LAST,
+            )
+            if progress.update_step(samples, is_accumulation_step=not acc.sync_gradients):
+                self._after_optimizer_step(epoch)
+                if stop := self.early_stopping.reached_max_steps(progress.global_step):
+                    return stop
+        return None
+
+    def _optimizer_step(self, k: int) -> torch.Tensor | None:
+        for i, group in enumerate(self.optimizer.param_groups):
+            group["lr"] = self.plan.lr(k, i)
+        clip = self.config.TRAIN.CLIP_GRAD
+        norm = self.accelerator.clip_grad_norm_(self.model.parameters(), clip if clip else float("inf"))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm  # type: ignore[no-any-return]
+
+    def _after_optimizer_step(self, epoch: int) -> None:
+        step = self.progress.global_step
+        if not self.ops.should_log_metrics(step):
+            self.out.advance(1, epoch)
+            return
+        lrs = {c.label: self.plan.lr(step - 1, i) for i, c in enumerate(self.plan.lr_curves)}
+        metrics = self.meter.flush(self.progress.samples_seen, lrs)
+        self.out.log(metrics, step)
+        self.out.advance(
+            1,
+            epoch,
+            {
+                "loss": f"{metrics['train/loss']:.4f}",
+                "lr": f"{metrics['lr/default']:.2e}",
+                "samples/s": f"{metrics['perf/samples_per_s']:.0f}",
+            },
+        )
+
+    def _epoch_boundary(self, epoch: int, final: bool) -> StopDecision | None:
+        """SPEC §5 order: (checkpoint,) standard, mask-meta and partial passes, early stopping."""
+        passes = passes_at_boundary(self.ops, epoch, final) if self.val_loader is not None else []
+        for vpass in passes:
+            self.progress.schedule_validation(vpass.stage, vpass.partial_index)
+        results: dict[str, float] = {}
+        for vpass in passes:
+            self.progress.start_validation(vpass.stage)
+            metrics = run_pass(
+                self.accelerator,
+                self.model,
+                self.val_loader,
+                vpass,
+                self.levels,
+                self.level_weights,
+                self.transforms.validation_mask,
+            )
+            self.progress.complete_validation(vpass.stage, vpass.partial_index)
+            results.update(metrics)
+        if not results:
+            return None
+        results["epoch"] = float(epoch)
+        self.out.log(results, self.progress.global_step)
+        self.out.say(_validation_line(epoch, results))
+        self.last_validation = results
+        return self._check_early_stop(results)
+
+    def _check_early_stop(self, results: dict[str, float]) -> StopDecision | None:
+        es = self.early_stopping
+        metric = results.get(es.metric)
+        ranking = self.config.SCHEDULE.CHECKPOINT.METRIC or es.metric
+        if ranking in results:
+            self.progress.update_best(ranking, results[ranking], "min" if "loss" in ranking else "max")
+        step = self.progress.global_step
+        decision = es.check(
+            step, metric, lr=self.plan.lr(max(0, step - 1)), grad_norm=self.meter.last_grad_norm()
+        )
+        # Taken on the main process, applied on all: no process keeps training alone (SPEC §7).
+        shared = broadcast_object_list([decision], from_process=0)
+        return shared[0]  # type: ignore[no-any-return]
+
+    # -- start and end ---------------------------------------------------------------------------
+    def _start(self) -> Any:
+        config, acc = self.config, self.accelerator
+        if acc.is_main_process:
+            _refuse_finished_output(config)
+        acc.wait_for_everyone()
+        self.out = run_outputs(acc, config, self.plan.total_steps, self.progress.global_step)
+        text = summary_text(config, self.plan)
+        self.out.write_assets(config, text)
+        self.out.say(text)
+        wandb = config.EXPERIMENT.WANDB
+        if wandb.ENABLED:
+            acc.init_trackers(
+                wandb.PROJECT or "linnaeus-accel",
+                config=config.model_dump(mode="json"),
+                init_kwargs={
+                    "wandb": {
+                        "name": config.EXPERIMENT.NAME,
+                        "dir": str(config.output_dir),
+                        "tags": wandb.TAGS or None,
+                        "entity": wandb.ENTITY,
+                    }
+                },
+            )
+        self.model.train()
+        return self.out
+
+    def _finish(self, stop: StopDecision | None) -> dict[str, Any]:
+        acc, progress = self.accelerator, self.progress
+        acc.wait_for_everyone()
+        acc.save_model(self.model, self.config.output_dir / "final", safe_serialization=True)  # collective
+        summary = {
+            "global_step": progress.global_step,
+            "epoch": progress.epoch,
+            "samples_seen": progress.samples_seen,
+            "status": "early_stopped" if stop is not None else "completed",
+            "stop_reason": stop.reason if stop else None,
+            "best_metric": progress.best_metric,
+            "expected_total_steps": self.plan.total_steps,
+            "last_validation": self.last_validation,
+        }
+        self.out.write_json("summary.json", summary)
+        acc.end_training()
+        self.out.close()
+        return summary
+
+    @staticmethod
+    def _param_groups(model: nn.Module, config: Config) -> list[dict[str, Any]]:
+        """Group 0 takes the parameters no LR_SCHEDULER.PARAMETER_GROUPS entry matches (SPEC §3)."""
+        groups = config.LR_SCHEDULER.PARAMETER_GROUPS
+        members: list[list[nn.Parameter]] = [[] for _ in range(len(groups) + 1)]
+        for name, param in model.named_parameters():
+            if param.requires_grad:
+                index = next(
+                    (i + 1 for i, g in enumerate(groups) if any(fnmatch(name, p) for p in g.MATCH)), 0
+                )
+                members[index].append(param)
+        empty = [g.LABEL for g, params in zip(groups, members[1:], strict=True) if not params]
+        if empty:
+            raise ConfigError(
+                [("LR_SCHEDULER.PARAMETER_GROUPS", f"no parameter matches group(s) {', '.join(empty)}")]
+            )
+        labels = ["default", *(g.LABEL for g in groups)]
+        return [{"params": params, "name": label} for label, params in zip(labels, members, strict=True)]
+
+
+def _refuse_finished_output(config: Config) -> None:
+    if (config.output_dir / "summary.json").exists() or (config.output_dir / "metrics.jsonl").exists():
+        raise ConfigError(
+            [
+                (
+                    "EXPERIMENT.NAME",
+                    f"{config.output_dir} already holds a run: choose another EXPERIMENT.NAME or ENV.OUTPUT.BASE_DIR (resuming arrives with checkpoints)",
+                )
+            ]
+        )
+
+
+def _validation_line(epoch: int, results: dict[str, float]) -> str:
+    shown = [f"{k} {v:.4f}" for k, v in results.items() if k.startswith("val/")]
+    return f"epoch {epoch}: " + ", ".join(shown)
