@@ -169,8 +169,10 @@ class GradNorm:
             # Averaged across processes so every rank, and the checkpoint, holds the same L(0).
             self.initial_losses = (reduce_mean(losses) if reduce_mean is not None else losses).clone()
         l0 = self.initial_losses
-        # A level with no labelled sample at the first update has no reference: treat it as on-pace.
-        ratio = torch.where(l0 > 0, losses / l0.clamp_min(1e-12), torch.ones_like(losses))
+        # A level with no usable reference loss (no labelled sample at the first update, or an
+        # overflow) is treated as on-pace rather than poisoning every weight with inf/NaN.
+        known = (l0 > 0) & torch.isfinite(l0)
+        ratio = torch.where(known, losses / l0.clamp_min(1e-12), torch.ones_like(losses))
         rate = ratio / ratio.mean().clamp_min(1e-12)
 
         norms_w = self.weights * unweighted  # G_i = ||d(w_i L_i)/dW|| = w_i ||dL_i/dW||, w_i > 0
@@ -180,6 +182,10 @@ class GradNorm:
         # d/dw_i sum_j |w_j g_j - T_j| with T constant is g_i sign(w_i g_i - T_i): closed form, so no
         # second-order graph through the model is needed.
         grad = unweighted * torch.sign(diff)
+        # An overflowed norm or loss (e.g. fp16 without loss scaling) must not make the weights NaN
+        # forever: this rank then contributes a zero gradient, and still joins the collective.
+        finite = torch.isfinite(unweighted).all() & torch.isfinite(losses).all()
+        grad = torch.where(finite, grad, torch.zeros_like(grad))
         if reduce_mean is not None:
             grad = reduce_mean(grad)
 
@@ -194,7 +200,7 @@ class GradNorm:
             "weights": self.weights,
             "grad_norms": norms_w,
             "targets": target,
-            "loss_ratios": rate,
+            "inverse_rates": rate,
             "gradnorm_loss": gn_loss,
             "weight_grad": grad,
         }
