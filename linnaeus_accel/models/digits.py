@@ -35,6 +35,10 @@ class DigitsMLP(nn.Module):
         self.trunk = nn.Sequential(nn.Linear(hidden + hidden // 2, hidden), nn.GELU(), nn.Dropout(dropout))
         self.heads = nn.ModuleList(nn.Linear(hidden, n) for n in num_classes)
 
+    def shared_parameters(self) -> list[nn.Parameter]:
+        """The last layer every head reads from: what GradNorm balances the tasks' gradients on."""
+        return list(self.trunk.parameters())
+
     def forward(self, batch: dict[str, Any]) -> list[torch.Tensor]:
         meta = torch.cat([batch["meta"][name] for name in self.meta_names], dim=1)
         features = self.trunk(torch.cat([self.image(batch["image"]), self.meta(meta)], dim=1))

@@ -43,6 +43,7 @@ class TrainMeter:
         self._sums = torch.zeros(len(levels) + 1, device=device)  # total loss, then each level
         self._micro_batches = 0
         self.grad_norm: torch.Tensor | None = None
+        self.gradnorm_weights: torch.Tensor | None = None  # GradNorm task weights, when enabled
         self._wait = 0.0
         self._since = time.perf_counter()
         self._samples_at_last_flush = 0
@@ -80,6 +81,11 @@ class TrainMeter:
         metrics.update({f"lr/{label}": lr for label, lr in lrs.items()})
         if self.grad_norm is not None:
             metrics["train/grad_norm"] = float(self.grad_norm)
+        if self.gradnorm_weights is not None:
+            weights = self.gradnorm_weights.tolist()
+            metrics.update(
+                {f"gradnorm/weight_{level}": w for level, w in zip(self.levels, weights, strict=False)}
+            )
         metrics["perf/samples_per_s"] = samples / elapsed
         metrics["perf/data_time_share"] = min(1.0, self._wait / elapsed)
         if self.flops_per_sample and self.peak:

@@ -24,7 +24,7 @@ from ..schedule import EarlyStopping, OpsSchedule, ResolvedPlan, StopDecision, r
 from ..schedule.summary import summary_text
 from .batches import BatchTransforms
 from .data import make_dataloader, samples_in_global_batch
-from .loss import HierarchicalLoss
+from .loss import GradNorm, HierarchicalLoss
 from .meter import TrainMeter
 from .outputs import run_outputs
 from .validation import passes_at_boundary, run_pass
@@ -91,6 +91,13 @@ class Trainer:
         self.early_stopping = EarlyStopping(config.TRAIN.EARLY_STOP, self.plan.warmup_steps)
         self.level_weights = list(config.LOSS.TASK_WEIGHTS or [1.0] * len(self.levels))
         self.loss = HierarchicalLoss(len(self.levels), config.LOSS.TASK_WEIGHTS).to(self.accelerator.device)
+        gradnorm = config.LOSS.GRAD_WEIGHTING.TASK
+        self.gradnorm = (
+            GradNorm(len(self.levels), alpha=gradnorm.ALPHA, initial_weights=config.LOSS.TASK_WEIGHTS)
+            if gradnorm.GRADNORM_ENABLED
+            else None
+        )
+        self.shared_parameters = shared_parameters(self.accelerator.unwrap_model(self.model))
         self.transforms = BatchTransforms(config, self.plan, train_dataset, self.accelerator)
         self.meter = TrainMeter(self.accelerator, self.levels, flops_per_sample)
         self.last_validation: dict[str, float] = {}
@@ -117,6 +124,8 @@ class Trainer:
             batch = self.transforms.train(batch, k, epoch, batch_index)
             with acc.accumulate(model):
                 loss, level_losses = self.loss(model(batch), batch["labels"])
+                if self.gradnorm is not None and acc.sync_gradients and self.ops.should_update_gradnorm(k):
+                    loss = self._gradnorm_update(level_losses)
                 acc.backward(loss)
                 if acc.sync_gradients:
                     self.meter.grad_norm = self._optimizer_step(k)
@@ -133,6 +142,17 @@ class Trainer:
                 if stop := self.early_stopping.reached_max_steps(progress.global_step):
                     return stop
         return None
+
+    def _gradnorm_update(self, level_losses: torch.Tensor) -> torch.Tensor:
+        """SPEC §8: new task weights from this micro-batch's per-level losses (every process joins
+        the averaging), then the same losses re-weighted: its gradient is the one applied."""
+        assert self.gradnorm is not None
+        metrics = self.gradnorm.update(
+            level_losses, self.shared_parameters, lambda t: self.accelerator.reduce(t, "mean")
+        )
+        self.loss.task_weights = self.gradnorm.weights
+        self.meter.gradnorm_weights = metrics["weights"]
+        return (self.loss.task_weights * level_losses).sum()
 
     def _optimizer_step(self, k: int) -> torch.Tensor | None:
         for i, group in enumerate(self.optimizer.param_groups):
@@ -266,6 +286,19 @@ class Trainer:
             )
         labels = ["default", *(g.LABEL for g in groups)]
         return [{"params": params, "name": label} for label, params in zip(labels, members, strict=True)]
+
+
+def shared_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """The parameters every task head depends on, for GradNorm: ``model.shared_parameters()``
+    when the model defines it, else every parameter outside modules named ``head*``."""
+    own = getattr(model, "shared_parameters", None)
+    if callable(own):
+        return list(own())
+    return [
+        p
+        for name, p in model.named_parameters()
+        if p.requires_grad and not name.split(".")[0].startswith("head")
+    ]
 
 
 def _refuse_finished_output(config: Config) -> None:
