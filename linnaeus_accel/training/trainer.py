@@ -16,7 +16,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list, set_seed
 from torch import nn
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset
 
 from ..config import Config, ConfigError
 from ..progress import TrainingProgress
@@ -47,13 +47,19 @@ class Trainer:
         self,
         config: Config,
         model: nn.Module,
-        train_dataset: Dataset[Any],
-        val_dataset: Dataset[Any] | None = None,
+        train_data: Dataset[Any] | DataLoader[Any],
+        val_data: Dataset[Any] | DataLoader[Any] | None = None,
         *,
-        optimizer: OptimizerFactory = default_optimizer,
+        optimizer: OptimizerFactory | torch.optim.Optimizer = default_optimizer,
+        loss: nn.Module | None = None,
         accelerator: Accelerator | None = None,
         flops_per_sample: float | None = None,
     ) -> None:
+        """``train_data``/``val_data``: datasets (batched with DATA.BATCH_SIZE by a sampler seeded
+        by (seed, epoch)) or ready DataLoaders. ``optimizer``: a factory taking the parameter
+        groups of LR_SCHEDULER.PARAMETER_GROUPS (group 0 first), or a built optimizer with that
+        many groups. ``loss(logits, labels)`` returns (total, per-level losses); default: the
+        hierarchical loss weighted by LOSS.TASK_WEIGHTS. ``flops_per_sample`` enables MFU."""
         self.config = config
         accum = config.TRAIN.accumulation
         wandb = config.EXPERIMENT.WANDB
@@ -73,12 +79,14 @@ class Trainer:
                 ]
             )
         set_seed(config.EXPERIMENT.SEED)
+        train_loader, val_loader = (
+            as_dataloader(config, train_data, True),
+            as_dataloader(config, val_data, False),
+        )
+        train_dataset = train_loader.dataset
         self.levels: tuple[str, ...] = tuple(getattr(train_dataset, "levels", ()))
-        self.train_size = len(train_dataset)  # type: ignore[arg-type]
-        train_loader = make_dataloader(config, train_dataset, train=True)
-        val_loader = make_dataloader(config, val_dataset, train=False) if val_dataset is not None else None
-        param_groups = self._param_groups(model, config)
-        opt = optimizer(param_groups)
+        self.train_size = len(train_dataset)
+        opt = build_optimizer(optimizer, model, config)
         self.model, self.optimizer, self.train_loader = self.accelerator.prepare(model, opt, train_loader)
         self.val_loader = self.accelerator.prepare(val_loader) if val_loader is not None else None
         self.plan: ResolvedPlan = resolve_plan(
@@ -90,13 +98,24 @@ class Trainer:
         )
         self.early_stopping = EarlyStopping(config.TRAIN.EARLY_STOP, self.plan.warmup_steps)
         self.level_weights = list(config.LOSS.TASK_WEIGHTS or [1.0] * len(self.levels))
-        self.loss = HierarchicalLoss(len(self.levels), config.LOSS.TASK_WEIGHTS).to(self.accelerator.device)
+        self.loss = (loss or HierarchicalLoss(len(self.levels), config.LOSS.TASK_WEIGHTS)).to(
+            self.accelerator.device
+        )
         gradnorm = config.LOSS.GRAD_WEIGHTING.TASK
         self.gradnorm = (
             GradNorm(len(self.levels), alpha=gradnorm.ALPHA, initial_weights=config.LOSS.TASK_WEIGHTS)
             if gradnorm.GRADNORM_ENABLED
             else None
         )
+        if self.gradnorm is not None and not hasattr(self.loss, "task_weights"):
+            raise ConfigError(
+                [
+                    (
+                        "LOSS.GRAD_WEIGHTING.TASK.GRADNORM_ENABLED",
+                        "GradNorm needs a loss with task_weights (the default HierarchicalLoss)",
+                    )
+                ]
+            )
         self.shared_parameters = shared_parameters(self.accelerator.unwrap_model(self.model))
         self.transforms = BatchTransforms(config, self.plan, train_dataset, self.accelerator)
         self.meter = TrainMeter(self.accelerator, self.levels, flops_per_sample)
@@ -268,24 +287,57 @@ class Trainer:
         self.out.close()
         return summary
 
-    @staticmethod
-    def _param_groups(model: nn.Module, config: Config) -> list[dict[str, Any]]:
-        """Group 0 takes the parameters no LR_SCHEDULER.PARAMETER_GROUPS entry matches (SPEC §3)."""
-        groups = config.LR_SCHEDULER.PARAMETER_GROUPS
-        members: list[list[nn.Parameter]] = [[] for _ in range(len(groups) + 1)]
-        for name, param in model.named_parameters():
-            if param.requires_grad:
-                index = next(
-                    (i + 1 for i, g in enumerate(groups) if any(fnmatch(name, p) for p in g.MATCH)), 0
-                )
-                members[index].append(param)
-        empty = [g.LABEL for g, params in zip(groups, members[1:], strict=True) if not params]
-        if empty:
+
+def parameter_groups(model: nn.Module, config: Config) -> list[dict[str, Any]]:
+    """Group 0 takes the parameters no LR_SCHEDULER.PARAMETER_GROUPS entry matches (SPEC §3)."""
+    groups = config.LR_SCHEDULER.PARAMETER_GROUPS
+    members: list[list[nn.Parameter]] = [[] for _ in range(len(groups) + 1)]
+    for name, param in model.named_parameters():
+        if param.requires_grad:
+            index = next((i + 1 for i, g in enumerate(groups) if any(fnmatch(name, p) for p in g.MATCH)), 0)
+            members[index].append(param)
+    empty = [g.LABEL for g, params in zip(groups, members[1:], strict=True) if not params]
+    if empty:
+        raise ConfigError(
+            [("LR_SCHEDULER.PARAMETER_GROUPS", f"no parameter matches group(s) {', '.join(empty)}")]
+        )
+    labels = ["default", *(g.LABEL for g in groups)]
+    return [{"params": params, "name": label} for label, params in zip(labels, members, strict=True)]
+
+
+def build_optimizer(
+    optimizer: OptimizerFactory | torch.optim.Optimizer, model: nn.Module, config: Config
+) -> torch.optim.Optimizer:
+    expected = 1 + len(config.LR_SCHEDULER.PARAMETER_GROUPS)
+    if isinstance(optimizer, torch.optim.Optimizer):
+        if len(optimizer.param_groups) != expected:
             raise ConfigError(
-                [("LR_SCHEDULER.PARAMETER_GROUPS", f"no parameter matches group(s) {', '.join(empty)}")]
+                [
+                    (
+                        "LR_SCHEDULER.PARAMETER_GROUPS",
+                        f"the optimizer given has {len(optimizer.param_groups)} parameter groups but the LR schedule has {expected} (default + PARAMETER_GROUPS): pass an optimizer factory instead",
+                    )
+                ]
             )
-        labels = ["default", *(g.LABEL for g in groups)]
-        return [{"params": params, "name": label} for label, params in zip(labels, members, strict=True)]
+        return optimizer
+    return optimizer(parameter_groups(model, config))
+
+
+def as_dataloader(config: Config, data: Dataset[Any] | DataLoader[Any] | None, train: bool) -> Any:
+    if data is None or not isinstance(data, DataLoader):
+        return make_dataloader(config, data, train) if data is not None else None
+    expected = config.DATA.BATCH_SIZE if train else (config.DATA.BATCH_SIZE_VAL or config.DATA.BATCH_SIZE)
+    if data.batch_size != expected:
+        key = "DATA.BATCH_SIZE" if train else "DATA.BATCH_SIZE_VAL"
+        raise ConfigError(
+            [
+                (
+                    key,
+                    f"is {expected} but the DataLoader given batches {data.batch_size}: the schedule is resolved from {key}",
+                )
+            ]
+        )
+    return data
 
 
 def shared_parameters(model: nn.Module) -> list[nn.Parameter]:
