@@ -8,6 +8,7 @@ The LR is set from the global step before each optimizer step; no LR scheduler i
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from fnmatch import fnmatch
 from typing import Any
@@ -63,12 +64,20 @@ class Trainer:
         self.config = config
         accum = config.TRAIN.accumulation
         wandb = config.EXPERIMENT.WANDB
+        launched = int(os.environ.get("WORLD_SIZE", "1"))
         self.accelerator = accelerator or Accelerator(
+            # Under torchrun on a machine without CUDA, Accelerate needs cpu=True to form the gloo group.
+            cpu=launched > 1 and not torch.cuda.is_available(),
             gradient_accumulation_steps=accum,
             log_with="wandb" if wandb.ENABLED else None,
             project_dir=str(config.output_dir),
             step_scheduler_with_optimizer=False,
         )
+        if self.accelerator.num_processes != launched:
+            raise RuntimeError(
+                f"{launched} processes were launched but Accelerate joined {self.accelerator.num_processes}: "
+                "each would train alone; check the launcher and accelerate config"
+            )
         if self.accelerator.gradient_accumulation_steps != accum:
             raise ConfigError(
                 [
@@ -244,9 +253,12 @@ class Trainer:
     # -- start and end ---------------------------------------------------------------------------
     def _start(self) -> Any:
         config, acc = self.config, self.accelerator
-        if acc.is_main_process:
-            _refuse_finished_output(config)
-        acc.wait_for_everyone()
+        # Decided on the main process and shared, so that every process stops with the same error
+        # instead of waiting at a barrier for a process that has exited.
+        problem = _finished_output_problem(config) if acc.is_main_process else None
+        problem = broadcast_object_list([problem], from_process=0)[0]
+        if problem is not None:
+            raise ConfigError([problem])
         self.out = run_outputs(acc, config, self.plan.total_steps, self.progress.global_step)
         text = summary_text(config, self.plan)
         self.out.write_assets(config, text)
@@ -353,16 +365,14 @@ def shared_parameters(model: nn.Module) -> list[nn.Parameter]:
     ]
 
 
-def _refuse_finished_output(config: Config) -> None:
+def _finished_output_problem(config: Config) -> tuple[str, str] | None:
     if (config.output_dir / "summary.json").exists() or (config.output_dir / "metrics.jsonl").exists():
-        raise ConfigError(
-            [
-                (
-                    "EXPERIMENT.NAME",
-                    f"{config.output_dir} already holds a run: choose another EXPERIMENT.NAME or ENV.OUTPUT.BASE_DIR (resuming arrives with checkpoints)",
-                )
-            ]
+        return (
+            "EXPERIMENT.NAME",
+            f"{config.output_dir} already holds a run: choose another EXPERIMENT.NAME or ENV.OUTPUT.BASE_DIR "
+            "(resuming arrives with checkpoints)",
         )
+    return None
 
 
 def _validation_line(epoch: int, results: dict[str, float]) -> str:

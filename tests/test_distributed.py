@@ -1,0 +1,404 @@
+"""Multi-process training on the CPU (gloo), as real subprocesses: `accelerate launch` and `torchrun`.
+
+- The equivalence of issue 3 item 9: 2 processes x accumulation 2 and 1 process x accumulation 4
+  (same per-process batch, same effective batch, same data, masking and mixup on) log the same
+  global steps, LRs and validation epochs and end with the same weights (within 1e-5).
+- Step and sample accounting under 2 processes (SPEC §1): the final ``global_step`` is `plan`'s
+  ``total_steps``, each sample is counted once (Accelerate's even-batch padding is not), and only
+  the main process writes metrics.jsonl.
+- `torchrun` works when Accelerate is told to stay on the CPU (``ACCELERATE_USE_CPU``).
+- A config error under 2 processes exits non-zero, says so once, and shows none of our tracebacks.
+
+Every launch gets a free rendezvous port, an isolated HF_HOME (no user accelerate config leaks in),
+one OpenMP thread per process (2 cores), and writes its output to files under ``tmp_path``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from safetensors.torch import load_file
+
+from linnaeus_accel.cli import main as cli_main
+from linnaeus_accel.cli import plan_for
+from linnaeus_accel.config import load_config
+from linnaeus_accel.schedule import OpsSchedule
+
+REPO = Path(__file__).resolve().parent.parent
+CFG = str(REPO / "configs" / "default.yaml")
+CPU_2_PROCESSES = str(REPO / "accelerate_configs" / "cpu_2_processes.yaml")
+DIGITS_TRAIN = 1438  # training split of the default config (1797 images, VAL_FRACTION 0.2)
+DIGITS_VAL = 359
+LAUNCH_TIMEOUT_S = 300
+
+pytestmark = pytest.mark.slow
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def launch_env(tmp_path: Path) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        # a launcher's variables from an outer run must not leak into ours
+        if k not in {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
+        and not k.startswith("ACCELERATE_")
+    }
+    env.update(
+        ACCELERATE_USE_CPU="true",
+        OMP_NUM_THREADS="1",
+        HF_HOME=str(tmp_path / "hf_home"),
+        WANDB_MODE="offline",
+        PYTHONPATH=os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p),
+    )
+    return env
+
+
+class Run:
+    """One finished launch: exit status, captured output, and the run's output directory."""
+
+    def __init__(self, returncode: int, stdout: Path, stderr: Path, output_dir: Path) -> None:
+        self.returncode = returncode
+        self.stdout = stdout.read_text(encoding="utf-8", errors="replace")
+        self.stderr = stderr.read_text(encoding="utf-8", errors="replace")
+        self.dir = output_dir
+
+    def tail(self, n: int = 4000) -> str:
+        return f"--- stdout (tail) ---\n{self.stdout[-n:]}\n--- stderr (tail) ---\n{self.stderr[-n:]}"
+
+    def check_ok(self) -> Run:
+        assert self.returncode == 0, f"launch failed with {self.returncode}\n{self.tail()}"
+        return self
+
+    def metrics(self) -> list[dict[str, Any]]:
+        lines = (self.dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+        return [json.loads(line) for line in lines if line.strip()]
+
+    def summary(self) -> dict[str, Any]:
+        summary: dict[str, Any] = json.loads((self.dir / "summary.json").read_text(encoding="utf-8"))
+        return summary
+
+    def weights(self) -> dict[str, Any]:
+        return load_file(str(self.dir / "final" / "model.safetensors"))
+
+
+def run_command(prefix: list[str], name: str, opts: list[str], tmp_path: Path) -> Run:
+    """``prefix -m linnaeus_accel train --cfg default.yaml --opts ...`` with output in tmp_path/name."""
+    base = tmp_path / "outputs"
+    command = [
+        *prefix,
+        "-m",
+        "linnaeus_accel",
+        "train",
+        "--cfg",
+        CFG,
+        "--opts",
+        "ENV.OUTPUT.BASE_DIR",
+        str(base),
+        "EXPERIMENT.NAME",
+        name,
+        *opts,
+    ]
+    stdout, stderr = tmp_path / f"{name}.stdout", tmp_path / f"{name}.stderr"
+    with stdout.open("wb") as out, stderr.open("wb") as err:
+        proc = subprocess.run(
+            command,
+            cwd=tmp_path,
+            env=launch_env(tmp_path),
+            stdout=out,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+            timeout=LAUNCH_TIMEOUT_S,
+            check=False,
+        )
+    return Run(proc.returncode, stdout, stderr, base / name)
+
+
+def accelerate_launch(
+    name: str, opts: list[str], tmp_path: Path, processes: int = 2, config_file: str | None = None
+) -> Run:
+    launcher = [sys.executable, "-m", "accelerate.commands.launch"]
+    if config_file is not None:
+        launcher += ["--config_file", config_file]
+    else:
+        launcher += [
+            "--multi_gpu",
+            "--num_processes",
+            str(processes),
+            "--num_machines",
+            "1",
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+        ]
+    launcher += ["--main_process_port", str(free_port())]
+    return run_command(launcher, name, opts, tmp_path)
+
+
+def single_process(name: str, opts: list[str], tmp_path: Path) -> Run:
+    return run_command([sys.executable], name, opts, tmp_path)
+
+
+def torchrun(name: str, opts: list[str], tmp_path: Path, processes: int = 2) -> Run:
+    launcher = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        str(processes),
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(free_port()),
+    ]
+    return run_command(launcher, name, opts, tmp_path)
+
+
+def plan_json(opts: list[str], world_size: int) -> dict[str, Any]:
+    """What `linnaeus-accel plan --world-size N --json` says for these overrides."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status = cli_main(
+            ["plan", "--cfg", CFG, "--world-size", str(world_size), "--json", "--no-series", "--opts", *opts]
+        )
+    assert status == 0
+    plan: dict[str, Any] = json.loads(out.getvalue())
+    return plan
+
+
+def train_lines(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in records if "train/loss" in r]
+
+
+def val_lines(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in records if "val/loss" in r]
+
+
+def lines_through_our_code(output: str) -> list[str]:
+    """Traceback lines naming a file of the package (the launcher's own report names none)."""
+    return [line for line in output.splitlines() if re.search(r"linnaeus_accel[/\\]", line)]
+
+
+def max_weight_diff(a: dict[str, Any], b: dict[str, Any]) -> float:
+    assert sorted(a) == sorted(b)
+    for k in a:
+        assert a[k].shape == b[k].shape, k
+    return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. 2 processes x accumulation 2 == 1 process x accumulation 4
+# ---------------------------------------------------------------------------------------------
+
+# Per-process batch 17 with DROP_LAST: 1438 // 17 = 84 full batches, which both factorisations
+# divide (84 / 4 = 21 steps on 1 process; 84 / 2 = 42 batches per process / 2 = 21 steps on 2), so
+# every optimizer step sees exactly the same 4 x 17 = 68 real samples in both runs. (Batch 16 would
+# leave 89 batches: 23 steps on 1 process but 22 on 2, correctly, by SPEC §1.) Masking and mixup
+# stay on as in the default config; dropout is off there. Logging every step compares the whole
+# LR and loss history.
+EQUIVALENCE_OPTS = [
+    "DATA.BATCH_SIZE",
+    "17",
+    "DATA.DROP_LAST",
+    "true",
+    "TRAIN.EPOCHS",
+    "3",
+    "EXPERIMENT.SEED",
+    "7",
+    "SCHEDULE.METRICS.STEP_INTERVAL",
+    "1",
+]
+EQUIVALENCE_STEPS = 63  # 21 steps per epoch x 3 epochs
+
+
+def test_two_processes_accumulating_2_match_one_process_accumulating_4(tmp_path: Path) -> None:
+    two_opts = [*EQUIVALENCE_OPTS, "TRAIN.ACCUMULATION_STEPS", "2"]
+    one_opts = [*EQUIVALENCE_OPTS, "TRAIN.ACCUMULATION_STEPS", "4"]
+    plan2, plan1 = plan_json(two_opts, world_size=2), plan_json(one_opts, world_size=1)
+    assert plan2["total_steps"] == plan1["total_steps"] == EQUIVALENCE_STEPS
+    assert plan2["effective_batch_size"] == plan1["effective_batch_size"] == 68
+    assert plan2["lr_scale"] == plan1["lr_scale"]
+
+    two = accelerate_launch("two_procs_accum2", two_opts, tmp_path, processes=2).check_ok()
+    one = single_process("one_proc_accum4", one_opts, tmp_path).check_ok()
+
+    # The 2-process run really ran on 2 processes (the schedule summary says what it resolved).
+    assert "x 2 processes" in two.stdout + two.stderr, two.tail()
+    assert "x 1 process" in one.stdout + one.stderr, one.tail()
+
+    s2, s1 = two.summary(), one.summary()
+    assert s2["global_step"] == s1["global_step"] == EQUIVALENCE_STEPS
+    assert s2["samples_seen"] == s1["samples_seen"] == 3 * 84 * 17
+    assert s2["status"] == s1["status"] == "completed"
+
+    m2, m1 = two.metrics(), one.metrics()
+    t2, t1 = train_lines(m2), train_lines(m1)
+    assert (
+        [r["global_step"] for r in t2]
+        == [r["global_step"] for r in t1]
+        == list(range(1, EQUIVALENCE_STEPS + 1))
+    )
+    assert [r["global_step"] for r in m2] == [r["global_step"] for r in m1]
+    assert [r["lr/default"] for r in t2] == [r["lr/default"] for r in t1]
+    assert [r["samples_seen"] for r in t2] == [r["samples_seen"] for r in t1]
+    loss_diff = max(abs(a["train/loss"] - b["train/loss"]) for a, b in zip(t2, t1, strict=True))
+    assert loss_diff <= 1e-4, f"train/loss differs by up to {loss_diff:.3g}"
+
+    v2, v1 = val_lines(m2), val_lines(m1)
+    assert [r["epoch"] for r in v2] == [r["epoch"] for r in v1] == [1.0, 2.0, 3.0]
+    assert [r["global_step"] for r in v2] == [r["global_step"] for r in v1] == [21, 42, 63]
+    for a, b in zip(v2, v1, strict=True):
+        assert sorted(a) == sorted(b)
+        for key in a:
+            if key.endswith("/loss"):
+                assert math.isclose(a[key], b[key], abs_tol=1e-5), (key, a[key], b[key])
+            elif "acc" in key:  # at most one of the 359 validation images may flip on a near-tie
+                assert abs(a[key] - b[key]) <= 1.5 / DIGITS_VAL, (key, a[key], b[key])
+
+    diff = max_weight_diff(two.weights(), one.weights())
+    assert diff <= 1e-5, f"final weights differ by up to {diff:.3g} (max abs)"
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. Step and sample accounting under 2 processes
+# ---------------------------------------------------------------------------------------------
+
+
+def expected_samples_by_step(batches: int, accum: int, epochs: int, per_step: int) -> dict[int, int]:
+    """samples_seen after each optimizer step: micro-batch i of an epoch holds
+    min(per_step, N - i * per_step) real samples (the rest of the last one is padding), and an
+    epoch's trailing partial accumulation window is one step."""
+    seen, step, out = 0, 0, {}
+    for _ in range(epochs):
+        for i in range(batches):
+            seen += max(0, min(per_step, DIGITS_TRAIN - i * per_step))
+            if (i + 1) % accum == 0 or i == batches - 1:
+                step += 1
+                out[step] = seen
+    return out
+
+
+@pytest.mark.parametrize("accum", [1, 3])
+def test_two_process_run_reaches_plan_and_counts_each_sample_once(tmp_path: Path, accum: int) -> None:
+    epochs = 2
+    # Default batch 32 without DROP_LAST: 45 batches, the last one of 30 samples; 2 processes get 23
+    # micro-batches each, process 1's last one padded by Accelerate (even_batches).
+    opts = [
+        "TRAIN.EPOCHS",
+        str(epochs),
+        "TRAIN.ACCUMULATION_STEPS",
+        str(accum),
+        "SCHEDULE.METRICS.STEP_INTERVAL",
+        "5",
+    ]
+    plan = plan_json(opts, world_size=2)
+    assert plan["batches_per_epoch"] == 23
+    assert plan["total_steps"] == math.ceil(23 / accum) * epochs
+
+    # The shipped accelerate config for 2 CPU processes.
+    run = accelerate_launch(f"accum{accum}", opts, tmp_path, config_file=CPU_2_PROCESSES).check_ok()
+
+    summary = run.summary()
+    assert summary["global_step"] == plan["total_steps"]
+    assert summary["expected_total_steps"] == plan["total_steps"]
+    assert summary["epoch"] == epochs
+    assert summary["status"] == "completed"
+    assert summary["samples_seen"] == epochs * DIGITS_TRAIN
+
+    records = run.metrics()
+    assert all("global_step" in r for r in records)
+    trains, vals = train_lines(records), val_lines(records)
+    assert len(trains) + len(vals) == len(records), "a metrics line that is neither train nor validation"
+
+    # One line per logging step and one per validation: rank 1 wrote nothing.
+    config = load_config(CFG, opts)
+    resolved = plan_for(config, 2, None)
+    ops = OpsSchedule(resolved)
+    logged = [s for s in range(1, resolved.total_steps + 1) if ops.should_log_metrics(s)]
+    assert len(logged) >= 3
+    assert [r["global_step"] for r in trains] == logged
+    assert [r["epoch"] for r in vals] == [float(e) for e in range(1, epochs + 1)]
+    assert [r["global_step"] for r in vals] == [resolved.boundary_step(e) for e in range(1, epochs + 1)]
+
+    expected = expected_samples_by_step(23, accum, epochs, per_step=64)
+    assert expected[plan["total_steps"]] == epochs * DIGITS_TRAIN
+    assert [r["samples_seen"] for r in trains] == [float(expected[s]) for s in logged]
+    # The LR logged at step s is the one the optimizer used for update s (step index s - 1).
+    assert [r["lr/default"] for r in trains] == [resolved.lr(s - 1) for s in logged]
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. torchrun
+# ---------------------------------------------------------------------------------------------
+
+
+def test_torchrun_two_cpu_processes(tmp_path: Path) -> None:
+    """`torchrun` needs Accelerate kept on the CPU (``ACCELERATE_USE_CPU``, which is
+    ``Accelerator(cpu=True)``); then the trainer runs as one 2-process job."""
+    opts = ["TRAIN.EPOCHS", "1", "SCHEDULE.METRICS.STEP_INTERVAL", "5"]
+    plan = plan_json(opts, world_size=2)
+    run = torchrun("torchrun", opts, tmp_path).check_ok()
+    assert "x 2 processes" in run.stdout + run.stderr, run.tail()
+    summary = run.summary()
+    assert summary["global_step"] == plan["total_steps"] == 23
+    assert summary["samples_seen"] == DIGITS_TRAIN
+    steps = [r["global_step"] for r in train_lines(run.metrics())]
+    assert steps == sorted(set(steps)), "duplicate metrics lines: more than one process wrote"
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. Config errors under 2 processes
+# ---------------------------------------------------------------------------------------------
+
+
+def test_config_error_under_two_processes_is_reported_once(tmp_path: Path) -> None:
+    """Every process finds the bad value; the local main process alone reports it."""
+    run = accelerate_launch("bad_epochs", ["TRAIN.EPOCHS", "-1"], tmp_path)
+    assert run.returncode != 0, run.tail()
+    output = run.stdout + run.stderr
+    assert output.count("invalid config") == 1, run.tail()
+    assert output.count("TRAIN.EPOCHS: must be an integer >= 1 (got -1)") == 1, run.tail()
+    # The launcher (accelerate / torch elastic) prints its own ChildFailedError report; none of the
+    # tracebacks may come from our code.
+    assert not lines_through_our_code(output), run.tail()
+    assert "ConfigError" not in output, run.tail()
+    assert not run.dir.exists(), "a config error must not create the output directory"
+
+
+def test_existing_output_under_two_processes_is_reported_once_without_traceback(tmp_path: Path) -> None:
+    """Refusing an output directory that already holds a run is a config error too: only the main
+    process checks it, so the other processes must not be left to crash on their own."""
+    name = "taken"
+    taken = tmp_path / "outputs" / name
+    taken.mkdir(parents=True)
+    previous = '{"global_step": 1, "train/loss": 1.0}\n'
+    (taken / "metrics.jsonl").write_text(previous, encoding="utf-8")
+    run = accelerate_launch(name, ["TRAIN.EPOCHS", "1"], tmp_path)
+    assert run.returncode != 0, run.tail()
+    output = run.stdout + run.stderr
+    assert output.count("already holds a run") == 1, run.tail()
+    assert (taken / "metrics.jsonl").read_text(encoding="utf-8") == previous
+    assert not (taken / "summary.json").exists()
+    ours = lines_through_our_code(output)
+    assert not ours, "a traceback through our code:\n" + "\n".join(ours) + "\n" + run.tail()
