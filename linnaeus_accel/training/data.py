@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from ..config import Config
-from .keyed_random import keyed_bits
+from .keyed_random import python_keyed_bits
 
 
 class EpochSeededSampler(Sampler[int]):
@@ -32,8 +32,8 @@ class EpochSeededSampler(Sampler[int]):
     def __iter__(self) -> Iterator[int]:
         if not self.shuffle:
             return iter(range(self.size))
-        seed = int(keyed_bits(self.seed, self.epoch, torch.zeros(1, dtype=torch.int64), stream=0)[0])
-        generator = torch.Generator().manual_seed(seed & 0x7FFF_FFFF_FFFF_FFFF)
+        seed = python_keyed_bits(self.seed, self.epoch, 0, stream=0) & 0x7FFF_FFFF_FFFF_FFFF
+        generator = torch.Generator().manual_seed(seed)
         return iter(torch.randperm(self.size, generator=generator).tolist())
 
 

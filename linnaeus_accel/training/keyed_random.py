@@ -38,3 +38,26 @@ def keyed_uniform(seed: int, epoch: int, keys: torch.Tensor, stream: int) -> tor
     """Uniform float32 in [0, 1) per key, from the top 24 bits of ``keyed_bits``."""
     bits = _shr(keyed_bits(seed, epoch, keys, stream), 40)
     return bits.to(torch.float32) * (1.0 / (1 << 24))
+
+
+_M64 = (1 << 64) - 1
+
+
+def python_keyed_bits(seed: int, epoch: int, key: int, stream: int) -> int:
+    """``keyed_bits`` for one python int key, in pure python (as an unsigned 64-bit int): the same
+    value, with no tensor, so a decision about a whole batch or epoch costs no device round trip."""
+
+    def mix(x: int) -> int:
+        x = ((x ^ (x >> 30)) * (_MIX1 & _M64)) & _M64
+        x = ((x ^ (x >> 27)) * (_MIX2 & _M64)) & _M64
+        return x ^ (x >> 31)
+
+    x = key & _M64
+    for part in (seed, epoch, stream):
+        x = mix((x * (_GOLDEN & _M64) + (part & 0x7FFFFFFFFFFFFFFF)) & _M64)
+    return mix(x)
+
+
+def python_keyed_uniform(seed: int, epoch: int, key: int, stream: int) -> float:
+    """``keyed_uniform`` for one python int key, in pure python."""
+    return (python_keyed_bits(seed, epoch, key, stream) >> 40) / (1 << 24)

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from .keyed_random import _GOLDEN, _MIX1, _MIX2, keyed_bits, keyed_uniform
+from .keyed_random import keyed_bits, keyed_uniform, python_keyed_uniform
 
 Meta = Mapping[str, torch.Tensor]
 
@@ -26,22 +26,6 @@ Meta = Mapping[str, torch.Tensor]
 _FULL, _PARTIAL, _COMBINATION = 1, 2, 3
 _MIX_BATCH, _MIX_ORDER, _GAMMA_X, _GAMMA_Y = 16, 17, 32, 64
 _GAMMA_ROUNDS = 8  # Marsaglia-Tsang accepts >= 95% per round: 8 rounds fail with p < 4e-11
-_M64 = (1 << 64) - 1
-
-
-def python_keyed_uniform(seed: int, epoch: int, key: int, stream: int) -> float:
-    """``keyed_uniform`` for one python int key, in pure python: the same value, and no tensor, so a
-    batch-level decision costs no device round trip."""
-
-    def mix(x: int) -> int:
-        x = ((x ^ (x >> 30)) * (_MIX1 & _M64)) & _M64
-        x = ((x ^ (x >> 27)) * (_MIX2 & _M64)) & _M64
-        return x ^ (x >> 31)
-
-    x = key & _M64
-    for part in (seed, epoch, stream):
-        x = mix((x * (_GOLDEN & _M64) + (part & 0x7FFFFFFFFFFFFFFF)) & _M64)
-    return (mix(x) >> 40) / (1 << 24)
 
 
 def _open_uniform(seed: int, epoch: int, keys: torch.Tensor, stream: int) -> torch.Tensor:
