@@ -4,9 +4,11 @@ that ships inside the scikit-learn package, so nothing is downloaded.
 It is shaped like linnaeus' data so that every schedule has something real to act on:
 
 - two label levels: ``shape`` (coarse: loops 0/6/8/9, strokes 1/4/7, curves 2/3/5) above ``digit``;
-- three metadata components computed from each image: ``ROWS`` (ink per row, 8 values),
-  ``COLS`` (ink per column, 8) and ``MOMENTS`` (ink total, centroid and spread, 5). They carry
-  information about the label beside the pixels, as location and date do for a photo of a species.
+- the model sees only the top ``VISIBLE_ROWS`` rows of each image (the rest is zero), while three
+  metadata components are measured on the whole image: ``ROWS`` (ink per row, 8 values), ``COLS``
+  (ink per column, 8) and ``MOMENTS`` (ink total, centroid and spread, 5). So the metadata carries
+  information the pixels do not, as location and date do for a partial photo of a species, and
+  masking it costs accuracy (about 95% of digits right with it, 87% with all of it masked).
 
 The train/val split is fixed (a permutation seeded by 0, independent of ``EXPERIMENT.SEED``), so
 that runs with different seeds are validated on the same images.
@@ -32,6 +34,7 @@ SHAPE_OF_DIGIT = (0, 1, 2, 2, 1, 2, 0, 1, 0, 0)  # 0 loops, 1 strokes, 2 curves
 SHAPE_NAMES = ("loops", "strokes", "curves")
 META_COMPONENTS = ("ROWS", "COLS", "MOMENTS")
 NUM_CLASSES = {"shape": 3, "digit": 10}
+VISIBLE_ROWS = 4
 
 
 @lru_cache(maxsize=1)
@@ -75,7 +78,9 @@ class DigitsDataset(Dataset[dict[str, Any]]):
         pixels, digits = load_digits_array()
         idx = split_indices(len(pixels), val_fraction)[split]
         meta = metadata(pixels[idx])
-        self.images = torch.from_numpy(pixels[idx].reshape(-1, 1, 8, 8) / 16.0)
+        images = pixels[idx].reshape(-1, 1, 8, 8) / 16.0
+        images[:, :, VISIBLE_ROWS:, :] = 0.0
+        self.images = torch.from_numpy(images)
         self.meta = {k: torch.from_numpy(v.astype(np.float32)) for k, v in meta.items()}
         digit = torch.from_numpy(digits[idx])
         shape = torch.tensor(SHAPE_OF_DIGIT)[digit]

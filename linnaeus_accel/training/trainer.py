@@ -138,7 +138,8 @@ class Trainer:
             self.train_loader.set_epoch(epoch)
             self.progress.start_training_epoch(epoch)
             stop = self._train_epoch(epoch)
-            self.progress.end_epoch()
+            if stop is None:  # a MAX_STEPS cut-off leaves the epoch incomplete
+                self.progress.end_epoch()
             stop = self._epoch_boundary(epoch, final=stop is not None or epoch == self.plan.epochs) or stop
             if stop is not None:
                 out.say(f"stopping early: {stop.message}")
@@ -166,8 +167,9 @@ class Trainer:
                 self.config.DATA.DROP_LAST,
             )
             if progress.update_step(samples, is_accumulation_step=not acc.sync_gradients):
-                self._after_optimizer_step(epoch)
-                if stop := self.early_stopping.reached_max_steps(progress.global_step):
+                stop = self.early_stopping.reached_max_steps(progress.global_step)
+                self._after_optimizer_step(epoch, last=stop is not None)
+                if stop is not None:
                     return stop
         return None
 
@@ -191,9 +193,9 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         return norm  # type: ignore[no-any-return]
 
-    def _after_optimizer_step(self, epoch: int) -> None:
+    def _after_optimizer_step(self, epoch: int, last: bool) -> None:
         step = self.progress.global_step
-        if not self.ops.should_log_metrics(step):
+        if not (last or self.ops.should_log_metrics(step)):
             self.out.advance(1, epoch)
             return
         lrs = {c.label: self.plan.lr(step - 1, i) for i, c in enumerate(self.plan.lr_curves)}
