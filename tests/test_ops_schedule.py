@@ -588,3 +588,28 @@ def test_probabilities_stay_in_unit_interval(case: tuple[dict[str, Any], int, in
         # a linear ramp never leaves the range between its end points
         assert low - 1e-12 <= ops.get_meta_mask_prob(k) <= high + 1e-12
         assert ops.get_partial_mask_enabled(k) is (partial["START_STEPS"] <= k < partial["END_STEPS"])
+
+
+@pytest.mark.parametrize(
+    ("checkpoint", "expected_steps", "expected_epochs"),
+    [
+        # MID_EPOCH with 250-step interval, 100 steps/epoch: mid-epoch at 250, 750; 500 and 1000 end epochs 5, 10
+        ({"INTERVAL_STEPS": 250, "MID_EPOCH": True}, [250, 750], [5, 10]),
+        # without MID_EPOCH the same interval fires at the next epoch boundary instead
+        ({"INTERVAL_STEPS": 250}, [], [3, 5, 8, 10]),
+        # a fraction works like steps: 0.35 of 1000 = 350 mid-epoch; 700 ends epoch 7
+        ({"INTERVAL_FRACTION": 0.35, "MID_EPOCH": True}, [350], [7, 10]),
+    ],
+)
+def test_mid_epoch_checkpoints_fire_at_the_step_itself(
+    checkpoint: dict[str, Any], expected_steps: list[int], expected_epochs: list[int]
+) -> None:
+    config = validate_config({"TRAIN": {"EPOCHS": 10}, "SCHEDULE": {"CHECKPOINT": checkpoint}})
+    ops = OpsSchedule(resolve_plan(config, 100, 1))
+    assert [k for k in range(1, 1001) if ops.should_save_mid_epoch_checkpoint(k)] == expected_steps
+    assert ops.event_epochs()["checkpoint"] == expected_epochs
+
+
+def test_mid_epoch_needs_a_step_interval() -> None:
+    with pytest.raises(ConfigError, match=r"SCHEDULE\.CHECKPOINT\.MID_EPOCH"):
+        validate_config({"SCHEDULE": {"CHECKPOINT": {"INTERVAL_EPOCHS": 2, "MID_EPOCH": True}}})

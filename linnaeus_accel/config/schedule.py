@@ -115,9 +115,22 @@ class CheckpointSchedule(Section):
     METRIC: str | None = Field(
         None, description="Ranking metric; default: TRAIN.EARLY_STOP.METRIC, else val/loss."
     )
+    MID_EPOCH: bool = Field(
+        False,
+        description="With INTERVAL_STEPS/_FRACTION: checkpoint at the step itself, mid-epoch, "
+        "for very long epochs (otherwise at the first epoch boundary after it).",
+    )
 
     def problems(self) -> list[Problem]:
-        return one_unit_problems(self, "INTERVAL", units=INTERVAL_UNITS)
+        problems = one_unit_problems(self, "INTERVAL", units=INTERVAL_UNITS)
+        if self.MID_EPOCH and self.INTERVAL_STEPS is None and self.INTERVAL_FRACTION is None:
+            problems.append(
+                Problem(
+                    ("MID_EPOCH",),
+                    "{0} needs INTERVAL_STEPS or INTERVAL_FRACTION: the steps at which to checkpoint",
+                )
+            )
+        return problems
 
 
 class ProbabilityRamp(Section):

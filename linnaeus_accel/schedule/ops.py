@@ -27,7 +27,19 @@ class OpsSchedule:
         return interval.fires(epoch, step, self.plan.boundary_step(epoch - 1))
 
     def should_save_checkpoint(self, epoch: int, final: bool = False) -> bool:
+        if self.plan.mid_epoch_checkpoints and self.plan.checkpoint is not None:
+            # Steps fire where they fall; one that falls on this boundary is this boundary's checkpoint.
+            on_boundary = self.plan.boundary_step(epoch) % self.plan.checkpoint.every == 0
+            return final or self.is_final_epoch(epoch) or on_boundary
         return final or self.is_final_epoch(epoch) or self._fires(self.plan.checkpoint, epoch)
+
+    def should_save_mid_epoch_checkpoint(self, global_step: int) -> bool:
+        """``CHECKPOINT.MID_EPOCH``: at each multiple of the step interval, unless that step ends an
+        epoch (the boundary checkpoint covers it, with its validations)."""
+        interval, plan = self.plan.checkpoint, self.plan
+        if not plan.mid_epoch_checkpoints or interval is None or interval.unit != "steps":
+            return False
+        return global_step % interval.every == 0 and global_step % plan.optimizer_steps_per_epoch != 0
 
     def should_validate(self, epoch: int, final: bool = False) -> bool:
         if self.plan.validation is None:

@@ -39,6 +39,7 @@ class ResolvedPlan:
     partial_validation_whitelist: tuple[tuple[str, ...], ...]
     exhaustive_combinations: tuple[tuple[str, ...], ...]  # empty when disabled
     checkpoint: Interval | None
+    mid_epoch_checkpoints: bool
     meta_mask: Ramp
     partial_mask: PartialMasking
     mixup: Ramp
@@ -160,6 +161,7 @@ def resolve_plan(
         if final.EXHAUSTIVE_PARTIAL_META_VALIDATION
         else (),
         checkpoint=interval(sched.CHECKPOINT, "INTERVAL"),
+        mid_epoch_checkpoints=sched.CHECKPOINT.MID_EPOCH,
         meta_mask=ramp(sched.META_MASKING),
         partial_mask=partial,
         mixup=ramp(sched.MIXUP.PROB),
