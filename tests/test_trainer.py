@@ -581,7 +581,10 @@ def test_default_config_trains_to_stated_accuracy(
     # The README states about 95% of digits, and about 87% with all metadata masked: the metadata
     # carries what the hidden bottom half of each image would show.
     assert summary["last_validation"]["val/acc_digit"] >= 0.93
-    assert summary["last_validation"]["val_mask_meta/acc_digit"] <= summary["last_validation"]["val/acc_digit"] - 0.03
+    assert (
+        summary["last_validation"]["val_mask_meta/acc_digit"]
+        <= summary["last_validation"]["val/acc_digit"] - 0.03
+    )
     last_val = val_records(read_metrics(out))[-1]
     assert last_val["global_step"] == 900
     assert last_val["val/acc_digit"] >= 0.93
