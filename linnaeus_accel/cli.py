@@ -58,6 +58,13 @@ def build_parser() -> argparse.ArgumentParser:
         "<ENV.OUTPUT.BASE_DIR>/<EXPERIMENT.NAME>.",
     )
     _add_config_args(train)
+    train.add_argument(
+        "--resume",
+        metavar="CHECKPOINT",
+        default=None,
+        help="resume from this checkpoint directory (default with TRAIN.AUTO_RESUME: the newest complete "
+        "one in the output directory)",
+    )
     return parser
 
 
@@ -108,7 +115,7 @@ def run_train(args: argparse.Namespace) -> int:
         raise ConfigError(problems)
     set_seed(config.EXPERIMENT.SEED)  # the same initial weights on every process and every run
     model = build_model(config, train_data)
-    summary = Trainer(config, model, train_data, val_data).fit()
+    summary = Trainer(config, model, train_data, val_data).fit(resume_from=args.resume)
     if _is_local_main():
         last = summary["last_validation"]
         accuracy = ", ".join(

@@ -738,14 +738,32 @@ def test_second_train_into_finished_output_dir_exits_2(
     assert {p: p.read_bytes() for p in files_under(tmp_path)} == before  # untouched
 
 
-def test_interrupted_output_dir_is_refused_too(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """A run directory that holds only metrics.jsonl (an interrupted run) is refused as well."""
+def test_interrupted_output_dir_is_refused_without_auto_resume(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run directory that holds only metrics.jsonl (a run killed before its first checkpoint) is
+    left alone when TRAIN.AUTO_RESUME is false."""
     out = tmp_path / "out" / NAME
     out.mkdir(parents=True)
     (out / "metrics.jsonl").write_text('{"global_step": 5, "train/loss": 1.0}\n', encoding="utf-8")
     before = {p: p.read_bytes() for p in files_under(tmp_path)}
-    rc = train(["ENV.OUTPUT.BASE_DIR", str(tmp_path / "out"), "TRAIN.EPOCHS", "1", "DATA.BATCH_SIZE", "256"])
+    opts = ["ENV.OUTPUT.BASE_DIR", str(tmp_path / "out"), "TRAIN.EPOCHS", "1", "DATA.BATCH_SIZE", "256"]
+    rc = train([*opts, "TRAIN.AUTO_RESUME", "false"])
     assert rc == 2
-    assert "EXPERIMENT.NAME" in capsys.readouterr().err
+    assert "TRAIN.AUTO_RESUME" in capsys.readouterr().err
     assert {p: p.read_bytes() for p in files_under(tmp_path)} == before
     assert sorted(p.name for p in out.iterdir()) == ["metrics.jsonl"]
+
+
+def test_run_killed_before_its_first_checkpoint_starts_over(tmp_path: Path) -> None:
+    """With TRAIN.AUTO_RESUME (the default) and no checkpoint to resume from, the run starts over and
+    what the killed run logged is dropped, so metrics.jsonl has no step twice."""
+    out = tmp_path / "out" / NAME
+    out.mkdir(parents=True)
+    (out / "metrics.jsonl").write_text('{"global_step": 5, "train/loss": 123.0}\n', encoding="utf-8")
+    rc = train(["ENV.OUTPUT.BASE_DIR", str(tmp_path / "out"), "TRAIN.EPOCHS", "1", "DATA.BATCH_SIZE", "256"])
+    assert rc == 0
+    records = read_metrics(out)
+    assert all(r.get("train/loss") != 123.0 for r in records)
+    steps = [r["global_step"] for r in train_records(records)]
+    assert len(steps) == len(set(steps))

@@ -65,6 +65,22 @@ class TrainMeter:
         self._sums[1:] += level_losses[: len(self.levels)]
         self._micro_batches += 1
 
+    def state_dict(self) -> dict[str, Any]:
+        """The open log window, so that a resumed run's first logged average covers the same
+        micro-batches as the uninterrupted run's (checkpoint time: reading back is fine here)."""
+        return {
+            "sums": self._sums.tolist(),
+            "micro_batches": self._micro_batches,
+            "samples_at_last_flush": self._samples_at_last_flush,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        sums = state.get("sums")
+        if sums is not None and len(sums) == self._sums.numel():
+            self._sums = torch.tensor(sums, dtype=self._sums.dtype, device=self._sums.device)
+        self._micro_batches = int(state.get("micro_batches", 0))
+        self._samples_at_last_flush = int(state.get("samples_at_last_flush", 0))
+
     def last_grad_norm(self) -> float | None:
         return None if self.grad_norm is None else float(self.grad_norm)
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from pathlib import Path
 from typing import Any
 
@@ -21,17 +20,33 @@ from ..schedule.summary import write_schedule_summary
 class RunOutputs:
     """The main process's view of ``<output dir>``: metrics.jsonl, summary.json, trackers, console."""
 
-    def __init__(
-        self, accelerator: Accelerator, config: Config, total_steps: int, initial_step: int = 0
-    ) -> None:
+    def __init__(self, accelerator: Accelerator, config: Config, total_steps: int) -> None:
         self.accelerator = accelerator
         self.dir = config.output_dir
         self.dir.mkdir(parents=True, exist_ok=True)
-        self._metrics = (self.dir / "metrics.jsonl").open("a", encoding="utf-8")
-        self._bar = tqdm(
-            total=total_steps, initial=initial_step, desc="train", unit="step", dynamic_ncols=True
-        )
-        self._started = time.time()
+        self._metrics_path = self.dir / "metrics.jsonl"
+        self._metrics = self._metrics_path.open("a", encoding="utf-8")
+        self._bar = tqdm(total=total_steps, desc="train", unit="step", dynamic_ncols=True)
+
+    def truncate_metrics(self, after_step: int) -> None:
+        """Forget what a killed run logged after its checkpoint at ``after_step`` (and that
+        checkpoint's validation, which the resumed run logs again), so metrics.jsonl reads as one
+        uninterrupted history with no step logged twice."""
+        self._metrics.close()
+        kept = []
+        if self._metrics_path.exists():
+            for line in self._metrics_path.read_text(encoding="utf-8").splitlines():
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a line cut by the kill
+                step = record.get("global_step", 0)
+                if step < after_step or (step == after_step and not any(k.startswith("val") for k in record)):
+                    kept.append(line + "\n")
+        tmp = self._metrics_path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(kept), encoding="utf-8")
+        tmp.replace(self._metrics_path)
+        self._metrics = self._metrics_path.open("a", encoding="utf-8")
 
     def write_assets(self, config: Config, summary_text: str) -> None:
         write_schedule_summary(self.dir, summary_text)
@@ -73,11 +88,12 @@ class RunOutputs:
 class SilentRunOutputs(RunOutputs):
     """What the other processes get: the same calls, doing nothing."""
 
-    def __init__(
-        self, accelerator: Accelerator, config: Config, total_steps: int, initial_step: int = 0
-    ) -> None:
+    def __init__(self, accelerator: Accelerator, config: Config, total_steps: int) -> None:
         self.accelerator = accelerator
         self.dir = config.output_dir
+
+    def truncate_metrics(self, after_step: int) -> None:
+        pass
 
     def write_assets(self, config: Config, summary_text: str) -> None:
         pass
@@ -98,11 +114,9 @@ class SilentRunOutputs(RunOutputs):
         pass
 
 
-def run_outputs(
-    accelerator: Accelerator, config: Config, total_steps: int, initial_step: int = 0
-) -> RunOutputs:
+def run_outputs(accelerator: Accelerator, config: Config, total_steps: int) -> RunOutputs:
     cls = RunOutputs if accelerator.is_main_process else SilentRunOutputs
-    return cls(accelerator, config, total_steps, initial_step)
+    return cls(accelerator, config, total_steps)
 
 
 def _json_number(value: float) -> float | str | None:

@@ -8,9 +8,9 @@ The LR is set from the global step before each optimizer step; no LR scheduler i
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Callable
-from fnmatch import fnmatch
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,17 +24,15 @@ from ..progress import TrainingProgress
 from ..schedule import EarlyStopping, OpsSchedule, ResolvedPlan, StopDecision, resolve_plan
 from ..schedule.summary import summary_text
 from .batches import BatchTransforms
-from .data import make_dataloader, samples_in_global_batch
+from .checkpointing import Checkpointer
+from .data import samples_in_global_batch
+from .faults import fault_point
 from .loss import GradNorm, HierarchicalLoss
 from .meter import TrainMeter
 from .outputs import run_outputs
-from .validation import passes_at_boundary, run_pass
-
-OptimizerFactory = Callable[[list[dict[str, Any]]], torch.optim.Optimizer]
-
-
-def default_optimizer(param_groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(param_groups, lr=0.0, weight_decay=0.0)
+from .preemption import PreemptionWatch
+from .setup import OptimizerFactory, as_dataloader, build_optimizer, default_optimizer, shared_parameters
+from .validation import ValidationPass, passes_at_boundary, run_pass
 
 
 class Trainer:
@@ -129,26 +127,41 @@ class Trainer:
         self.transforms = BatchTransforms(config, self.plan, train_dataset, self.accelerator)
         self.meter = TrainMeter(self.accelerator, self.levels, flops_per_sample)
         self.last_validation: dict[str, float] = {}
+        self.checkpointer = Checkpointer(self.accelerator, config)
+        self.preemption = PreemptionWatch(self.accelerator)
+        self.resumed_boundary: dict[str, Any] | None = None
+        self.resumed_wandb_id: str | None = None
+        self.final_boundary_done = False
 
     # -- the run ---------------------------------------------------------------------------------
-    def fit(self) -> dict[str, Any]:
-        out = self._start()
-        stop: StopDecision | None = None
+    def fit(self, resume_from: str | Path | None = None) -> dict[str, Any]:
+        """Run to the end; resumes from ``resume_from`` or, with TRAIN.AUTO_RESUME, from the newest
+        complete checkpoint in the output directory."""
+        out = self._start(resume_from)
+        stop = self._finish_interrupted_boundary()
         for epoch in range(self.progress.current_epoch, self.plan.epochs + 1):
-            self.train_loader.set_epoch(epoch)
-            self.progress.start_training_epoch(epoch)
-            stop = self._train_epoch(epoch)
+            if stop is not None or self.final_boundary_done:
+                break
+            with self.preemption:
+                stop = self._train_epoch(epoch)
+            if stop is not None and stop.reason == "preempted":
+                break
             if stop is None:  # a MAX_STEPS cut-off leaves the epoch incomplete
                 self.progress.end_epoch()
             stop = self._epoch_boundary(epoch, final=stop is not None or epoch == self.plan.epochs) or stop
-            if stop is not None:
-                out.say(f"stopping early: {stop.message}")
-                break
+        if stop is not None:
+            out.say(f"stopping early: {stop.message}")
         return self._finish(stop)
 
     def _train_epoch(self, epoch: int) -> StopDecision | None:
         acc, model, progress = self.accelerator, self.model, self.progress
-        for batch_index, batch in enumerate(self.meter.timed(self.train_loader)):
+        self.train_loader.set_epoch(epoch)
+        done = progress.batches_seen_in_epoch  # > 0 when resuming mid-epoch
+        if done == 0:
+            progress.start_training_epoch(epoch)
+        # Resuming skips the batches already seen through the batch sampler: nothing is loaded.
+        loader = acc.skip_first_batches(self.train_loader, done) if done else self.train_loader
+        for batch_index, batch in enumerate(self.meter.timed(loader), start=done):
             k = progress.global_step
             batch = self.transforms.train(batch, k, epoch, batch_index)
             with acc.accumulate(model):
@@ -167,10 +180,18 @@ class Trainer:
                 self.config.DATA.DROP_LAST,
             )
             if progress.update_step(samples, is_accumulation_step=not acc.sync_gradients):
+                fault_point("optimizer_step")
                 stop = self.early_stopping.reached_max_steps(progress.global_step)
                 self._after_optimizer_step(epoch, last=stop is not None)
                 if stop is not None:
                     return stop
+                if self.preemption.should_stop(progress.global_step):
+                    self._save_checkpoint(boundary=None)
+                    return StopDecision(
+                        "preempted", f"preempted by a signal: checkpointed step {progress.global_step}"
+                    )
+                if self.ops.should_save_mid_epoch_checkpoint(progress.global_step):
+                    self._save_checkpoint(boundary=None)
         return None
 
     def _gradnorm_update(self, level_losses: torch.Tensor) -> torch.Tensor:
@@ -212,30 +233,61 @@ class Trainer:
         )
 
     def _epoch_boundary(self, epoch: int, final: bool) -> StopDecision | None:
-        """SPEC §5 order: (checkpoint,) standard, mask-meta and partial passes, early stopping."""
+        """SPEC §5 order: checkpoint (recording the passes still due), then the standard, mask-meta
+        and partial passes, then early stopping."""
         passes = passes_at_boundary(self.ops, epoch, final) if self.val_loader is not None else []
         for vpass in passes:
             self.progress.schedule_validation(vpass.stage, vpass.partial_index)
+        if self.ops.should_save_checkpoint(epoch, final):
+            self._save_checkpoint(boundary={"epoch": epoch, "final": final})
+        self.final_boundary_done = final
+        return self._validate(epoch, passes, done={})
+
+    def _finish_interrupted_boundary(self) -> StopDecision | None:
+        """After resuming from a boundary checkpoint: run exactly the passes its journal does not
+        record as complete (SPEC §6), then carry on."""
+        boundary = self.resumed_boundary
+        if boundary is None:
+            return None
+        self.final_boundary_done = bool(boundary["final"])
+        if not self.progress.has_pending_validations():
+            return None
+        epoch = int(boundary["epoch"])
+        passes = passes_at_boundary(self.ops, epoch, bool(boundary["final"]))
+        assert self.checkpointer.current is not None
+        done = {e["prefix"]: e["metrics"] for e in self.checkpointer.journal(self.checkpointer.current)}
+        return self._validate(epoch, passes, done)
+
+    def _validate(
+        self, epoch: int, passes: list[ValidationPass], done: dict[str, dict[str, float]]
+    ) -> StopDecision | None:
+        step = self.progress.global_step
+        journal = self.checkpointer.current if self.checkpointer.current_step == step else None
         results: dict[str, float] = {}
         for vpass in passes:
-            self.progress.start_validation(vpass.stage)
-            metrics = run_pass(
-                self.accelerator,
-                self.model,
-                self.val_loader,
-                vpass,
-                self.levels,
-                self.level_weights,
-                self.transforms.validation_mask,
-            )
+            metrics = done.get(vpass.prefix)
+            if metrics is None:
+                self.progress.start_validation(vpass.stage)
+                metrics = run_pass(
+                    self.accelerator,
+                    self.model,
+                    self.val_loader,
+                    vpass,
+                    self.levels,
+                    self.level_weights,
+                    self.transforms.validation_mask,
+                )
+                self.checkpointer.record_validation(journal, {"prefix": vpass.prefix, "metrics": metrics})
+                fault_point("validation_pass")
             self.progress.complete_validation(vpass.stage, vpass.partial_index)
             results.update(metrics)
         if not results:
             return None
         results["epoch"] = float(epoch)
-        self.out.log(results, self.progress.global_step)
+        self.out.log(results, step)
         self.out.say(_validation_line(epoch, results))
         self.last_validation = results
+        self.checkpointer.record_metric(step, results)
         return self._check_early_stop(results)
 
     def _check_early_stop(self, results: dict[str, float]) -> StopDecision | None:
@@ -252,45 +304,96 @@ class Trainer:
         shared = broadcast_object_list([decision], from_process=0)
         return shared[0]  # type: ignore[no-any-return]
 
+    # -- checkpoints ---------------------------------------------------------------------------------
+    def _save_checkpoint(self, boundary: dict[str, Any] | None) -> None:
+        tracker = self._wandb_run_id()
+        state = {
+            "progress": self.progress.state_dict(),
+            "early_stopping": self.early_stopping.state_dict(),
+            "gradnorm": self.gradnorm.state_dict() if self.gradnorm is not None else None,
+            "meter": self.meter.state_dict(),
+            "boundary": boundary,
+            "wandb_run_id": tracker,
+        }
+        self.checkpointer.save(self.progress.global_step, state)
+
+    def _resume(self, resume_from: str | Path | None) -> None:
+        acc = self.accelerator
+        found = self.checkpointer.find(resume_from) if acc.is_main_process else (None, [])
+        path, skipped = broadcast_object_list([found], from_process=0)[0]
+        for message in skipped:
+            self.out.say(f"skipping checkpoint {message}")
+        if path is None:
+            self.out.truncate_metrics(after_step=0)  # killed before its first checkpoint: start over
+            return
+        state = self.checkpointer.load(Path(path))
+        self.progress.load_state_dict(state["progress"])
+        self.early_stopping.load_state_dict(state.get("early_stopping") or {})
+        if self.gradnorm is not None and state.get("gradnorm"):
+            self.gradnorm.load_state_dict(state["gradnorm"])
+            self.loss.task_weights = self.gradnorm.weights
+        self.meter.load_state_dict(state.get("meter") or {})
+        self.resumed_boundary = state.get("boundary")
+        self.resumed_wandb_id = state.get("wandb_run_id")
+        step = self.progress.global_step
+        self.out.truncate_metrics(after_step=step)
+        self.out.say(f"resumed from {path} (global step {step}, epoch {self.progress.current_epoch})")
+
+    def _wandb_run_id(self) -> str | None:
+        if not self.config.EXPERIMENT.WANDB.ENABLED or not self.accelerator.is_main_process:
+            return None
+        run = getattr(self.accelerator.get_tracker("wandb", unwrap=True), "id", None)
+        return str(run) if run else None
+
     # -- start and end ---------------------------------------------------------------------------
-    def _start(self) -> Any:
+    def _start(self, resume_from: str | Path | None) -> Any:
         config, acc = self.config, self.accelerator
         # Decided on the main process and shared, so that every process stops with the same error
         # instead of waiting at a barrier for a process that has exited.
-        problem = _finished_output_problem(config) if acc.is_main_process else None
+        problem = _output_problem(config, resume_from) if acc.is_main_process else None
         problem = broadcast_object_list([problem], from_process=0)[0]
         if problem is not None:
             raise ConfigError([problem])
-        self.out = run_outputs(acc, config, self.plan.total_steps, self.progress.global_step)
+        if acc.is_main_process:
+            self.checkpointer.store.remove_stale_staging()
+        self.out = run_outputs(acc, config, self.plan.total_steps)
+        self._resume(resume_from)
+        self.out.advance(self.progress.global_step, self.progress.current_epoch)
         text = summary_text(config, self.plan)
         self.out.write_assets(config, text)
         self.out.say(text)
         wandb = config.EXPERIMENT.WANDB
         if wandb.ENABLED:
+            run = {
+                "name": config.EXPERIMENT.NAME,
+                "dir": str(config.output_dir),
+                "tags": wandb.TAGS or None,
+                "entity": wandb.ENTITY,
+            }
+            if self.resumed_wandb_id:
+                run.update(id=self.resumed_wandb_id, resume="allow")
             acc.init_trackers(
                 wandb.PROJECT or "linnaeus-accel",
                 config=config.model_dump(mode="json"),
-                init_kwargs={
-                    "wandb": {
-                        "name": config.EXPERIMENT.NAME,
-                        "dir": str(config.output_dir),
-                        "tags": wandb.TAGS or None,
-                        "entity": wandb.ENTITY,
-                    }
-                },
+                init_kwargs={"wandb": run},
             )
         self.model.train()
         return self.out
 
     def _finish(self, stop: StopDecision | None) -> dict[str, Any]:
         acc, progress = self.accelerator, self.progress
+        preempted = stop is not None and stop.reason == "preempted"
         acc.wait_for_everyone()
-        acc.save_model(self.model, self.config.output_dir / "final", safe_serialization=True)  # collective
+        if not preempted:  # a preempted run's weights are in its last checkpoint
+            acc.save_model(
+                self.model, self.config.output_dir / "final", safe_serialization=True
+            )  # collective
+        status = "preempted" if preempted else ("early_stopped" if stop is not None else "completed")
         summary = {
             "global_step": progress.global_step,
             "epoch": progress.epoch,
             "samples_seen": progress.samples_seen,
-            "status": "early_stopped" if stop is not None else "completed",
+            "status": status,
             "stop_reason": stop.reason if stop else None,
             "best_metric": progress.best_metric,
             "expected_total_steps": self.plan.total_steps,
@@ -302,77 +405,21 @@ class Trainer:
         return summary
 
 
-def parameter_groups(model: nn.Module, config: Config) -> list[dict[str, Any]]:
-    """Group 0 takes the parameters no LR_SCHEDULER.PARAMETER_GROUPS entry matches (SPEC §3)."""
-    groups = config.LR_SCHEDULER.PARAMETER_GROUPS
-    members: list[list[nn.Parameter]] = [[] for _ in range(len(groups) + 1)]
-    for name, param in model.named_parameters():
-        if param.requires_grad:
-            index = next((i + 1 for i, g in enumerate(groups) if any(fnmatch(name, p) for p in g.MATCH)), 0)
-            members[index].append(param)
-    empty = [g.LABEL for g, params in zip(groups, members[1:], strict=True) if not params]
-    if empty:
-        raise ConfigError(
-            [("LR_SCHEDULER.PARAMETER_GROUPS", f"no parameter matches group(s) {', '.join(empty)}")]
-        )
-    labels = ["default", *(g.LABEL for g in groups)]
-    return [{"params": params, "name": label} for label, params in zip(labels, members, strict=True)]
-
-
-def build_optimizer(
-    optimizer: OptimizerFactory | torch.optim.Optimizer, model: nn.Module, config: Config
-) -> torch.optim.Optimizer:
-    expected = 1 + len(config.LR_SCHEDULER.PARAMETER_GROUPS)
-    if isinstance(optimizer, torch.optim.Optimizer):
-        if len(optimizer.param_groups) != expected:
-            raise ConfigError(
-                [
-                    (
-                        "LR_SCHEDULER.PARAMETER_GROUPS",
-                        f"the optimizer given has {len(optimizer.param_groups)} parameter groups but the LR schedule has {expected} (default + PARAMETER_GROUPS): pass an optimizer factory instead",
-                    )
-                ]
-            )
-        return optimizer
-    return optimizer(parameter_groups(model, config))
-
-
-def as_dataloader(config: Config, data: Dataset[Any] | DataLoader[Any] | None, train: bool) -> Any:
-    if data is None or not isinstance(data, DataLoader):
-        return make_dataloader(config, data, train) if data is not None else None
-    expected = config.DATA.BATCH_SIZE if train else (config.DATA.BATCH_SIZE_VAL or config.DATA.BATCH_SIZE)
-    if data.batch_size != expected:
-        key = "DATA.BATCH_SIZE" if train else "DATA.BATCH_SIZE_VAL"
-        raise ConfigError(
-            [
-                (
-                    key,
-                    f"is {expected} but the DataLoader given batches {data.batch_size}: the schedule is resolved from {key}",
-                )
-            ]
-        )
-    return data
-
-
-def shared_parameters(model: nn.Module) -> list[nn.Parameter]:
-    """The parameters every task head depends on, for GradNorm: ``model.shared_parameters()``
-    when the model defines it, else every parameter outside modules named ``head*``."""
-    own = getattr(model, "shared_parameters", None)
-    if callable(own):
-        return list(own())
-    return [
-        p
-        for name, p in model.named_parameters()
-        if p.requires_grad and not name.split(".")[0].startswith("head")
-    ]
-
-
-def _finished_output_problem(config: Config) -> tuple[str, str] | None:
-    if (config.output_dir / "summary.json").exists() or (config.output_dir / "metrics.jsonl").exists():
+def _output_problem(config: Config, resume_from: str | Path | None) -> tuple[str, str] | None:
+    """A finished run is never overwritten; an unfinished one is resumed only when asked to."""
+    out = config.output_dir
+    summary = out / "summary.json"
+    if summary.exists() and json.loads(summary.read_text(encoding="utf-8")).get("status") != "preempted":
         return (
             "EXPERIMENT.NAME",
-            f"{config.output_dir} already holds a run: choose another EXPERIMENT.NAME or ENV.OUTPUT.BASE_DIR "
-            "(resuming arrives with checkpoints)",
+            f"{out} already holds a finished run: choose another EXPERIMENT.NAME or ENV.OUTPUT.BASE_DIR",
+        )
+    started = (out / "metrics.jsonl").exists() or (out / "checkpoints").exists()
+    if started and not config.TRAIN.AUTO_RESUME and resume_from is None:
+        return (
+            "TRAIN.AUTO_RESUME",
+            f"is false but {out} already holds a run: set it true to resume, pass --resume, or choose "
+            "another EXPERIMENT.NAME",
         )
     return None
 
