@@ -1,0 +1,10 @@
+"""Crash-safe checkpoint storage: atomic commit with a verified manifest, and retention.
+
+``store`` knows directories and files only (no Accelerate): the trainer saves into
+``CheckpointStore.staging_dir`` and then calls ``commit``. See ``store`` for the commit protocol.
+"""
+
+from .retention import Mode, retained
+from .store import MARKER, CheckpointStore, MarkerError, read_marker, step_name
+
+__all__ = ["MARKER", "CheckpointStore", "MarkerError", "Mode", "read_marker", "retained", "step_name"]

@@ -1,0 +1,316 @@
+"""Crash-safe checkpoint directories on the local filesystem (issue 4, items 1-3 and 7).
+
+Layout under ``root = <output_dir>/checkpoints``::
+
+    .staging-step_00001234/   being written (save_state of every process + trainer_state.json)
+    .deleting-step_00001000/  being deleted (marker already gone)
+    step_00001234/            published; complete only once COMMITTED.json exists and verifies
+        COMMITTED.json        {"version": 1, "step": 1234, "files": [{path, size, sha256}], "info": {}}
+
+Named by global step, never by a save counter (accelerate issues #1601, #3306: counters restart
+or collide on resume). Commit: hash and fsync every staged file, rename staging to the final name,
+fsync the parent, then write the marker atomically, last. A kill -9 at any instant leaves no marker
+(ignored) or a marker whose files are all there. Deletion removes the marker first.
+
+Only JSON is ever read here: a checkpoint may come from an untrusted place (a bucket, a colleague)
+and must not execute code through us; manifest paths must stay inside the checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import os
+import re
+import shutil
+from collections.abc import Collection, Mapping
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from .retention import Mode, retained
+
+MARKER = "COMMITTED.json"
+MARKER_VERSION = 1
+_MARKER_TMP = ".COMMITTED.json.tmp"
+_STAGING_PREFIX = ".staging-"
+_TRASH_PREFIX = ".deleting-"  # a checkpoint being deleted: renamed out of the way, then removed
+_NAME = re.compile(r"step_(\d{8,})")
+_CHUNK = 1 << 20
+
+FileEntry = dict[str, Any]  # {"path": posix relative path, "size": int, "sha256": hex}
+
+
+class MarkerError(ValueError):
+    """COMMITTED.json is missing, unreadable or malformed; the message says which."""
+
+
+def step_name(step: int) -> str:
+    if step < 0:
+        raise ValueError(f"a checkpoint step must be >= 0, got {step}")
+    return f"step_{step:08d}"
+
+
+def read_marker(path: Path) -> dict[str, Any]:
+    """The validated contents of ``path/COMMITTED.json`` (plain JSON; for verify and remote sync)."""
+    marker = Path(path) / MARKER
+    try:
+        data = json.loads(marker.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise MarkerError(f"{MARKER} missing") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise MarkerError(f"{MARKER} unreadable ({e})") from None
+    if not isinstance(data, dict):
+        raise MarkerError(f"{MARKER} is not a JSON object")
+    if data.get("version") != MARKER_VERSION:
+        raise MarkerError(f"{MARKER} version {data.get('version')!r} is not {MARKER_VERSION}")
+    if type(data.get("step")) is not int:
+        raise MarkerError(f"{MARKER} has no integer step")
+    if not isinstance(data.get("files"), list) or not data["files"]:
+        raise MarkerError(f"{MARKER} has no file list")
+    for entry in data["files"]:
+        types = (str, int, str)
+        if not isinstance(entry, dict) or not all(
+            isinstance(entry.get(k), t) for k, t in zip(("path", "size", "sha256"), types, strict=True)
+        ):
+            raise MarkerError(f"{MARKER} has a malformed file entry: {entry!r}"[:200])
+        rel = PurePosixPath(entry["path"])
+        # An untrusted manifest must not make us stat or hash files outside the checkpoint.
+        if rel.is_absolute() or ".." in rel.parts or not rel.parts or "\\" in entry["path"]:
+            raise MarkerError(f"{MARKER} names a path outside the checkpoint: {entry['path']!r}")
+    return data
+
+
+class CheckpointStore:
+    """The checkpoints of one run, in ``root`` (``<output_dir>/checkpoints``).
+
+    ``staging_dir`` and ``commit``, ``delete``, ``apply_retention`` and ``remove_stale_staging``
+    change the directory and belong to the main process only; the readers are safe anywhere.
+    """
+
+    def __init__(self, root: Path | str) -> None:
+        self.root = Path(root)
+
+    # -- paths ---------------------------------------------------------------------------------------
+    def final_path(self, step: int) -> Path:
+        return self.root / step_name(step)
+
+    def staging_path(self, step: int) -> Path:
+        return self.root / f"{_STAGING_PREFIX}{step_name(step)}"
+
+    def step_of(self, path: Path | str) -> int | None:
+        """The step of a checkpoint directory: from its name, else from its marker (``--resume``
+        may name a copy with any name), else None."""
+        match = _NAME.fullmatch(Path(path).name)
+        if match:
+            return int(match.group(1))
+        try:
+            return int(read_marker(Path(path))["step"])
+        except MarkerError:
+            return None
+
+    # -- writing (main process) ----------------------------------------------------------------------
+    def staging_dir(self, step: int) -> Path:
+        """An empty staging directory for ``step`` (a stale one from a crash is removed)."""
+        staging = self.staging_path(step)
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        return staging
+
+    def commit(self, step: int, info: Mapping[str, Any] | None = None, *, replace: bool = False) -> Path:
+        """Publish the staged checkpoint of ``step`` atomically; call after every process saved.
+
+        A committed checkpoint of the same step is an error (FileExistsError) unless ``replace``:
+        then it is deleted first (a run resumed on purpose from an older checkpoint).
+        """
+        staging, final = self.staging_path(step), self.final_path(step)
+        info = dict(info or {})
+        json.dumps(info)  # fail before publishing, not between the rename and the marker
+        manifest = self._seal(staging)
+        if replace:
+            self.delete(step)
+        self._publish(staging, final)
+        self._mark(final, step, manifest, info)
+        return final
+
+    def _seal(self, staging: Path) -> list[FileEntry]:
+        """Hash and fsync every staged file; the manifest the marker will carry."""
+        if (staging / MARKER).exists() or (staging / _MARKER_TMP).exists():
+            # It would make the directory look complete the moment it is renamed.
+            raise ValueError(f"{staging} already contains {MARKER}")
+        manifest: list[FileEntry] = []
+        for dirpath, dirnames, filenames in os.walk(staging):
+            dirnames.sort()
+            here = Path(dirpath)
+            for name in sorted(filenames):
+                file = here / name
+                if file.is_symlink() or not file.is_file():
+                    raise ValueError(f"{file} is not a regular file; checkpoints hold regular files only")
+                size, digest = _hash_file(file, sync=True)
+                manifest.append(
+                    {"path": file.relative_to(staging).as_posix(), "size": size, "sha256": digest}
+                )
+            _fsync_dir(here)  # the entries of files created in it
+        if not manifest:
+            raise ValueError(f"{staging} is empty: nothing was saved into it")
+        return sorted(manifest, key=lambda entry: str(entry["path"]))
+
+    def _publish(self, staging: Path, final: Path) -> None:
+        """Rename the sealed staging directory to its final name (no marker yet: still ignored)."""
+        if final.exists():
+            # Deep: a corrupt checkpoint that resume skipped must not block the run re-saving it.
+            if self.verify(final, deep=True) is None:
+                raise FileExistsError(f"{final} is already a committed checkpoint")
+            # A leftover without a valid marker (a crash between rename and marker), or corrupt.
+            (final / MARKER).unlink(missing_ok=True)
+            shutil.rmtree(final)
+        os.replace(staging, final)
+        _fsync_dir(self.root)
+
+    def _mark(self, final: Path, step: int, manifest: list[FileEntry], info: Mapping[str, Any]) -> None:
+        """Write COMMITTED.json, last: from this instant the checkpoint counts."""
+        marker = {"version": MARKER_VERSION, "step": step, "files": manifest, "info": dict(info)}
+        _atomic_write(final / MARKER, final / _MARKER_TMP, json.dumps(marker, indent=1).encode("utf-8"))
+
+    def delete(self, step: int) -> None:
+        """Remove a checkpoint: the marker first, so a crash mid-delete leaves an ignored directory,
+        then rename it to ``.deleting-`` before the slow removal, for ``remove_stale_staging``."""
+        final = self.final_path(step)
+        if not final.exists():
+            return
+        (final / MARKER).unlink(missing_ok=True)
+        _fsync_dir(final)
+        trash = self.root / f"{_TRASH_PREFIX}{final.name}"
+        shutil.rmtree(trash, ignore_errors=True)
+        os.replace(final, trash)
+        shutil.rmtree(trash)
+
+    def remove_stale_staging(self) -> list[Path]:
+        """Delete the staging (and half-deleted) directories a crash left; call at start, on the
+        main process, before any process saves. Returns what was removed."""
+        if not self.root.is_dir():
+            return []
+        stale = sorted(p for p in self.root.iterdir() if p.name.startswith((_STAGING_PREFIX, _TRASH_PREFIX)))
+        for path in stale:
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+        return stale
+
+    def remove_incomplete(self) -> list[Path]:
+        """Delete ``step_*`` directories without a marker (a crash between rename and marker, or
+        early in a delete): they are never used and may be large. Call after ``newest_valid`` has
+        reported them, on the main process, while no commit runs. Returns what was removed."""
+        incomplete = [path for _, path in self._step_dirs() if not (path / MARKER).is_file()]
+        for path in incomplete:
+            shutil.rmtree(path)
+        return incomplete
+
+    def apply_retention(
+        self,
+        metrics: Mapping[int, float | None],
+        keep_top: int,
+        keep_last: int,
+        mode: Mode,
+        protect: Collection[int] = (),
+    ) -> list[int]:
+        """Delete the committed checkpoints that ``retained`` does not keep; the deleted steps.
+        ``metrics``: step -> ranking metric (missing: not known yet). Only marked ones take part."""
+        steps = self.complete_steps()
+        keep = retained([(s, metrics.get(s)) for s in steps], keep_top, keep_last, mode, protect)
+        deleted = [s for s in steps if s not in keep]
+        for step in deleted:
+            self.delete(step)
+        return deleted
+
+    # -- reading -------------------------------------------------------------------------------------
+    def _step_dirs(self) -> list[tuple[int, Path]]:
+        paths = self.root.iterdir() if self.root.is_dir() else iter(())
+        matches = ((_NAME.fullmatch(p.name), p) for p in paths)
+        return sorted((int(m.group(1)), p) for m, p in matches if m and p.is_dir())
+
+    def complete_steps(self) -> list[int]:
+        """Steps whose directory has a marker, ascending (presence only: cheap; see ``verify``)."""
+        return [step for step, path in self._step_dirs() if (path / MARKER).is_file()]
+
+    def verify(self, path: Path | str, *, deep: bool = True) -> str | None:
+        """None if ``path`` is a complete checkpoint, else what is wrong with it: every manifest file
+        exists with its size and, with ``deep`` (reads everything), its sha256. Files not in the
+        manifest (the validation journal, appended after the commit) are allowed."""
+        path = Path(path)
+        try:
+            marker = read_marker(path)
+        except MarkerError as e:
+            return str(e)
+        match = _NAME.fullmatch(path.name)
+        if match and int(match.group(1)) != marker["step"]:
+            return f"{MARKER} is for step {marker['step']}, not {int(match.group(1))}"
+        inside = path.resolve()
+        for entry in marker["files"]:
+            file = path / entry["path"]
+            if not file.is_file():
+                return f"{entry['path']}: missing"
+            if file.is_symlink() or not file.resolve().is_relative_to(inside):
+                return f"{entry['path']}: not a regular file inside the checkpoint"
+            size = file.stat().st_size
+            if size != entry["size"]:
+                return f"{entry['path']}: size {size} != {entry['size']}"
+            if deep and _hash_file(file, sync=False)[1] != entry["sha256"]:
+                return f"{entry['path']}: checksum mismatch"
+        return None
+
+    def newest_valid(self, *, deep: bool = True) -> tuple[Path | None, list[str]]:
+        """The newest checkpoint that verifies, and one message per newer directory skipped."""
+        problems: list[tuple[str, str]] = []
+        chosen: Path | None = None
+        for _, path in reversed(self._step_dirs()):
+            problem = self.verify(path, deep=deep)
+            if problem is None:
+                chosen = path
+                break
+            if problem == f"{MARKER} missing":
+                problem += " (incomplete write?)"
+            problems.append((path.name, problem))
+        using = f"using {chosen.name}" if chosen is not None else "no older valid checkpoint"
+        return chosen, [f"{name}: {problem}; {using}" for name, problem in problems]
+
+
+def _hash_file(file: Path, *, sync: bool) -> tuple[int, str]:
+    """Size and sha256 of ``file``, streamed; with ``sync`` also fsync it (same open, one pass)."""
+    digest, size = hashlib.sha256(), 0
+    with file.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+        if sync:
+            os.fsync(f.fileno())
+    return size, digest.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make the entries of ``path`` durable; filesystems that cannot fsync a directory are skipped."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
+
+
+def _atomic_write(target: Path, tmp: Path, data: bytes) -> None:
+    """Write ``data`` to ``target`` (through ``tmp``) so that a reader sees nothing or all of it."""
+    try:
+        with tmp.open("wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    _fsync_dir(target.parent)
