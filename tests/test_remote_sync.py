@@ -14,13 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from b2sdk.v2 import B2Api, B2HttpApiConfig, InMemoryAccountInfo, RawSimulator
+from b2sdk.v2.exception import ServiceError
 
-b2v2 = pytest.importorskip("b2sdk.v2")
-from b2sdk.v2 import B2Api, B2HttpApiConfig, InMemoryAccountInfo, RawSimulator  # noqa: E402
-from b2sdk.v2.exception import ServiceError  # noqa: E402
-
-from linnaeus_accel.checkpoint import MARKER  # noqa: E402
-from linnaeus_accel.checkpoint.remote import (  # noqa: E402
+from linnaeus_accel.checkpoint import MARKER
+from linnaeus_accel.checkpoint.remote import (
     KEY_ID_VAR,
     KEY_VAR,
     BackgroundUploader,

@@ -281,7 +281,14 @@ class BackgroundUploader:
             # Local retention removed it while it waited in the queue: a newer one is queued.
             log.warning("skipped upload of %s: no longer a committed local checkpoint", path)
             return
-        self.remote.upload(path)
+        try:
+            self.remote.upload(path)
+        except FileNotFoundError:
+            if (path / MARKER).is_file():
+                raise
+            # Local retention deleted it mid-upload: a newer checkpoint supersedes it, and the
+            # unmarked remote copy is never picked for resume (remote retention removes it).
+            log.warning("stopped upload of %s: local retention deleted it meanwhile", path)
 
     def _retain(self, keep: set[int]) -> None:
         deleted = self.remote.retain(keep)

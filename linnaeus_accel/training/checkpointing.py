@@ -26,15 +26,43 @@ STATE_VERSION = 1
 
 
 class Checkpointer:
-    def __init__(self, accelerator: Accelerator, config: Config) -> None:
+    def __init__(self, accelerator: Accelerator, config: Config, remote: Any = None) -> None:
+        """``remote``: a ``RemoteCheckpoints`` to sync with (default: from ENV.OUTPUT.BUCKET and the
+        B2 credentials in the environment when the bucket is enabled)."""
         self.accelerator = accelerator
         self.config = config
         self.store = CheckpointStore(config.output_dir / "checkpoints")
+        self.remote: Any = None  # RemoteCheckpoints and its BackgroundUploader (b2sdk is optional)
+        self.uploader: Any = None
+        if accelerator.is_main_process:
+            self.remote, self.uploader = self._remote(remote)
         self.ranking_metric = config.SCHEDULE.CHECKPOINT.METRIC or config.TRAIN.EARLY_STOP.METRIC
         self.mode: Mode = "min" if "loss" in self.ranking_metric else "max"
         self.metric_at: dict[int, float | None] = {}  # ranking metric of each checkpoint, for retention
         self.resumed_from: int | None = None
         self.current: Path | None = None  # the newest committed checkpoint of this run
+
+    def _remote(self, remote: Any) -> tuple[Any, Any]:
+        bucket = self.config.ENV.OUTPUT.BUCKET
+        if remote is None and not bucket.ENABLED:
+            return None, None
+        from ..checkpoint.remote import BackgroundUploader, RemoteCheckpoints, RemoteSyncError
+
+        if remote is None:
+            try:
+                remote = RemoteCheckpoints.from_environment(
+                    bucket.BUCKET or "", bucket.PREFIX, self.config.EXPERIMENT.NAME
+                )
+            except RemoteSyncError as exc:
+                raise ConfigError([("ENV.OUTPUT.BUCKET", str(exc))]) from None
+        return remote, BackgroundUploader(remote)
+
+    def close(self, timeout: float = 600.0) -> list[str]:
+        """Wait (bounded) for the uploads still queued; the errors of those that failed."""
+        if self.uploader is None:
+            return []
+        self.uploader.close(timeout)
+        return list(self.uploader.errors)
 
     @property
     def current_step(self) -> int | None:
@@ -59,6 +87,8 @@ class Checkpointer:
             fault_point("checkpoint_committed")
             self.metric_at.setdefault(step, None)
             self._apply_retention()
+            if self.uploader is not None:  # in the background: training does not wait on the network
+                self.uploader.submit(final)
         acc.wait_for_everyone()
         self.current = final
         return final
@@ -77,6 +107,8 @@ class Checkpointer:
             self.metric_at[step] = metrics[self.ranking_metric]
             if self.accelerator.is_main_process:
                 self._apply_retention()
+        if self.uploader is not None and self.current is not None and self.current_step == step:
+            self.uploader.submit(self.current)  # again, now with its validation journal
 
     def _apply_retention(self) -> None:
         ck = self.config.SCHEDULE.CHECKPOINT
@@ -86,21 +118,40 @@ class Checkpointer:
         )
         for step in deleted:
             self.metric_at.pop(step, None)
+        if deleted and self.uploader is not None:
+            self.uploader.retention(set(self.store.complete_steps()))
 
     # -- resuming ----------------------------------------------------------------------------------
     def find(self, explicit: str | Path | None) -> tuple[Path | None, list[str]]:
         """The checkpoint to resume from and what was skipped on the way (main-process view)."""
         if explicit is not None:
-            path = Path(explicit)
-            problem = self.store.verify(path, deep=True)
+            given = Path(explicit)
+            problem = self.store.verify(given, deep=True)
             if problem is not None:
                 raise ConfigError(
-                    [("--resume", f"{path} is not a usable checkpoint: {problem}")], source="arguments"
+                    [("--resume", f"{given} is not a usable checkpoint: {problem}")], source="arguments"
                 )
-            return path, []
+            return given, []
         if not self.config.TRAIN.AUTO_RESUME:
             return None, []
-        return self.store.newest_valid(deep=True)
+        path, skipped = self.store.newest_valid(deep=True)
+        if path is None and self.remote is not None:
+            # A fresh node after preemption: the bucket has what the local disk lost.
+            for step in reversed(self.remote.complete_steps()):
+                downloaded = self.remote.download(step, self.store.root)
+                if self.store.verify(downloaded, deep=True) is None:
+                    return downloaded, [*skipped, f"none locally; downloaded step {step} from the bucket"]
+                skipped.append(f"{downloaded.name} from the bucket does not verify")
+        return path, skipped
+
+    def discard_after(self, step: int) -> list[int]:
+        """Before resuming at ``step`` (main process): drop incomplete checkpoints and any newer than
+        ``step``, whose futures the resumed run recomputes (and would otherwise collide with)."""
+        self.store.remove_incomplete()
+        newer = [s for s in self.store.complete_steps() if s > step]
+        for s in newer:
+            self.store.delete(s)
+        return newer
 
     def load(self, path: Path) -> dict[str, Any]:
         """Restore model, optimizer, RNG states (Accelerate) and return our JSON state."""

@@ -52,13 +52,15 @@ class Trainer:
         optimizer: OptimizerFactory | torch.optim.Optimizer = default_optimizer,
         loss: nn.Module | None = None,
         accelerator: Accelerator | None = None,
+        remote: Any = None,
         flops_per_sample: float | None = None,
     ) -> None:
         """``train_data``/``val_data``: datasets (batched with DATA.BATCH_SIZE by a sampler seeded
         by (seed, epoch)) or ready DataLoaders. ``optimizer``: a factory taking the parameter
         groups of LR_SCHEDULER.PARAMETER_GROUPS (group 0 first), or a built optimizer with that
         many groups. ``loss(logits, labels)`` returns (total, per-level losses); default: the
-        hierarchical loss weighted by LOSS.TASK_WEIGHTS. ``flops_per_sample`` enables MFU."""
+        hierarchical loss weighted by LOSS.TASK_WEIGHTS. ``flops_per_sample`` enables MFU. ``remote``:
+        a ``linnaeus_accel.checkpoint.remote.RemoteCheckpoints`` (default: ENV.OUTPUT.BUCKET)."""
         self.config = config
         accum = config.TRAIN.accumulation
         wandb = config.EXPERIMENT.WANDB
@@ -127,7 +129,7 @@ class Trainer:
         self.transforms = BatchTransforms(config, self.plan, train_dataset, self.accelerator)
         self.meter = TrainMeter(self.accelerator, self.levels, flops_per_sample)
         self.last_validation: dict[str, float] = {}
-        self.checkpointer = Checkpointer(self.accelerator, config)
+        self.checkpointer = Checkpointer(self.accelerator, config, remote)
         self.preemption = PreemptionWatch(self.accelerator)
         self.resumed_boundary: dict[str, Any] | None = None
         self.resumed_wandb_id: str | None = None
@@ -323,6 +325,12 @@ class Trainer:
         path, skipped = broadcast_object_list([found], from_process=0)[0]
         for message in skipped:
             self.out.say(f"skipping checkpoint {message}")
+        resume_step = self.checkpointer.store.step_of(path) if path is not None else 0
+        if acc.is_main_process:
+            dropped = self.checkpointer.discard_after(resume_step or 0)
+            if dropped:
+                self.out.say(f"removed checkpoints after the resume point: steps {dropped}")
+        acc.wait_for_everyone()
         if path is None:
             self.out.truncate_metrics(after_step=0)  # killed before its first checkpoint: start over
             return
@@ -399,6 +407,7 @@ class Trainer:
             "expected_total_steps": self.plan.total_steps,
             "last_validation": self.last_validation,
         }
+        summary["remote_sync_errors"] = self.checkpointer.close()
         self.out.write_json("summary.json", summary)
         acc.end_training()
         self.out.close()

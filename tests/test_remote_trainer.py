@@ -1,0 +1,94 @@
+"""The Trainer with B2 sync (b2sdk's RawSimulator): checkpoints reach the bucket in the background,
+remote retention follows local retention, and a fresh machine with an empty output directory
+resumes from the bucket. Credentials never reach any file of the run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from accelerate.state import AcceleratorState, GradientState
+from b2sdk.v2 import B2Api, B2HttpApiConfig, InMemoryAccountInfo, RawSimulator
+
+from linnaeus_accel.checkpoint.remote import KEY_ID_VAR, KEY_VAR, RemoteCheckpoints, RetryPolicy
+from linnaeus_accel.config import load_config
+from linnaeus_accel.data import build_dataset
+from linnaeus_accel.models import build_model
+from linnaeus_accel.training.trainer import Trainer
+
+BUCKET = "runs"
+
+
+@pytest.fixture
+def bucket_api(monkeypatch: pytest.MonkeyPatch) -> tuple[B2Api, str, str]:
+    api = B2Api(InMemoryAccountInfo(), api_config=B2HttpApiConfig(_raw_api_class=RawSimulator))
+    sim = api.session.raw_api
+    account_id, master_key = sim.create_account()
+    api.authorize_account("production", account_id, master_key)
+    api.create_bucket(BUCKET, "allPrivate")
+    key = api.create_key(["listBuckets", "listFiles", "readFiles", "writeFiles", "deleteFiles"], "linnaeus")
+    monkeypatch.setenv(KEY_ID_VAR, key.id_)
+    monkeypatch.setenv(KEY_VAR, key.application_key)
+    return api, key.id_, key.application_key
+
+
+def _remote(api: B2Api) -> RemoteCheckpoints:
+    fresh = B2Api(InMemoryAccountInfo(), api_config=B2HttpApiConfig(_raw_api_class=RawSimulator))
+    fresh.session.raw_api = api.session.raw_api  # the same simulated bucket, a new client
+    return RemoteCheckpoints.from_environment(
+        BUCKET, "team", "digits_default", api=fresh, retry=RetryPolicy(2, 0.0, 0.0)
+    )
+
+
+def _train(base: Path, api: B2Api) -> dict[str, Any]:
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    config = load_config(
+        Path(__file__).parent.parent / "configs" / "default.yaml",
+        [
+            "ENV.OUTPUT.BASE_DIR",
+            str(base),
+            "TRAIN.EPOCHS",
+            "3",
+            "DATA.BATCH_SIZE",
+            "128",
+            "SCHEDULE.CHECKPOINT.INTERVAL_EPOCHS",
+            "1",
+            "SCHEDULE.CHECKPOINT.KEEP_LAST_N",
+            "1",
+            "SCHEDULE.CHECKPOINT.KEEP_TOP_N",
+            "0",
+        ],
+    )
+    train, val = build_dataset(config, "train"), build_dataset(config, "val")
+    torch.manual_seed(0)
+    return Trainer(config, build_model(config, train), train, val, remote=_remote(api)).fit()
+
+
+@pytest.mark.slow
+def test_checkpoints_reach_the_bucket_and_a_fresh_machine_resumes_from_it(
+    tmp_path: Path, bucket_api: Any
+) -> None:
+    api, key_id, key = bucket_api
+    first = _train(tmp_path / "machine_a", api)
+    assert first["status"] == "completed"
+    assert first["remote_sync_errors"] == []
+    run_a = tmp_path / "machine_a" / "digits_default"
+    local_steps = sorted(p.name for p in (run_a / "checkpoints").iterdir() if p.name.startswith("step_"))
+    assert local_steps == ["step_00000036"]  # KEEP_LAST_N 1: only the last of 12, 24, 36 is kept
+    assert _remote(api).complete_steps() == [36]  # remote retention followed
+    # A fresh machine: empty output directory, same experiment, same bucket.
+    second = _train(tmp_path / "machine_b", api)
+    run_b = tmp_path / "machine_b" / "digits_default"
+    assert second["global_step"] == first["global_step"] == 36
+    assert (run_b / "checkpoints" / "step_00000036" / "COMMITTED.json").exists()  # downloaded
+    assert (run_b / "final" / "model.safetensors").read_bytes() == (
+        run_a / "final" / "model.safetensors"
+    ).read_bytes()
+    for path in [*run_a.rglob("*"), *run_b.rglob("*")]:
+        if path.is_file():
+            data = path.read_bytes()
+            assert key.encode() not in data, path
+            assert key_id.encode() not in data, path
