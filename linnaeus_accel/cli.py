@@ -65,6 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="resume from this checkpoint directory (default with TRAIN.AUTO_RESUME: the newest complete "
         "one in the output directory)",
     )
+    train.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start fresh, deleting what an earlier run wrote to the output directory (checkpoints included)",
+    )
     return parser
 
 
@@ -115,7 +120,9 @@ def run_train(args: argparse.Namespace) -> int:
         raise ConfigError(problems)
     set_seed(config.EXPERIMENT.SEED)  # the same initial weights on every process and every run
     model = build_model(config, train_data)
-    summary = Trainer(config, model, train_data, val_data).fit(resume_from=args.resume)
+    summary = Trainer(config, model, train_data, val_data).fit(
+        resume_from=args.resume, overwrite=args.overwrite
+    )
     if _is_local_main():
         last = summary["last_validation"]
         accuracy = ", ".join(

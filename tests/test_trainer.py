@@ -767,3 +767,22 @@ def test_run_killed_before_its_first_checkpoint_starts_over(tmp_path: Path) -> N
     assert all(r.get("train/loss") != 123.0 for r in records)
     steps = [r["global_step"] for r in train_records(records)]
     assert len(steps) == len(set(steps))
+
+
+def test_overwrite_starts_a_finished_run_again_from_scratch(tmp_path: Path) -> None:
+    """``--overwrite`` is the explicit way to reuse a directory: the old run's files are removed,
+    so metrics.jsonl and the checkpoints are the new run's alone."""
+    opts = ["ENV.OUTPUT.BASE_DIR", str(tmp_path / "out"), "TRAIN.EPOCHS", "1", "DATA.BATCH_SIZE", "256"]
+    assert train(opts) == 0
+    out = tmp_path / "out" / NAME
+    (out / "checkpoints" / "step_00009999").mkdir()  # something only the old run could have left
+    reset_accelerate()
+    try:
+        rc = main(["train", "--cfg", CFG, "--overwrite", "--opts", *opts])
+    finally:
+        reset_accelerate()
+    assert rc == 0
+    assert not (out / "checkpoints" / "step_00009999").exists()
+    steps = [r["global_step"] for r in train_records(read_metrics(out))]
+    assert len(steps) == len(set(steps))
+    assert read_summary(out)["status"] == "completed"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -136,10 +137,10 @@ class Trainer:
         self.final_boundary_done = False
 
     # -- the run ---------------------------------------------------------------------------------
-    def fit(self, resume_from: str | Path | None = None) -> dict[str, Any]:
+    def fit(self, resume_from: str | Path | None = None, overwrite: bool = False) -> dict[str, Any]:
         """Run to the end; resumes from ``resume_from`` or, with TRAIN.AUTO_RESUME, from the newest
         complete checkpoint in the output directory."""
-        out = self._start(resume_from)
+        out = self._start(resume_from, overwrite)
         stop = self._finish_interrupted_boundary()
         for epoch in range(self.progress.current_epoch, self.plan.epochs + 1):
             if stop is not None or self.final_boundary_done:
@@ -354,10 +355,13 @@ class Trainer:
         return str(run) if run else None
 
     # -- start and end ---------------------------------------------------------------------------
-    def _start(self, resume_from: str | Path | None) -> Any:
+    def _start(self, resume_from: str | Path | None, overwrite: bool) -> Any:
         config, acc = self.config, self.accelerator
         # Decided on the main process and shared, so that every process stops with the same error
         # instead of waiting at a barrier for a process that has exited.
+        if overwrite and acc.is_main_process:
+            _clear_run(config.output_dir)
+        acc.wait_for_everyone()
         problem = _output_problem(config, resume_from) if acc.is_main_process else None
         problem = broadcast_object_list([problem], from_process=0)[0]
         if problem is not None:
@@ -414,6 +418,14 @@ class Trainer:
         return summary
 
 
+def _clear_run(out: Path) -> None:
+    """``--overwrite``: remove what a previous run wrote here (and nothing else)."""
+    for name in ("checkpoints", "final", "assets", "wandb"):
+        shutil.rmtree(out / name, ignore_errors=True)
+    for name in ("metrics.jsonl", "summary.json"):
+        (out / name).unlink(missing_ok=True)
+
+
 def _output_problem(config: Config, resume_from: str | Path | None) -> tuple[str, str] | None:
     """A finished run is never overwritten; an unfinished one is resumed only when asked to."""
     out = config.output_dir
@@ -427,8 +439,8 @@ def _output_problem(config: Config, resume_from: str | Path | None) -> tuple[str
     if started and not config.TRAIN.AUTO_RESUME and resume_from is None:
         return (
             "TRAIN.AUTO_RESUME",
-            f"is false but {out} already holds a run: set it true to resume, pass --resume, or choose "
-            "another EXPERIMENT.NAME",
+            f"is false but {out} already holds a run: set it true to resume, pass --resume or --overwrite, "
+            "or choose another EXPERIMENT.NAME",
         )
     return None
 
