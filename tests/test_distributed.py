@@ -393,12 +393,14 @@ def test_existing_output_under_two_processes_is_reported_once_without_traceback(
     taken = tmp_path / "outputs" / name
     taken.mkdir(parents=True)
     previous = '{"global_step": 1, "train/loss": 1.0}\n'
+    finished = '{"global_step": 1, "status": "completed"}\n'
     (taken / "metrics.jsonl").write_text(previous, encoding="utf-8")
+    (taken / "summary.json").write_text(finished, encoding="utf-8")  # a finished run is never overwritten
     run = accelerate_launch(name, ["TRAIN.EPOCHS", "1"], tmp_path)
     assert run.returncode != 0, run.tail()
     output = run.stdout + run.stderr
-    assert output.count("already holds a run") == 1, run.tail()
+    assert output.count("already holds a finished run") == 1, run.tail()
     assert (taken / "metrics.jsonl").read_text(encoding="utf-8") == previous
-    assert not (taken / "summary.json").exists()
+    assert (taken / "summary.json").read_text(encoding="utf-8") == finished
     ours = lines_through_our_code(output)
     assert not ours, "a traceback through our code:\n" + "\n".join(ours) + "\n" + run.tail()
