@@ -2,9 +2,11 @@
 progress, checkpoints it, records ``status: preempted`` and exits 0 on every process.
 
 Every process must stop at the same step (saving is collective), so with several processes the
-flag is agreed on by an all-reduce every ``check_every`` optimizer steps: a host sync, kept off
-most steps. Launchers forward the signal to every process, and grace periods (tens of seconds)
-cover a few steps.
+flag is agreed on by an all-reduce every ``check_every`` optimizer steps (a host sync, kept off
+most steps) and between validation passes. Send the signal to every worker process (SLURM's
+``--signal`` and schedulers' preemption notices do); signalling ``accelerate launch`` itself makes
+torchelastic exit non-zero whatever the workers do. Grace periods (tens of seconds) cover the few
+steps until the next check.
 """
 
 from __future__ import annotations
@@ -41,11 +43,12 @@ class PreemptionWatch:
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.requested = True
 
-    def should_stop(self, global_step: int) -> bool:
-        """Whether every process agrees to stop after this optimizer step."""
+    def should_stop(self, global_step: int, now: bool = False) -> bool:
+        """Whether every process agrees to stop after this optimizer step (``now``: agree at once,
+        e.g. between validation passes, where one more collective costs nothing)."""
         if self.accelerator.num_processes == 1:
             return self.requested
-        if global_step % self.check_every:
+        if global_step % self.check_every and not now:
             return False
         flag = torch.tensor([1.0 if self.requested else 0.0], device=self.accelerator.device)
         return bool(self.accelerator.reduce(flag, reduction="sum").item() > 0)

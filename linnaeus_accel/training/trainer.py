@@ -141,17 +141,19 @@ class Trainer:
         """Run to the end; resumes from ``resume_from`` or, with TRAIN.AUTO_RESUME, from the newest
         complete checkpoint in the output directory."""
         out = self._start(resume_from, overwrite)
-        stop = self._finish_interrupted_boundary()
-        for epoch in range(self.progress.current_epoch, self.plan.epochs + 1):
-            if stop is not None or self.final_boundary_done:
-                break
-            with self.preemption:
+        with self.preemption:  # from here on, SIGTERM/SIGUSR1 ask for a clean stop
+            stop = self._finish_interrupted_boundary()
+            for epoch in range(self.progress.current_epoch, self.plan.epochs + 1):
+                if stop is not None or self.final_boundary_done:
+                    break
                 stop = self._train_epoch(epoch)
-            if stop is not None and stop.reason == "preempted":
-                break
-            if stop is None:  # a MAX_STEPS cut-off leaves the epoch incomplete
-                self.progress.end_epoch()
-            stop = self._epoch_boundary(epoch, final=stop is not None or epoch == self.plan.epochs) or stop
+                if stop is not None and stop.reason == "preempted":
+                    break
+                if stop is None:  # a MAX_STEPS cut-off leaves the epoch incomplete
+                    self.progress.end_epoch()
+                stop = (
+                    self._epoch_boundary(epoch, final=stop is not None or epoch == self.plan.epochs) or stop
+                )
         if stop is not None:
             out.say(f"stopping early: {stop.message}")
         return self._finish(stop)
@@ -244,7 +246,7 @@ class Trainer:
         if self.ops.should_save_checkpoint(epoch, final):
             self._save_checkpoint(boundary={"epoch": epoch, "final": final})
         self.final_boundary_done = final
-        return self._validate(epoch, passes, done={})
+        return self._validate({"epoch": epoch, "final": final}, passes, done={})
 
     def _finish_interrupted_boundary(self) -> StopDecision | None:
         """After resuming from a boundary checkpoint: run exactly the passes its journal does not
@@ -255,19 +257,20 @@ class Trainer:
         self.final_boundary_done = bool(boundary["final"])
         if not self.progress.has_pending_validations():
             return None
-        epoch = int(boundary["epoch"])
-        passes = passes_at_boundary(self.ops, epoch, bool(boundary["final"]))
+        passes = passes_at_boundary(self.ops, int(boundary["epoch"]), bool(boundary["final"]))
         assert self.checkpointer.current is not None
         done = {e["prefix"]: e["metrics"] for e in self.checkpointer.journal(self.checkpointer.current)}
-        return self._validate(epoch, passes, done)
+        return self._validate(boundary, passes, done)
 
     def _validate(
-        self, epoch: int, passes: list[ValidationPass], done: dict[str, dict[str, float]]
+        self, boundary: dict[str, Any], passes: list[ValidationPass], done: dict[str, dict[str, float]]
     ) -> StopDecision | None:
-        step = self.progress.global_step
+        epoch, step = int(boundary["epoch"]), self.progress.global_step
         journal = self.checkpointer.current if self.checkpointer.current_step == step else None
         results: dict[str, float] = {}
         for vpass in passes:
+            if self.preemption.should_stop(step, now=True):
+                return self._preempt_boundary(boundary, journal, done)
             metrics = done.get(vpass.prefix)
             if metrics is None:
                 self.progress.start_validation(vpass.stage)
@@ -281,6 +284,7 @@ class Trainer:
                     self.transforms.validation_mask,
                 )
                 self.checkpointer.record_validation(journal, {"prefix": vpass.prefix, "metrics": metrics})
+                done[vpass.prefix] = metrics
                 fault_point("validation_pass")
             self.progress.complete_validation(vpass.stage, vpass.partial_index)
             results.update(metrics)
@@ -292,6 +296,22 @@ class Trainer:
         self.last_validation = results
         self.checkpointer.record_metric(step, results)
         return self._check_early_stop(results)
+
+    def _preempt_boundary(
+        self, boundary: dict[str, Any], journal: Path | None, done: dict[str, dict[str, float]]
+    ) -> StopDecision:
+        """Preempted between validation passes: the passes done so far are journalled in this
+        boundary's checkpoint (taken now if the schedule did not ask for one), so the resumed run
+        runs only the rest."""
+        if journal is None:
+            self._save_checkpoint(boundary=boundary)
+            for prefix, metrics in done.items():
+                self.checkpointer.record_validation(
+                    self.checkpointer.current, {"prefix": prefix, "metrics": metrics}
+                )
+        return StopDecision(
+            "preempted", f"preempted by a signal during validation at step {self.progress.global_step}"
+        )
 
     def _check_early_stop(self, results: dict[str, float]) -> StopDecision | None:
         es = self.early_stopping

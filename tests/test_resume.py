@@ -1,0 +1,708 @@
+"""Crash and resume, end to end (issue 4, SPEC §5-6): real ``python -m linnaeus_accel train``
+subprocesses are killed at chosen moments and rerun with the same command; the resumed run must end
+exactly where an uninterrupted run ends.
+
+- Kill -9 at a training step (with mid-epoch step checkpoints, and with epoch checkpoints only),
+  inside a validation pass, inside a checkpoint write (after every process staged it and before the
+  commit, and right after the commit), and at seeded random wall-clock moments: the rerun's
+  ``final/model.safetensors`` is byte-identical to the uninterrupted run's, ``metrics.jsonl`` reads
+  as the same history (same train and validation global steps, none twice, none missing, the same
+  floats), and ``summary.json`` says completed with the same step and sample counts.
+- A corrupt newest checkpoint (a truncated file, a deleted commit marker) is skipped with a message
+  naming it, and the run resumes from the previous one (and says so).
+- Planted pickles in a checkpoint (extra files, and a listed file replaced under a forged manifest)
+  are never executed.
+- A run killed mid-validation runs only the passes still missing: the journal lists each pass of
+  that boundary once, and metrics.jsonl has one validation record with every pass's metrics.
+- SIGTERM preemption with 1 and 2 CPU processes: exit 0 everywhere, ``status: preempted``, a
+  checkpoint at the step it stopped; the rerun completes byte-identical.
+- ``TRAIN.AUTO_RESUME false`` refuses a used directory (exit 2, naming the key); ``--resume`` an
+  older checkpoint resumes from that one.
+
+Fault points (``LINNAEUS_ACCEL_KILL_AT=<point>:<n>``, ``linnaeus_accel.training.faults``) make the
+kills land deterministically. Each configuration's uninterrupted reference run is computed once per
+module. Every subprocess writes its console to a file under the test's directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import pickle
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil  # type: ignore[import-untyped]  # an Accelerate dependency
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+CFG = str(REPO / "configs" / "default.yaml")
+NAME = "run"
+RUN_TIMEOUT_S = 300
+KILLED = -signal.SIGKILL
+
+pytestmark = pytest.mark.slow
+
+# The default config (1,438 training images) with batch 64: 23 optimizer steps per epoch on one
+# process, 92 in 4 epochs; epoch boundaries at steps 23, 46, 69, 92. Validation passes: epoch 1:
+# standard (pass 1); epoch 2: standard, mask-meta, partial ROWS, partial COLS+MOMENTS (passes 2-5);
+# epoch 3: standard (6); epoch 4 (final): standard, mask-meta and the 6 exhaustive partial passes
+# (7-14). Metrics are logged every 20 steps and at the last step.
+BASE_OPTS = [
+    "TRAIN.EPOCHS", "4",
+    "DATA.BATCH_SIZE", "64",
+    "SCHEDULE.VALIDATION.MASK_META_INTERVAL_EPOCHS", "2",
+    "SCHEDULE.VALIDATION.PARTIAL_MASK_META.INTERVAL_EPOCHS", "2",
+]  # fmt: skip
+# Checkpoints at the boundaries of epochs 2 and 4 (steps 46 and 92).
+EPOCH_CKPT = [*BASE_OPTS, "SCHEDULE.CHECKPOINT.INTERVAL_EPOCHS", "2"]
+# Mid-epoch checkpoints at steps 15, 30, 45, 60, 75, 90 (none on a boundary; most between logging
+# steps, with the metric windows part full), and the final one at 92.
+MID_CKPT = [
+    *BASE_OPTS,
+    "SCHEDULE.CHECKPOINT.INTERVAL_STEPS", "15",
+    "SCHEDULE.CHECKPOINT.INTERVAL_EPOCHS", "null",
+    "SCHEDULE.CHECKPOINT.MID_EPOCH", "true",
+]  # fmt: skip
+EPOCH2_PASSES = ["val", "val_mask_meta", "val_mask_ROWS", "val_mask_COLS_MOMENTS"]
+
+# The same run under 2 processes: 12 steps per epoch, 48 in all, boundaries at 12, 24, 36, 48;
+# checkpoints at 24 and 48. The preemption flag is agreed on every 10 steps.
+TWO_PROC_OPTS = EPOCH_CKPT
+
+
+# ---------------------------------------------------------------------------------------------
+# Running the trainer
+# ---------------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def ckpt(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+@dataclass
+class Result:
+    """One finished (or killed) process: exit status, console output, the run's output directory."""
+
+    returncode: int
+    output: str
+    dir: Path
+    seconds: float
+    active_seconds: float = 0.0  # from the creation of metrics.jsonl (start-up done) to the exit
+
+    def tail(self, n: int = 4000) -> str:
+        return f"exit status {self.returncode}; console (tail):\n{self.output[-n:]}"
+
+    def check_ok(self) -> Result:
+        assert self.returncode == 0, self.tail()
+        return self
+
+    def check_killed(self) -> Result:
+        assert self.returncode == KILLED, f"expected a SIGKILL at the fault point\n{self.tail()}"
+        return self
+
+
+@dataclass
+class Started:
+    proc: subprocess.Popen[bytes]
+    log: Path
+    dir: Path
+    t0: float
+
+    def finish(self, timeout: float = RUN_TIMEOUT_S) -> Result:
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_group(self.proc)
+            raise
+        return Result(rc, read_log(self.log), self.dir, time.monotonic() - self.t0)
+
+
+def kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """Kill a process we started and what it started (its own session, see ``TrainRun.start``)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def read_log(path: Path) -> str:
+    # tqdm redraws with carriage returns; one line per redraw reads better in an assertion message.
+    return path.read_text(encoding="utf-8", errors="replace").replace("\r", "\n")
+
+
+class TrainRun:
+    """One output directory (``<root>/outputs/run``) and the command line that trains into it."""
+
+    def __init__(self, root: Path, opts: Sequence[str], processes: int = 1) -> None:
+        self.root = root
+        self.base = root / "outputs"
+        self.dir = self.base / NAME
+        self.opts = list(opts)
+        self.processes = processes
+        self._launches = 0
+
+    def command(self, args: Sequence[str], python_code: str | None) -> list[str]:
+        if self.processes > 1:
+            prefix = [
+                sys.executable, "-m", "accelerate.commands.launch",
+                "--multi_gpu", "--num_processes", str(self.processes), "--num_machines", "1",
+                "--mixed_precision", "no", "--dynamo_backend", "no",
+                "--main_process_port", str(free_port()),
+                "-m", "linnaeus_accel",
+            ]  # fmt: skip
+        elif python_code is not None:
+            prefix = [sys.executable, "-c", python_code]
+        else:
+            prefix = [sys.executable, "-m", "linnaeus_accel"]
+        return [
+            *prefix, "train", "--cfg", CFG, *args,
+            "--opts", "ENV.OUTPUT.BASE_DIR", str(self.base), "EXPERIMENT.NAME", NAME, *self.opts,
+        ]  # fmt: skip
+
+    def env(self, kill_at: str | None) -> dict[str, str]:
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            # an outer launcher's or test's variables must not leak into ours
+            if k not in {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
+            and not k.startswith(("ACCELERATE_", "LINNAEUS_ACCEL_", "B2_"))
+        }
+        env.update(
+            OMP_NUM_THREADS="1",
+            HF_HOME=str(self.root / "hf_home"),
+            WANDB_MODE="offline",
+            PYTHONPATH=os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p),
+        )
+        if self.processes > 1:
+            env["ACCELERATE_USE_CPU"] = "true"
+        if kill_at is not None:
+            env["LINNAEUS_ACCEL_KILL_AT"] = kill_at
+        return env
+
+    def start(
+        self, kill_at: str | None = None, args: Sequence[str] = (), python_code: str | None = None
+    ) -> Started:
+        self._launches += 1
+        log = self.root / f"launch{self._launches}{'-' + kill_at.replace(':', '') if kill_at else ''}.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                self.command(args, python_code),
+                cwd=self.root,
+                env=self.env(kill_at),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # its own process group: nothing of it outlives a failed test
+            )
+        return Started(proc, log, self.dir, time.monotonic())
+
+    def run(
+        self, kill_at: str | None = None, args: Sequence[str] = (), python_code: str | None = None
+    ) -> Result:
+        return self.start(kill_at, args, python_code).finish()
+
+    def clone(self, root: Path) -> TrainRun:
+        """A copy of this output directory (e.g. of a killed run) to resume or damage separately."""
+        other = TrainRun(root, self.opts, self.processes)
+        shutil.copytree(self.base, other.base, symlinks=True)
+        return other
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading and comparing outputs
+# ---------------------------------------------------------------------------------------------
+
+
+def metrics(run_dir: Path) -> list[dict[str, Any]]:
+    lines = (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def summary(run_dir: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    return data
+
+
+def is_train(record: dict[str, Any]) -> bool:
+    return "train/loss" in record
+
+
+def is_val(record: dict[str, Any]) -> bool:
+    return any(k.startswith("val") for k in record)
+
+
+def deterministic(record: dict[str, Any]) -> dict[str, Any]:
+    """A metrics record without its wall-clock measurements (throughput, data-time share)."""
+    return {k: v for k, v in record.items() if not k.startswith("perf/")}
+
+
+def journal(checkpoint: Path) -> list[str]:
+    path = checkpoint / "validation_journal.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line)["prefix"] for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def committed(run_dir: Path) -> list[str]:
+    root = run_dir / "checkpoints"
+    return sorted(p.name for p in root.glob("step_*") if (p / "COMMITTED.json").is_file())
+
+
+def assert_same_run(result: Result, reference: Result) -> None:
+    """The resumed run ended exactly where the uninterrupted one did (SPEC §6, §10)."""
+    result.check_ok()
+    final, ref_final = (
+        result.dir / "final" / "model.safetensors",
+        reference.dir / "final" / "model.safetensors",
+    )
+    assert final.is_file(), f"no final weights\n{result.tail()}"
+    assert final.read_bytes() == ref_final.read_bytes(), (
+        f"final weights differ from the uninterrupted run\n{result.tail()}"
+    )
+
+    got, want = summary(result.dir), summary(reference.dir)
+    assert got["status"] == "completed", got
+    for key in ("global_step", "epoch", "samples_seen"):
+        assert got[key] == want[key], (key, got[key], want[key])
+
+    records, ref_records = metrics(result.dir), metrics(reference.dir)
+    for kind, select in (("train", is_train), ("validation", is_val)):
+        steps = [r["global_step"] for r in records if select(r)]
+        ref_steps = [r["global_step"] for r in ref_records if select(r)]
+        duplicates = sorted({s for s in steps if steps.count(s) > 1})
+        assert not duplicates, f"{kind} steps logged twice: {duplicates}"
+        missing = sorted(set(ref_steps) - set(steps))
+        assert not missing, f"{kind} steps missing after the resume: {missing}"
+        assert steps == ref_steps, f"{kind} steps {steps} != {ref_steps}"
+    # Same values too: losses, LRs, sample counts, validation metrics, as the same floats.
+    assert [deterministic(r) for r in records] == [deterministic(r) for r in ref_records]
+
+
+def wait_for_file(started: Started, path: Path, timeout: float = RUN_TIMEOUT_S) -> float:
+    """Poll until ``path`` exists; when it appeared (``time.monotonic()``)."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if started.proc.poll() is not None:
+            pytest.fail(f"the run ended before {path.name} appeared\n{read_log(started.log)[-3000:]}")
+        if time.monotonic() > deadline:
+            kill_group(started.proc)
+            pytest.fail(f"timed out waiting for {path}")
+        time.sleep(0.01)
+    return time.monotonic()
+
+
+def resume_line(output: str) -> str:
+    lines = [line for line in output.splitlines() if line.startswith("resumed from ")]
+    assert len(lines) == 1, f"expected one 'resumed from' line, got {lines}\n{output[-3000:]}"
+    return lines[0]
+
+
+def assert_resumed_from(output: str, step: int) -> None:
+    line = resume_line(output)
+    assert re.match(rf"resumed from \S*{ckpt(step)}\b", line), line
+
+
+# ---------------------------------------------------------------------------------------------
+# Reference runs (one per configuration) and a shared killed run
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ref_epoch(tmp_path_factory: pytest.TempPathFactory) -> Result:
+    started = TrainRun(tmp_path_factory.mktemp("ref_epoch"), EPOCH_CKPT).start()
+    active_from = wait_for_file(started, started.dir / "metrics.jsonl")
+    result = started.finish().check_ok()
+    result.active_seconds = time.monotonic() - active_from
+    assert summary(result.dir)["global_step"] == 92
+    assert committed(result.dir) == [ckpt(46), ckpt(92)]
+    return result
+
+
+@pytest.fixture(scope="module")
+def ref_mid(tmp_path_factory: pytest.TempPathFactory) -> Result:
+    result = TrainRun(tmp_path_factory.mktemp("ref_mid"), MID_CKPT).run().check_ok()
+    assert summary(result.dir)["global_step"] == 92
+    assert committed(result.dir)[-2:] == [ckpt(90), ckpt(92)]  # the last two (KEEP_LAST_N 2)
+    return result
+
+
+@pytest.fixture(scope="module")
+def ref_two(tmp_path_factory: pytest.TempPathFactory) -> Result:
+    result = TrainRun(tmp_path_factory.mktemp("ref_two"), TWO_PROC_OPTS, processes=2).run().check_ok()
+    assert summary(result.dir)["global_step"] == 48
+    return result
+
+
+@pytest.fixture(scope="module")
+def killed_after_final_commit(tmp_path_factory: pytest.TempPathFactory) -> TrainRun:
+    """Killed right after committing the final checkpoint (step 92), before any of its validation
+    passes: step 46 (journal complete) and step 92 (no journal) are both committed. Clone it."""
+    run = TrainRun(tmp_path_factory.mktemp("killed_final_commit"), EPOCH_CKPT)
+    run.run(kill_at="checkpoint_committed:2").check_killed()
+    assert committed(run.dir) == [ckpt(46), ckpt(92)]
+    assert journal(run.dir / "checkpoints" / ckpt(46)) == EPOCH2_PASSES
+    assert journal(run.dir / "checkpoints" / ckpt(92)) == []
+    return run
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. Kill -9 at named fault points and at random moments
+# ---------------------------------------------------------------------------------------------
+
+# (configuration, fault point, checkpoint the rerun must resume from; None: starts over)
+KILLS = [
+    pytest.param("epoch", "optimizer_step:70", 46, id="train-step-epoch-ckpts"),
+    pytest.param("mid", "optimizer_step:50", 45, id="train-step-mid-epoch-ckpts"),
+    pytest.param("epoch", "validation_pass:9", 92, id="final-validation-pass-3-of-8"),
+    pytest.param("epoch", "checkpoint_staged:1", None, id="first-ckpt-staged-not-committed"),
+    pytest.param("epoch", "checkpoint_committed:1", 46, id="ckpt-committed-before-validation"),
+    pytest.param("mid", "checkpoint_staged:3", 30, id="mid-epoch-ckpt-staged-not-committed"),
+]
+
+
+@pytest.mark.parametrize(("config", "kill_at", "resume_step"), KILLS)
+def test_kill_at_fault_point_then_rerun_ends_identically(
+    config: str,
+    kill_at: str,
+    resume_step: int | None,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+) -> None:
+    reference: Result = request.getfixturevalue(f"ref_{config}")
+    run = TrainRun(tmp_path, EPOCH_CKPT if config == "epoch" else MID_CKPT)
+    killed = run.run(kill_at=kill_at).check_killed()
+    assert not (run.dir / "summary.json").exists(), killed.tail()
+
+    resumed = run.run()
+    if resume_step is None:
+        assert not any(line.startswith("resumed from") for line in resumed.output.splitlines())
+    else:
+        assert_resumed_from(resumed.output, resume_step)
+    assert_same_run(resumed, reference)
+    # Nothing half-written is left behind: no staging or half-deleted directory.
+    leftovers = [p.name for p in (run.dir / "checkpoints").iterdir() if p.name.startswith(".")]
+    assert not leftovers, leftovers
+
+
+def test_kill_right_after_final_commit_then_rerun_ends_identically(
+    killed_after_final_commit: TrainRun, ref_epoch: Result, tmp_path: Path
+) -> None:
+    run = killed_after_final_commit.clone(tmp_path)
+    resumed = run.run()
+    assert_resumed_from(resumed.output, 92)
+    assert_same_run(resumed, ref_epoch)
+    assert journal(run.dir / "checkpoints" / ckpt(92)) == journal(ref_epoch.dir / "checkpoints" / ckpt(92))
+
+
+RANDOM_KILLS = 3
+_delays = random.Random(20260401)
+# Fractions of the time the uninterrupted run spent after its start-up (imports, dataset; measured
+# from the creation of metrics.jsonl), one drawn in each third of [0, 0.75) (later ones often miss
+# on a busy machine, where the run ends first): a kill lands in a training step, a validation
+# pass or a checkpoint write, wherever the time goes.
+KILL_FRACTIONS = [0.75 * (i + _delays.random()) / RANDOM_KILLS for i in range(RANDOM_KILLS)]
+
+
+@pytest.mark.parametrize("fraction", KILL_FRACTIONS, ids=[f"at-{f:.2f}-of-run" for f in KILL_FRACTIONS])
+def test_kill_at_random_moment_then_rerun_ends_identically(
+    fraction: float, ref_epoch: Result, tmp_path: Path
+) -> None:
+    run = TrainRun(tmp_path, EPOCH_CKPT)
+    started = run.start()
+    wait_for_file(started, run.dir / "metrics.jsonl")
+    try:
+        started.proc.wait(timeout=fraction * ref_epoch.active_seconds)
+    except subprocess.TimeoutExpired:
+        started.proc.send_signal(signal.SIGKILL)
+    killed = started.finish()
+    if killed.returncode == 0:  # a slow kill on a busy machine: the run finished first
+        assert_same_run(killed, ref_epoch)
+        return
+    assert killed.returncode == KILLED, killed.tail()
+    if (run.dir / "summary.json").exists():  # killed between summary.json and the exit
+        assert_same_run(Result(0, killed.output, run.dir, killed.seconds), ref_epoch)
+        return
+    assert_same_run(run.run(), ref_epoch)
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. A corrupt newest checkpoint is skipped, and said so
+# ---------------------------------------------------------------------------------------------
+
+
+def truncate_weights(checkpoint: Path) -> None:
+    weights = checkpoint / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+
+
+def delete_marker(checkpoint: Path) -> None:
+    (checkpoint / "COMMITTED.json").unlink()
+
+
+@pytest.mark.parametrize("damage", [truncate_weights, delete_marker], ids=["truncated-file", "no-marker"])
+def test_corrupt_newest_checkpoint_falls_back_to_previous(
+    damage: Any, killed_after_final_commit: TrainRun, ref_epoch: Result, tmp_path: Path
+) -> None:
+    run = killed_after_final_commit.clone(tmp_path)
+    damage(run.dir / "checkpoints" / ckpt(92))
+    resumed = run.run()
+    skipped = [line for line in resumed.output.splitlines() if "skipping checkpoint" in line]
+    assert len(skipped) == 1, resumed.tail()
+    assert ckpt(92) in skipped[0], skipped
+    assert f"using {ckpt(46)}" in skipped[0], skipped
+    reason = "model.safetensors" if damage is truncate_weights else "COMMITTED.json missing"
+    assert reason in skipped[0], skipped
+    assert_resumed_from(resumed.output, 46)
+    assert_same_run(resumed, ref_epoch)
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. Planted pickles are never executed
+# ---------------------------------------------------------------------------------------------
+
+
+class _Planted:
+    """Unpickling this creates ``path``: proof that someone unpickled it."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
+        return (open, (self.path, "w"))
+
+
+def forge_manifest(checkpoint: Path, relative: str) -> None:
+    """Update COMMITTED.json for a replaced file, as an attacker who controls the directory would."""
+    marker_path = checkpoint / "COMMITTED.json"
+    marker = json.loads(marker_path.read_text(encoding="utf-8"))
+    data = (checkpoint / relative).read_bytes()
+    for entry in marker["files"]:
+        if entry["path"] == relative:
+            entry.update(size=len(data), sha256=hashlib.sha256(data).hexdigest())
+    marker_path.write_text(json.dumps(marker), encoding="utf-8")
+
+
+def test_planted_pickles_are_never_executed(
+    killed_after_final_commit: TrainRun, ref_epoch: Result, tmp_path: Path
+) -> None:
+    run = killed_after_final_commit.clone(tmp_path)
+    flag = tmp_path / "PWNED"
+    payload = pickle.dumps(_Planted(str(flag)), protocol=2)
+    pickle.loads(payload)  # the payload works ...
+    assert flag.exists()
+    flag.unlink()  # ... and is disarmed again
+
+    newest = run.dir / "checkpoints" / ckpt(92)
+    # Files the checkpoint does not list, under names Accelerate and we might look for ...
+    for name in (
+        "evil.pkl", "sampler.bin", "scheduler.bin", "scaler.pt",
+        "dl_state_dict.bin", "pytorch_model.bin", "trainer_state.pkl", "random_states_1.pkl",
+    ):  # fmt: skip
+        (newest / name).write_bytes(payload)
+    # ... and a listed file replaced under a manifest forged to match (a checkpoint from an
+    # untrusted bucket): it may be refused, never executed.
+    (newest / "random_states_0.pkl").write_bytes(payload)
+    forge_manifest(newest, "random_states_0.pkl")
+    # An older checkpoint with a replaced file and an honest manifest: fails verification.
+    older = run.dir / "checkpoints" / ckpt(46)
+    (older / "random_states_0.pkl").write_bytes(payload)
+
+    resumed = run.run()
+    assert not flag.exists(), f"a planted pickle was executed during resume\n{resumed.tail()}"
+    assert_resumed_from(resumed.output, 92)
+    # Nothing is trained after step 92, so the restored RNG state does not matter for the weights.
+    assert_same_run(resumed, ref_epoch)
+    assert not flag.exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. Mid-validation resume runs only the remaining passes
+# ---------------------------------------------------------------------------------------------
+
+
+def test_mid_validation_resume_runs_only_remaining_passes(ref_epoch: Result, tmp_path: Path) -> None:
+    run = TrainRun(tmp_path, EPOCH_CKPT)
+    # The 3rd pass overall: the 2nd of the 4 at the epoch-2 boundary, just after its journal entry.
+    run.run(kill_at="validation_pass:3").check_killed()
+    boundary = run.dir / "checkpoints" / ckpt(46)
+    assert journal(boundary) == EPOCH2_PASSES[:2]
+    assert not [r for r in metrics(run.dir) if r["global_step"] == 46 and is_val(r)]
+
+    resumed = run.run()
+    assert_resumed_from(resumed.output, 46)
+    # Each pass of that boundary exactly once: the two done before the kill were not run again.
+    assert journal(boundary) == EPOCH2_PASSES
+    records = [r for r in metrics(run.dir) if r["global_step"] == 46 and is_val(r)]
+    assert len(records) == 1, records
+    (ref_record,) = [r for r in metrics(ref_epoch.dir) if r["global_step"] == 46 and is_val(r)]
+    assert records[0] == ref_record  # every pass's metrics, the same floats
+    for prefix in EPOCH2_PASSES:
+        assert f"{prefix}/loss" in records[0]
+    # The console reports the epoch-2 validation once, in the resumed run.
+    assert len([line for line in resumed.output.splitlines() if line.startswith("epoch 2: val/loss")]) == 1
+    assert_same_run(resumed, ref_epoch)
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. SIGTERM preemption
+# ---------------------------------------------------------------------------------------------
+
+
+def wait_for_record(started: Started, predicate: Any, timeout: float = RUN_TIMEOUT_S) -> None:
+    """Poll metrics.jsonl until a record satisfies ``predicate`` (the run is then mid-training)."""
+    path = started.dir / "metrics.jsonl"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if started.proc.poll() is not None:
+            pytest.fail(f"the run ended before it could be signalled\n{read_log(started.log)[-3000:]}")
+        if path.exists():
+            for line in path.read_text(encoding="utf-8").splitlines():
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # being written
+                if predicate(record):
+                    return
+        time.sleep(0.01)
+    kill_group(started.proc)
+    pytest.fail("timed out waiting for metrics")
+
+
+def assert_preempted(result: Result, total_steps: int, multiple_of: int = 1) -> int:
+    result.check_ok()
+    data = summary(result.dir)
+    assert data["status"] == "preempted", data
+    step = data["global_step"]
+    assert 0 < step < total_steps, data
+    assert step % multiple_of == 0, data
+    assert ckpt(step) in committed(result.dir), committed(result.dir)
+    assert not (result.dir / "final").exists()  # a preempted run's weights are in its checkpoint
+    return int(step)
+
+
+def test_sigterm_preempts_one_process_then_rerun_ends_identically(ref_epoch: Result, tmp_path: Path) -> None:
+    run = TrainRun(tmp_path, EPOCH_CKPT)
+    started = run.start()
+    # The epoch-1 validation record (step 23): the run is now training epoch 2 (steps 24..46).
+    wait_for_record(started, lambda r: r["global_step"] == 23 and is_val(r))
+    started.proc.send_signal(signal.SIGTERM)
+    preempted = started.finish()
+    step = assert_preempted(preempted, total_steps=92)
+    assert "preempted" in preempted.output
+
+    resumed = run.run()
+    assert_resumed_from(resumed.output, step)
+    assert_same_run(resumed, ref_epoch)
+
+
+# Sends SIGTERM to its own process while the n-th validation pass runs: a scheduler's preemption
+# notice that arrives during validation rather than during a training step.
+SIGTERM_IN_PASS = """
+import os, signal, sys
+import linnaeus_accel.training.trainer as trainer
+from linnaeus_accel.cli import main
+original, seen = trainer.run_pass, [0]
+def run_pass(*args, **kwargs):
+    seen[0] += 1
+    if seen[0] == {n}:
+        os.kill(os.getpid(), signal.SIGTERM)
+    return original(*args, **kwargs)
+trainer.run_pass = run_pass
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_sigterm_during_validation_is_a_clean_preemption(ref_epoch: Result, tmp_path: Path) -> None:
+    """Issue 4 item 6: on SIGTERM, checkpoint, write ``status: preempted`` and exit 0, wherever
+    the signal lands; here, inside the 3rd validation pass (2nd of the epoch-2 boundary)."""
+    run = TrainRun(tmp_path, EPOCH_CKPT)
+    preempted = run.run(python_code=SIGTERM_IN_PASS.replace("{n}", "3"))
+    assert preempted.returncode == 0, (
+        f"SIGTERM during a validation pass killed the process instead of preempting it\n{preempted.tail()}"
+    )
+    assert summary(run.dir)["status"] == "preempted", summary(run.dir)
+    assert committed(run.dir), "no checkpoint to resume from"
+    assert_same_run(run.run(), ref_epoch)
+
+
+def worker_processes(launcher: subprocess.Popen[bytes]) -> list[psutil.Process]:
+    children = psutil.Process(launcher.pid).children(recursive=True)
+    return [p for p in children if "linnaeus_accel" in " ".join(p.cmdline())]
+
+
+def test_sigterm_preempts_two_processes_then_rerun_ends_identically(ref_two: Result, tmp_path: Path) -> None:
+    """SIGTERM to both workers (as SLURM and spot-instance agents deliver it); every process exits
+    0, the launcher too. (Signalling the launcher itself makes torchelastic raise SignalException
+    and exit 1 whatever the workers do, so it is not signalled here.)"""
+    run = TrainRun(tmp_path, TWO_PROC_OPTS, processes=2)
+    started = run.start()
+    try:
+        # The epoch-1 validation record (step 12): stops at the next agreed check, step 20 or 30.
+        wait_for_record(started, lambda r: r["global_step"] == 12 and is_val(r))
+        workers = worker_processes(started.proc)
+        assert len(workers) == 2, workers
+        for worker in workers:
+            worker.send_signal(signal.SIGTERM)
+        preempted = started.finish()
+    finally:
+        if started.proc.poll() is None:
+            kill_group(started.proc)
+    step = assert_preempted(preempted, total_steps=48, multiple_of=10)
+
+    resumed = run.run()
+    assert_resumed_from(resumed.output, step)
+    assert_same_run(resumed, ref_two)
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. AUTO_RESUME false, and --resume an older checkpoint
+# ---------------------------------------------------------------------------------------------
+
+
+def test_auto_resume_false_refuses_a_used_directory(
+    killed_after_final_commit: TrainRun, tmp_path: Path
+) -> None:
+    run = killed_after_final_commit.clone(tmp_path)
+    before = committed(run.dir)
+    run.opts += ["TRAIN.AUTO_RESUME", "false"]
+    refused = run.run()
+    assert refused.returncode == 2, refused.tail()
+    assert "TRAIN.AUTO_RESUME" in refused.output
+    assert "Traceback" not in refused.output
+    assert committed(run.dir) == before  # nothing was touched
+
+
+def test_resume_from_an_older_checkpoint(
+    killed_after_final_commit: TrainRun, ref_epoch: Result, tmp_path: Path
+) -> None:
+    run = killed_after_final_commit.clone(tmp_path)
+    older = run.dir / "checkpoints" / ckpt(46)
+    resumed = run.run(args=["--resume", str(older)])
+    assert_resumed_from(resumed.output, 46)
+    assert_same_run(resumed, ref_epoch)
+
+
+@pytest.fixture(autouse=True)
+def _no_stray_processes() -> Iterator[None]:
+    """Every test waits for what it started; a leftover trainer would skew the others' timings."""
+    yield
+    ours = psutil.Process().children(recursive=True)
+    assert not [p for p in ours if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], ours
