@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -122,3 +123,30 @@ def run_outputs(accelerator: Accelerator, config: Config, total_steps: int) -> R
 def _json_number(value: float) -> float | str | None:
     # JSON has no NaN/Infinity; keep the information as a string rather than writing invalid JSON.
     return value if math.isfinite(value) else str(value)
+
+
+def clear_run(out: Path) -> None:
+    """``--overwrite``: remove what a previous run wrote here (and nothing else)."""
+    for name in ("checkpoints", "final", "assets", "wandb"):
+        shutil.rmtree(out / name, ignore_errors=True)
+    for name in ("metrics.jsonl", "summary.json"):
+        (out / name).unlink(missing_ok=True)
+
+
+def output_problem(config: Config, resume_from: str | Path | None) -> tuple[str, str] | None:
+    """A finished run is never overwritten; an unfinished one is resumed only when asked to."""
+    out = config.output_dir
+    summary = out / "summary.json"
+    if summary.exists() and json.loads(summary.read_text(encoding="utf-8")).get("status") != "preempted":
+        return (
+            "EXPERIMENT.NAME",
+            f"{out} already holds a finished run: choose another EXPERIMENT.NAME or ENV.OUTPUT.BASE_DIR",
+        )
+    started = (out / "metrics.jsonl").exists() or (out / "checkpoints").exists()
+    if started and not config.TRAIN.AUTO_RESUME and resume_from is None:
+        return (
+            "TRAIN.AUTO_RESUME",
+            f"is false but {out} already holds a run: set it true to resume, pass --resume or --overwrite, "
+            "or choose another EXPERIMENT.NAME",
+        )
+    return None

@@ -8,9 +8,7 @@ The LR is set from the global step before each optimizer step; no LR scheduler i
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +28,10 @@ from .data import samples_in_global_batch
 from .faults import fault_point
 from .loss import GradNorm, HierarchicalLoss
 from .meter import TrainMeter
-from .outputs import run_outputs
+from .outputs import clear_run, output_problem, run_outputs
 from .preemption import PreemptionWatch
 from .setup import OptimizerFactory, as_dataloader, build_optimizer, default_optimizer, shared_parameters
-from .validation import ValidationPass, passes_at_boundary, run_pass
+from .validation import ValidationPass, passes_at_boundary, run_pass, validation_line
 
 
 class Trainer:
@@ -292,7 +290,7 @@ class Trainer:
             return None
         results["epoch"] = float(epoch)
         self.out.log(results, step)
-        self.out.say(_validation_line(epoch, results))
+        self.out.say(validation_line(epoch, results))
         self.last_validation = results
         self.checkpointer.record_metric(step, results)
         return self._check_early_stop(results)
@@ -380,9 +378,9 @@ class Trainer:
         # Decided on the main process and shared, so that every process stops with the same error
         # instead of waiting at a barrier for a process that has exited.
         if overwrite and acc.is_main_process:
-            _clear_run(config.output_dir)
+            clear_run(config.output_dir)
         acc.wait_for_everyone()
-        problem = _output_problem(config, resume_from) if acc.is_main_process else None
+        problem = output_problem(config, resume_from) if acc.is_main_process else None
         problem = broadcast_object_list([problem], from_process=0)[0]
         if problem is not None:
             raise ConfigError([problem])
@@ -436,35 +434,3 @@ class Trainer:
         acc.end_training()
         self.out.close()
         return summary
-
-
-def _clear_run(out: Path) -> None:
-    """``--overwrite``: remove what a previous run wrote here (and nothing else)."""
-    for name in ("checkpoints", "final", "assets", "wandb"):
-        shutil.rmtree(out / name, ignore_errors=True)
-    for name in ("metrics.jsonl", "summary.json"):
-        (out / name).unlink(missing_ok=True)
-
-
-def _output_problem(config: Config, resume_from: str | Path | None) -> tuple[str, str] | None:
-    """A finished run is never overwritten; an unfinished one is resumed only when asked to."""
-    out = config.output_dir
-    summary = out / "summary.json"
-    if summary.exists() and json.loads(summary.read_text(encoding="utf-8")).get("status") != "preempted":
-        return (
-            "EXPERIMENT.NAME",
-            f"{out} already holds a finished run: choose another EXPERIMENT.NAME or ENV.OUTPUT.BASE_DIR",
-        )
-    started = (out / "metrics.jsonl").exists() or (out / "checkpoints").exists()
-    if started and not config.TRAIN.AUTO_RESUME and resume_from is None:
-        return (
-            "TRAIN.AUTO_RESUME",
-            f"is false but {out} already holds a run: set it true to resume, pass --resume or --overwrite, "
-            "or choose another EXPERIMENT.NAME",
-        )
-    return None
-
-
-def _validation_line(epoch: int, results: dict[str, float]) -> str:
-    shown = [f"{k} {v:.4f}" for k, v in results.items() if k.startswith("val/")]
-    return f"epoch {epoch}: " + ", ".join(shown)

@@ -90,3 +90,8 @@ def run_pass(
     for i, level in enumerate(levels):
         out[f"{vpass.prefix}/acc_{level}"] = correct[i].item() / max(1.0, labelled[i].item())
     return out
+
+
+def validation_line(epoch: int, results: dict[str, float]) -> str:
+    shown = [f"{k} {v:.4f}" for k, v in results.items() if k.startswith("val/")]
+    return f"epoch {epoch}: " + ", ".join(shown)
