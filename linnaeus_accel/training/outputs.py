@@ -28,6 +28,7 @@ class RunOutputs:
         self._metrics_path = self.dir / "metrics.jsonl"
         self._metrics = self._metrics_path.open("a", encoding="utf-8")
         self._bar = tqdm(total=total_steps, desc="train", unit="step", dynamic_ncols=True)
+        self._epoch = 0
 
     def truncate_metrics(self, after_step: int) -> None:
         """Forget what a killed run logged after its checkpoint at ``after_step`` (and that
@@ -65,8 +66,10 @@ class RunOutputs:
         self.accelerator.log(metrics, step=step)
 
     def advance(self, steps: int, epoch: int, postfix: dict[str, str] | None = None) -> None:
+        if epoch != self._epoch:  # not every step: set_description redraws the bar
+            self._epoch = epoch
+            self._bar.set_description(f"epoch {epoch}", refresh=False)
         self._bar.update(steps)
-        self._bar.set_description(f"epoch {epoch}")
         if postfix is not None:
             self._bar.set_postfix(postfix, refresh=False)
 

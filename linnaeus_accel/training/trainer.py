@@ -182,19 +182,9 @@ class Trainer:
                 batch_index,
                 self.config.DATA.DROP_LAST,
             )
-            if progress.update_step(samples, is_accumulation_step=not acc.sync_gradients):
-                fault_point("optimizer_step")
-                stop = self.early_stopping.reached_max_steps(progress.global_step)
-                self._after_optimizer_step(epoch, last=stop is not None)
-                if stop is not None:
-                    return stop
-                if self.preemption.should_stop(progress.global_step):
-                    self._save_checkpoint(boundary=None)
-                    return StopDecision(
-                        "preempted", f"preempted by a signal: checkpointed step {progress.global_step}"
-                    )
-                if self.ops.should_save_mid_epoch_checkpoint(progress.global_step):
-                    self._save_checkpoint(boundary=None)
+            stepped = progress.update_step(samples, is_accumulation_step=not acc.sync_gradients)
+            if stepped and (stop := self._after_optimizer_step(epoch)):
+                return stop
         return None
 
     def _gradnorm_update(self, level_losses: torch.Tensor) -> torch.Tensor:
@@ -217,7 +207,21 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         return norm  # type: ignore[no-any-return]
 
-    def _after_optimizer_step(self, epoch: int, last: bool) -> None:
+    def _after_optimizer_step(self, epoch: int) -> StopDecision | None:
+        """Everything that may follow an optimizer step: logging, a MAX_STEPS cut-off, a
+        preemption, a mid-epoch checkpoint."""
+        step = self.progress.global_step
+        fault_point("optimizer_step")
+        stop = self.early_stopping.reached_max_steps(step)
+        self._log_train_metrics(epoch, last=stop is not None)
+        if stop is None and self.preemption.should_stop(step):
+            self._save_checkpoint(boundary=None)
+            stop = StopDecision("preempted", f"preempted by a signal: checkpointed step {step}")
+        elif stop is None and self.ops.should_save_mid_epoch_checkpoint(step):
+            self._save_checkpoint(boundary=None)
+        return stop
+
+    def _log_train_metrics(self, epoch: int, last: bool) -> None:
         step = self.progress.global_step
         if not (last or self.ops.should_log_metrics(step)):
             self.out.advance(1, epoch)
@@ -225,15 +229,8 @@ class Trainer:
         lrs = {c.label: self.plan.lr(step - 1, i) for i, c in enumerate(self.plan.lr_curves)}
         metrics = self.meter.flush(self.progress.samples_seen, lrs)
         self.out.log(metrics, step)
-        self.out.advance(
-            1,
-            epoch,
-            {
-                "loss": f"{metrics['train/loss']:.4f}",
-                "lr": f"{metrics['lr/default']:.2e}",
-                "samples/s": f"{metrics['perf/samples_per_s']:.0f}",
-            },
-        )
+        shown = {"loss": f"{metrics['train/loss']:.4f}", "lr": f"{metrics['lr/default']:.2e}"}
+        self.out.advance(1, epoch, {**shown, "samples/s": f"{metrics['perf/samples_per_s']:.0f}"})
 
     def _epoch_boundary(self, epoch: int, final: bool) -> StopDecision | None:
         """SPEC §5 order: checkpoint (recording the passes still due), then the standard, mask-meta
