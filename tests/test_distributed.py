@@ -404,3 +404,51 @@ def test_existing_output_under_two_processes_is_reported_once_without_traceback(
     assert (taken / "summary.json").read_text(encoding="utf-8") == finished
     ours = lines_through_our_code(output)
     assert not ours, "a traceback through our code:\n" + "\n".join(ours) + "\n" + run.tail()
+
+
+@pytest.mark.slow
+def test_elastic_resume_from_two_processes_onto_one_with_accumulation_doubled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run preempted on 2 processes x accumulation 2 resumes on 1 process x accumulation 4: same
+    schedule, same samples per step, and it ends where an uninterrupted 1-process run ends."""
+    opts = [
+        "TRAIN.EPOCHS",
+        "3",
+        "DATA.BATCH_SIZE",
+        "17",
+        "DATA.DROP_LAST",
+        "true",
+        "SCHEDULE.CHECKPOINT.INTERVAL_STEPS",
+        "10",
+        "SCHEDULE.CHECKPOINT.INTERVAL_EPOCHS",
+        "null",
+        "SCHEDULE.CHECKPOINT.MID_EPOCH",
+        "true",
+    ]  # 84 batches of 17: 21 steps of 68 samples per epoch
+    monkeypatch.setenv(
+        "LINNAEUS_ACCEL_KILL_AT", "optimizer_step:35"
+    )  # mid-epoch 2, after the step-30 checkpoint
+    killed = accelerate_launch("elastic", [*opts, "TRAIN.ACCUMULATION_STEPS", "2"], tmp_path)
+    assert killed.returncode != 0, killed.tail()
+    monkeypatch.delenv("LINNAEUS_ACCEL_KILL_AT")
+    resumed = single_process("elastic", [*opts, "TRAIN.ACCUMULATION_STEPS", "4"], tmp_path).check_ok()
+    reference = single_process("reference", [*opts, "TRAIN.ACCUMULATION_STEPS", "4"], tmp_path).check_ok()
+    assert "resumed from" in resumed.stdout, resumed.tail()
+    assert "step_00000030" in resumed.stdout, resumed.tail()
+    assert resumed.summary()["global_step"] == reference.summary()["global_step"] == 63
+    assert resumed.summary()["samples_seen"] == reference.summary()["samples_seen"]
+    assert [r["global_step"] for r in train_lines(resumed.metrics())] == [
+        r["global_step"] for r in train_lines(reference.metrics())
+    ]
+    assert max_weight_diff(resumed.weights(), reference.weights()) < 1e-5
+
+
+@pytest.mark.slow
+def test_resume_with_another_effective_batch_is_refused(tmp_path: Path) -> None:
+    opts = ["TRAIN.EPOCHS", "2", "DATA.BATCH_SIZE", "64", "SCHEDULE.CHECKPOINT.INTERVAL_EPOCHS", "1"]
+    single_process("changed", opts, tmp_path).check_ok()
+    (tmp_path / "outputs" / "changed" / "summary.json").unlink()  # as if it had been preempted
+    again = single_process("changed", [*opts, "TRAIN.ACCUMULATION_STEPS", "2"], tmp_path)
+    assert again.returncode == 2, again.tail()
+    assert "not this run's" in again.stderr, again.tail()

@@ -153,10 +153,17 @@ class Checkpointer:
             self.store.delete(s)
         return newer
 
+    def read_state(self, path: Path) -> dict[str, Any]:
+        state: dict[str, Any] = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
+        return state
+
     def load(self, path: Path) -> dict[str, Any]:
         """Restore model, optimizer, RNG states (Accelerate) and return our JSON state."""
         self.accelerator.load_state(str(path))
-        state: dict[str, Any] = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
+        # Checkpoints are taken between optimizer steps, where the micro-batch counter is a multiple
+        # of the accumulation; the restored count is another run's when resuming elastically.
+        self.accelerator.step = 0
+        state = self.read_state(path)
         self.metric_at = {int(k): v for k, v in state.get("checkpoint_metrics", {}).items()}
         self.resumed_from = int(state.get("progress", {}).get("global_step", 0))
         self.current = path

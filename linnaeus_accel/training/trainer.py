@@ -332,6 +332,7 @@ class Trainer:
             "meter": self.meter.state_dict(),
             "boundary": boundary,
             "wandb_run_id": tracker,
+            "plan": self._plan_identity(),
         }
         self.checkpointer.save(self.progress.global_step, state)
 
@@ -350,8 +351,10 @@ class Trainer:
         if path is None:
             self.out.truncate_metrics(after_step=0)  # killed before its first checkpoint: start over
             return
+        batches_seen = self._compatible_position(self.checkpointer.read_state(Path(path)))
         state = self.checkpointer.load(Path(path))
         self.progress.load_state_dict(state["progress"])
+        self.progress.batches_seen_in_epoch = batches_seen
         self.early_stopping.load_state_dict(state.get("early_stopping") or {})
         if self.gradnorm is not None and state.get("gradnorm"):
             self.gradnorm.load_state_dict(state["gradnorm"])
@@ -362,6 +365,59 @@ class Trainer:
         step = self.progress.global_step
         self.out.truncate_metrics(after_step=step)
         self.out.say(f"resumed from {path} (global step {step}, epoch {self.progress.current_epoch})")
+
+    def _plan_identity(self) -> dict[str, int]:
+        p = self.plan
+        return {
+            "total_steps": p.total_steps,
+            "world_size": p.world_size,
+            "accumulation": p.accumulation,
+            "batch_size": p.batch_size,
+        }
+
+    def _compatible_position(self, state: dict[str, Any]) -> int:
+        """This run's batches already seen in the epoch, checking that the checkpoint's schedule is
+        this run's. Another (processes x accumulation) factorisation of the same effective batch is
+        fine (elastic resume): the global batch order is the same, so the count is converted."""
+        saved, now = state.get("plan") or self._plan_identity(), self._plan_identity()
+        effective = {
+            k: v["batch_size"] * v["world_size"] * v["accumulation"]
+            for k, v in (("saved", saved), ("now", now))
+        }
+        if saved["total_steps"] != now["total_steps"] or effective["saved"] != effective["now"]:
+            raise ConfigError(
+                [
+                    (
+                        "TRAIN.AUTO_RESUME",
+                        (
+                            f"the checkpoint's schedule ({saved['total_steps']} steps, effective batch {effective['saved']}) is not this "
+                            f"run's ({now['total_steps']} steps, effective batch {effective['now']}): resume with the same config, or "
+                            "start fresh with --overwrite"
+                        ),
+                    )
+                ],
+                source="resume",
+            )
+        # Positions in the epoch's global sample order: Accelerate deals global batches round-robin.
+        samples = (
+            int(state["progress"].get("batches_seen_in_epoch", 0)) * saved["world_size"] * saved["batch_size"]
+        )
+        per_batch = now["world_size"] * now["batch_size"]
+        if samples % per_batch:
+            raise ConfigError(
+                [
+                    (
+                        "DATA.BATCH_SIZE",
+                        (
+                            f"the checkpoint stopped {samples} samples into its epoch, which is not a whole number of this "
+                            f"run's {per_batch}-sample global batches: resume with the checkpoint's batch size "
+                            f"({saved['batch_size']} per process)"
+                        ),
+                    )
+                ],
+                source="resume",
+            )
+        return samples // per_batch
 
     def _wandb_run_id(self) -> str | None:
         if not self.config.EXPERIMENT.WANDB.ENABLED or not self.accelerator.is_main_process:
