@@ -594,3 +594,30 @@ def test_bad_opts_key_exits_2_without_traceback(tmp_path: Path) -> None:
     assert "Traceback" not in proc.stderr
     assert proc.stdout == ""
     assert not base.exists()
+
+
+@pytest.mark.parametrize(
+    ("opts", "key"),
+    [
+        (
+            ["DATA.DATASET.NAME", "imagenet"],
+            "DATA.DATASET.NAME",
+        ),  # not registered: the error lists the known ones
+    ],
+)
+def test_unknown_dataset_name_is_a_config_error(
+    opts: list[str], key: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["plan", "--cfg", CFG, "--opts", *opts]) == 2
+    err = capsys.readouterr().err
+    assert key in err
+    assert "known: digits" in err
+    assert "register_dataset" in err
+
+
+def test_unknown_model_type_is_a_config_error() -> None:
+    from linnaeus_accel.config import ConfigError, validate_config
+    from linnaeus_accel.models import build_model
+
+    with pytest.raises(ConfigError, match=r"MODEL\.TYPE.*no model named 'resnet9000'.*known: digits_mlp"):
+        build_model(validate_config({"MODEL": {"TYPE": "resnet9000"}}), dataset=None)

@@ -13,11 +13,10 @@ Built-in datasets are imported only when first asked for, so ``plan --dataset-si
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
-from ..config import ConfigError
+from ..registry import Registry
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -25,33 +24,14 @@ if TYPE_CHECKING:
 Split = Literal["train", "val"]
 DatasetBuilder = Callable[["Config", Split], Any]
 
-_DATASETS: dict[str, DatasetBuilder] = {}
-_BUILTIN_MODULES = {"digits": "linnaeus_accel.data.digits"}
-
-
-def register_dataset(name: str) -> Callable[[DatasetBuilder], DatasetBuilder]:
-    def decorate(builder: DatasetBuilder) -> DatasetBuilder:
-        _DATASETS[name] = builder
-        return builder
-
-    return decorate
-
-
-def get_dataset_builder(name: str) -> DatasetBuilder:
-    if name not in _DATASETS and name in _BUILTIN_MODULES:
-        importlib.import_module(_BUILTIN_MODULES[name])
-    if name not in _DATASETS:
-        known = sorted(set(_DATASETS) | set(_BUILTIN_MODULES))
-        raise ConfigError(
-            [
-                (
-                    "DATA.DATASET.NAME",
-                    f"no dataset named {name!r}; known: {', '.join(known)} "
-                    "(register your own with @linnaeus_accel.data.register_dataset)",
-                )
-            ]
-        )
-    return _DATASETS[name]
+DATASETS: Registry[DatasetBuilder] = Registry(
+    "dataset",
+    "DATA.DATASET.NAME",
+    "linnaeus_accel.data.register_dataset",
+    {"digits": "linnaeus_accel.data.digits"},
+)
+register_dataset = DATASETS.register
+get_dataset_builder = DATASETS.get
 
 
 def build_dataset(config: Config, split: Split) -> Any:

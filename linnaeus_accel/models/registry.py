@@ -15,11 +15,10 @@ metrics can treat every model alike.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..config import ConfigError
+from ..registry import Registry
 
 if TYPE_CHECKING:
     from torch import nn
@@ -28,30 +27,14 @@ if TYPE_CHECKING:
 
 ModelBuilder = Callable[["Config", Any], "nn.Module"]
 
-_MODELS: dict[str, ModelBuilder] = {}
-_BUILTIN_MODULES = {"digits_mlp": "linnaeus_accel.models.digits"}
-
-
-def register_model(name: str) -> Callable[[ModelBuilder], ModelBuilder]:
-    def decorate(builder: ModelBuilder) -> ModelBuilder:
-        _MODELS[name] = builder
-        return builder
-
-    return decorate
+MODELS: Registry[ModelBuilder] = Registry(
+    "model",
+    "MODEL.TYPE",
+    "linnaeus_accel.models.register_model",
+    {"digits_mlp": "linnaeus_accel.models.digits"},
+)
+register_model = MODELS.register
 
 
 def build_model(config: Config, dataset: Any) -> nn.Module:
-    name = config.MODEL.TYPE
-    if name not in _MODELS and name in _BUILTIN_MODULES:
-        importlib.import_module(_BUILTIN_MODULES[name])
-    if name not in _MODELS:
-        known = ", ".join(sorted(set(_MODELS) | set(_BUILTIN_MODULES)))
-        raise ConfigError(
-            [
-                (
-                    "MODEL.TYPE",
-                    f"no model named {name!r}; known: {known} (register your own with @linnaeus_accel.models.register_model)",
-                )
-            ]
-        )
-    return _MODELS[name](config, dataset)
+    return MODELS.get(config.MODEL.TYPE)(config, dataset)
