@@ -12,7 +12,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from ..config import Config, ConfigError
-from .data import make_dataloader
+from ..data.sampling import make_dataloader
 
 OptimizerFactory = Callable[[list[dict[str, Any]]], torch.optim.Optimizer]
 

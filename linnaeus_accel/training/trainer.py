@@ -19,12 +19,12 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from ..config import Config, ConfigError
+from ..data.sampling import samples_in_global_batch
 from ..progress import TrainingProgress
 from ..schedule import EarlyStopping, OpsSchedule, ResolvedPlan, StopDecision, resolve_plan
 from ..schedule.summary import summary_text
 from .batches import BatchTransforms
 from .checkpointing import Checkpointer
-from .data import samples_in_global_batch
 from .faults import fault_point
 from .loss import GradNorm, HierarchicalLoss
 from .meter import TrainMeter

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from .keyed_random import keyed_bits, keyed_uniform, python_keyed_uniform
+from ..data.keyed_random import keyed_bits, keyed_uniform, python_keyed_uniform
 
 Meta = Mapping[str, torch.Tensor]
 

@@ -1,7 +1,14 @@
-"""Data order: a sampler seeded by ``(seed, epoch)``, identical on every process.
+"""Data order and which samples of a batch are real.
 
-Accelerate shards each global batch order across processes, so the order must not depend on the
-rank; and resuming at any epoch must reproduce it without replaying earlier epochs.
+A sampler seeded by ``(seed, epoch)`` gives the same order on every process: Accelerate shards
+each global batch order across processes, so the order must not depend on the rank, and resuming
+at any epoch must reproduce it without replaying earlier epochs.
+
+Process ``p`` of ``W`` receives global batches ``p, p + W, p + 2W, ...`` (``BatchSamplerShard``;
+our ``StreamShard`` does the same for streams), so in the epoch's global sample order its ``j``-th
+batch starts at ``(j * W + p) * B``. Accelerate's even batches fill the last global batch by
+repeating samples from the start of the epoch; those repeats sit after every real sample, so how
+many samples of a batch are real is a pure function of host ints: no communication, no device read.
 """
 
 from __future__ import annotations
@@ -52,12 +59,15 @@ def make_dataloader(config: Config, dataset: Dataset[Any], train: bool) -> DataL
 def samples_in_global_batch(
     dataset_size: int, batch_size: int, world_size: int, batch_index: int, drop_last: bool
 ) -> int:
-    """Real samples in the ``batch_index``-th micro-batch summed over processes.
-
-    Accelerate pads the last one (``even_batches``) by repeating samples; those are not counted,
-    and no communication is needed to know it.
-    """
+    """Real samples in the ``batch_index``-th micro-batch summed over processes."""
     per_step = batch_size * world_size
     if drop_last:
         return per_step
     return max(0, min(per_step, dataset_size - batch_index * per_step))
+
+
+def real_in_batch(dataset_size: int, batch_size: int, world_size: int, batch_index: int, rank: int) -> int:
+    """How many leading samples of process ``rank``'s ``batch_index``-th batch are real (the rest
+    are even-batch repeats). With DROP_LAST every batch is full, and this gives ``batch_size``."""
+    start = (batch_index * world_size + rank) * batch_size
+    return max(0, min(batch_size, dataset_size - start))
