@@ -1,3 +1,25 @@
-"""linnaeus-accel: linnaeus' training-progress and scheduling system on Hugging Face Accelerate."""
+"""linnaeus-accel: linnaeus' training-progress and scheduling system on Hugging Face Accelerate.
+
+The Python API: ``Trainer(load_config(...), model, train_data, val_data).fit()``. ``Trainer``
+is imported on first use, so that ``linnaeus-accel plan`` does not load torch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .config import load_config
+
+if TYPE_CHECKING:
+    from .training.trainer import Trainer
 
 __version__ = "0.1.0"
+__all__ = ["Trainer", "__version__", "load_config"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Trainer":
+        from .training.trainer import Trainer
+
+        return Trainer
+    raise AttributeError(f"module 'linnaeus_accel' has no attribute {name!r}")

@@ -49,6 +49,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="training samples; default: build the configured training dataset and count them",
     )
+    plan.add_argument(
+        "--tokens-per-sample",
+        type=int,
+        default=None,
+        metavar="N",
+        help="target tokens in every training sample (packed fixed-length sequences); lets "
+        "--dataset-size resolve TRAIN.TARGET_TOKENS without building the dataset",
+    )
     plan.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
     plan.add_argument("--no-series", action="store_true", help="with --json: leave out the per-step series")
     train = commands.add_parser(
@@ -73,8 +81,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def plan_for(config: Config, world_size: int, dataset_size: int | None) -> ResolvedPlan:
-    """The resolved plan, building the training dataset when its size is not given."""
+def plan_for(
+    config: Config, world_size: int, dataset_size: int | None, tokens_per_sample: int | None = None
+) -> ResolvedPlan:
+    """The resolved plan, building the training dataset when its size is not given (its
+    ``tokens_per_sample``, if it declares one, is then read too unless given)."""
+    arguments = []
+    if dataset_size is not None and dataset_size < 0:
+        arguments.append(("--dataset-size", f"must be >= 0 (got {dataset_size})"))
+    if tokens_per_sample is not None and tokens_per_sample < 1:
+        arguments.append(("--tokens-per-sample", f"must be >= 1 (got {tokens_per_sample})"))
+    if world_size < 1:
+        arguments.append(("--world-size", f"must be >= 1 (got {world_size})"))
+    if arguments:
+        raise ConfigError(arguments, source="arguments")
     if dataset_size is None:
         from .data import build_dataset, dataset_problems
 
@@ -83,19 +103,17 @@ def plan_for(config: Config, world_size: int, dataset_size: int | None) -> Resol
         if problems:
             raise ConfigError(problems)
         dataset_size = len(dataset)
-    elif dataset_size < 0:
-        raise ConfigError([("--dataset-size", f"must be >= 0 (got {dataset_size})")], source="arguments")
-    if world_size < 1:
-        raise ConfigError([("--world-size", f"must be >= 1 (got {world_size})")], source="arguments")
+        if tokens_per_sample is None:
+            tokens_per_sample = getattr(dataset, "tokens_per_sample", None)
     batches = batches_per_process(dataset_size, config.DATA.BATCH_SIZE, world_size, config.DATA.DROP_LAST)
-    return resolve_plan(config, batches, world_size, dataset_size)
+    return resolve_plan(config, batches, world_size, dataset_size, tokens_per_sample)
 
 
 def run_plan(args: argparse.Namespace) -> int:
     from .schedule.summary import plan_json, summary_text
 
     config = load_config(args.cfg, args.opts)
-    plan = plan_for(config, args.world_size, args.dataset_size)
+    plan = plan_for(config, args.world_size, args.dataset_size, args.tokens_per_sample)
     for warning in plan.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     if args.json:
@@ -125,10 +143,11 @@ def run_train(args: argparse.Namespace) -> int:
     )
     if _is_local_main():
         last = summary["last_validation"]
-        accuracy = ", ".join(
-            f"{k} {v:.4f}" for k, v in last.items() if k.startswith("val/acc") or k == "val/chain_acc"
+        shown = ", ".join(f"{k} {v:.4f}" for k, v in last.items() if k.startswith("val/"))
+        tokens = f", {summary['tokens_seen']:,} tokens" if summary["tokens_seen"] else ""
+        print(
+            f"{summary['status']} at step {summary['global_step']} (epoch {summary['epoch']}{tokens}): {shown}"
         )
-        print(f"{summary['status']} at step {summary['global_step']} (epoch {summary['epoch']}): {accuracy}")
         print(f"outputs in {config.output_dir}")
     return 0
 

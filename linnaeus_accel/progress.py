@@ -2,7 +2,8 @@
 
 ``epoch`` counts *completed* epochs (SPEC §5 numbers boundaries 1..EPOCHS by completed epochs);
 the epoch being trained is ``epoch + 1``. ``global_step`` counts optimizer updates, never
-micro-batches nor processes; ``samples_seen`` counts samples over all processes.
+micro-batches nor processes; ``samples_seen`` counts samples over all processes, each once (not
+even-batch repeats); ``tokens_seen`` counts target tokens the same way (SPEC §11).
 
 Its state is versioned plain data (JSON) so that a checkpoint never needs unpickling.
 """
@@ -45,6 +46,7 @@ class TrainingProgress:
     global_step: int = 0
     batches_seen_in_epoch: int = 0
     samples_seen: int = 0
+    tokens_seen: int = 0
     pending_validations: list[TrainingStage] = field(default_factory=list)
     completed_validations: list[TrainingStage] = field(default_factory=list)
     partial_validation_indices: list[int] = field(default_factory=list)
@@ -73,6 +75,13 @@ class TrainingProgress:
         if not is_accumulation_step:
             self.global_step += 1
         return not is_accumulation_step
+
+    def complete_step(self, micro_batches: int, samples: int) -> None:
+        """Record one optimizer step made of ``micro_batches`` batches per process holding
+        ``samples`` real samples over all processes."""
+        self.batches_seen_in_epoch += micro_batches
+        self.samples_seen += samples
+        self.global_step += 1
 
     def end_epoch(self) -> None:
         self.epoch += 1
@@ -150,6 +159,7 @@ class TrainingProgress:
             "global_step": self.global_step,
             "batches_seen_in_epoch": self.batches_seen_in_epoch,
             "samples_seen": self.samples_seen,
+            "tokens_seen": self.tokens_seen,
             "pending_validations": [s.value for s in self.pending_validations],
             "completed_validations": [s.value for s in self.completed_validations],
             "partial_validation_indices": list(self.partial_validation_indices),
@@ -167,7 +177,14 @@ class TrainingProgress:
                 version,
                 STATE_VERSION,
             )
-        ints = ("total_epochs", "epoch", "global_step", "batches_seen_in_epoch", "samples_seen")
+        ints = (
+            "total_epochs",
+            "epoch",
+            "global_step",
+            "batches_seen_in_epoch",
+            "samples_seen",
+            "tokens_seen",
+        )
         for name in ints:
             if state.get(name) is not None:
                 setattr(self, name, int(state[name]))

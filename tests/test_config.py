@@ -398,6 +398,16 @@ def test_negative_interval_is_an_error(key: str) -> None:
             ["ENV.OUTPUT.BUCKET.BUCKET"],
             "ENABLED",
         ),
+        (  # a run is measured in epochs or in tokens, not both; the fix is to unset one
+            under("TRAIN", EPOCHS=3, TARGET_TOKENS=10**6),
+            ["TRAIN.EPOCHS", "TRAIN.TARGET_TOKENS"],
+            "null",
+        ),
+        (  # MFU is counted from FLOPs per token or per sample, not both
+            under("TASK", FLOPS_PER_TOKEN=1e9, FLOPS_PER_SAMPLE=5e11),
+            ["TASK.FLOPS_PER_TOKEN", "TASK.FLOPS_PER_SAMPLE"],
+            "keep",
+        ),
     ],
 )
 def test_section_rule_is_an_error_naming_its_keys(data: dict[str, Any], keys: list[str], says: str) -> None:
@@ -420,6 +430,10 @@ def test_section_rule_is_an_error_naming_its_keys(data: dict[str, Any], keys: li
         under("SCHEDULE.META_MASKING", END_FRACTION=0.3),  # a disabled ramp may still carry an END
         under("TRAIN.EARLY_STOP", ACTIVE=True, MAX_STEPS=100),  # any stopping condition will do
         groups(group("a"), group("b")),  # distinct labels
+        under("TRAIN", TARGET_TOKENS=10**6),  # tokens instead of epochs
+        under("TRAIN", EPOCHS=3, TARGET_TOKENS=None),  # epochs, tokens explicitly unset
+        under("TASK", FLOPS_PER_TOKEN=1e9),  # one FLOPs figure
+        under("TASK", FLOPS_PER_SAMPLE=5e11),  # ... or the other
     ],
 )
 def test_section_rule_satisfied_is_accepted(data: dict[str, Any]) -> None:
@@ -467,6 +481,79 @@ def test_accumulation_zero_counts_as_one() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# how long to train (TRAIN.EPOCHS or TRAIN.TARGET_TOKENS), the TASK section, ENV.PEAK_FLOPS
+
+
+@pytest.mark.parametrize(
+    ("train", "epochs", "target"),
+    [
+        ({}, 10, None),  # neither: 10 epochs, linnaeus-accel's default
+        ({"EPOCHS": 3}, 3, None),  # epochs
+        ({"TARGET_TOKENS": 10**6}, None, 10**6),  # tokens: the epoch count comes from the data
+        ({"TARGET_TOKENS": 2.5e9}, None, 2_500_000_000),  # written with an exponent, YAML gives a float
+        ({"EPOCHS": None, "TARGET_TOKENS": None}, 10, None),  # both null is neither
+    ],
+)
+def test_epochs_or_target_tokens(train: dict[str, Any], epochs: int | None, target: int | None) -> None:
+    config = validate_config({"TRAIN": train})
+    assert (config.TRAIN.epochs, config.TRAIN.TARGET_TOKENS) == (epochs, target)
+    assert isinstance(config.TRAIN.TARGET_TOKENS, int | None)
+
+
+def test_target_tokens_on_top_of_the_default_config(default_config_path: Path) -> None:
+    # the default config sets EPOCHS: 20, so TARGET_TOKENS alone conflicts with it ...
+    with pytest.raises(ConfigError) as info:
+        load_config(default_config_path, ["TRAIN.TARGET_TOKENS", "1000000"])
+    assert_names_all(str(info.value), ["TRAIN.EPOCHS", "TRAIN.TARGET_TOKENS"])
+    # ... and unsetting EPOCHS makes it a token run
+    config = load_config(default_config_path, ["TRAIN.EPOCHS", "null", "TRAIN.TARGET_TOKENS", "1000000"])
+    assert (config.TRAIN.EPOCHS, config.TRAIN.TARGET_TOKENS, config.TRAIN.epochs) == (None, 10**6, None)
+
+
+def test_task_and_peak_flops_defaults() -> None:
+    config = Config()
+    assert config.TASK.NAME == "hierarchical"  # linnaeus' task
+    assert config.TASK.LABEL_SMOOTHING == 0.0
+    assert config.TASK.INPUT_KEY == "image"
+    assert (config.TASK.FLOPS_PER_TOKEN, config.TASK.FLOPS_PER_SAMPLE) == (None, None)
+    assert config.ENV.PEAK_FLOPS is None  # looked up by GPU name at run time
+    assert list(type(config).model_fields).index("TASK") == list(type(config).model_fields).index("MODEL") + 1
+
+
+@pytest.mark.parametrize(
+    ("data", "read"),
+    [
+        (nested("TASK.NAME", "causal_lm"), lambda c: c.TASK.NAME == "causal_lm"),  # built-in task
+        (nested("TASK.NAME", "my_task"), lambda c: c.TASK.NAME == "my_task"),  # the registry judges names
+        (nested("TASK.LABEL_SMOOTHING", 0.1), lambda c: c.TASK.LABEL_SMOOTHING == 0.1),
+        (nested("TASK.LABEL_SMOOTHING", 0.999), lambda c: c.TASK.LABEL_SMOOTHING == 0.999),  # below 1
+        (nested("TASK.INPUT_KEY", "pixels"), lambda c: c.TASK.INPUT_KEY == "pixels"),
+        (nested("TASK.FLOPS_PER_TOKEN", 6 * 124e6), lambda c: c.TASK.FLOPS_PER_TOKEN == 744e6),
+        (nested("TASK.FLOPS_PER_SAMPLE", 3), lambda c: c.TASK.FLOPS_PER_SAMPLE == 3.0),  # an int is a float
+        (nested("ENV.PEAK_FLOPS", 989e12), lambda c: c.ENV.PEAK_FLOPS == 989e12),  # an H100, dense bf16
+    ],
+)
+def test_task_and_peak_flops_values_are_accepted(data: dict[str, Any], read: Any) -> None:
+    assert read(validate_config(data))
+
+
+def test_task_and_peak_flops_from_yaml(tmp_path: Path) -> None:
+    config = load_config(
+        write(
+            tmp_path / "lm.yaml",
+            "TASK:\n  NAME: causal_lm\n  FLOPS_PER_TOKEN: 7.4e8\nENV:\n  PEAK_FLOPS: 989e12\n"
+            "TRAIN:\n  TARGET_TOKENS: 1e9\n",
+        )
+    )
+    assert (config.TASK.NAME, config.TASK.FLOPS_PER_TOKEN, config.ENV.PEAK_FLOPS) == (
+        "causal_lm",
+        7.4e8,
+        989e12,
+    )
+    assert config.TRAIN.TARGET_TOKENS == 10**9
+
+
+# ---------------------------------------------------------------------------------------------
 # unknown keys, MIX/PROB, EXPERIMENT.NAME, EARLY_STOP.METRIC
 
 
@@ -489,6 +576,12 @@ def test_accumulation_zero_counts_as_one() -> None:
             f"{GROUPS}.0.LR_MULTIPLER",
             "LR_MULTIPLIER",
         ),
+        (nested("TRAIN.TARGET_TOKEN", 10**6), "TRAIN.TARGET_TOKEN", "TARGET_TOKENS"),  # the new TRAIN key
+        (nested("TASK.NAMES", "causal_lm"), "TASK.NAMES", "NAME"),  # the TASK section
+        (nested("TASK.LABEL_SMOTHING", 0.1), "TASK.LABEL_SMOTHING", "LABEL_SMOOTHING"),
+        (nested("TASK.FLOPS_PER_TOKENS", 1e9), "TASK.FLOPS_PER_TOKENS", "FLOPS_PER_TOKEN"),
+        ({"TASKS": {"NAME": "causal_lm"}}, "TASKS", "TASK"),  # the section itself misspelt
+        (nested("ENV.PEAK_FLOP", 1e15), "ENV.PEAK_FLOP", "PEAK_FLOPS"),
     ],
 )
 def test_unknown_key_is_an_error_with_a_did_you_mean_hint(data: dict[str, Any], key: str, hint: str) -> None:
@@ -560,6 +653,21 @@ def test_early_stop_metric_is_canonicalised(metric: str, canonical: str, mode: s
         (nested("LR_SCHEDULER.NAME", "cosin"), "LR_SCHEDULER.NAME"),  # not a schedule
         (nested("LR_SCHEDULER.BASE_LR", 0), "LR_SCHEDULER.BASE_LR"),  # LR must be positive
         ({"TRAIN": 5}, "TRAIN"),  # a section given as a scalar
+        (nested("TRAIN.TARGET_TOKENS", 0), "TRAIN.TARGET_TOKENS"),  # no tokens
+        (nested("TRAIN.TARGET_TOKENS", -5), "TRAIN.TARGET_TOKENS"),  # negative
+        (nested("TRAIN.TARGET_TOKENS", 2.5), "TRAIN.TARGET_TOKENS"),  # a token count is whole
+        (nested("TRAIN.TARGET_TOKENS", "1M"), "TRAIN.TARGET_TOKENS"),  # not a number
+        (nested("TASK.NAME", 5), "TASK.NAME"),  # a name is a string
+        (nested("TASK.LABEL_SMOOTHING", 1.0), "TASK.LABEL_SMOOTHING"),  # 1 would make every target uniform
+        (nested("TASK.LABEL_SMOOTHING", -0.1), "TASK.LABEL_SMOOTHING"),  # below 0
+        (nested("TASK.LABEL_SMOOTHING", float("nan")), "TASK.LABEL_SMOOTHING"),  # YAML .nan
+        (nested("TASK.FLOPS_PER_TOKEN", 0), "TASK.FLOPS_PER_TOKEN"),  # FLOPs are positive
+        (nested("TASK.FLOPS_PER_SAMPLE", -1e9), "TASK.FLOPS_PER_SAMPLE"),
+        (nested("TASK.INPUT_KEY", ["image"]), "TASK.INPUT_KEY"),  # one key, not a list
+        (nested("ENV.PEAK_FLOPS", 0), "ENV.PEAK_FLOPS"),  # a device with no FLOP/s
+        (nested("ENV.PEAK_FLOPS", -989e12), "ENV.PEAK_FLOPS"),  # negative
+        (nested("ENV.PEAK_FLOPS", float("inf")), "ENV.PEAK_FLOPS"),  # YAML .inf
+        (nested("ENV.PEAK_FLOPS", "989e12"), "ENV.PEAK_FLOPS"),  # a quoted number is a string
     ],
 )
 def test_bad_field_value_names_the_key(data: dict[str, Any], key: str) -> None:
@@ -656,6 +764,16 @@ def test_every_problem_is_reported_in_one_error() -> None:
             ),
             ["LOSS.TASK_WEIGHTS.0", f"{GRADNORM}.UPDATE_INTERVAL", "TRAIN.ACCUMULATION_STEPS"],
             id="list-item-hides-gradnorm-rule",
+        ),
+        pytest.param(  # a bad field does not hide that EPOCHS and TARGET_TOKENS are both set
+            under("TRAIN", EPOCHS=3, TARGET_TOKENS=10**6, CLIP_GRAD=-1.0),
+            ["TRAIN.CLIP_GRAD", "TRAIN.EPOCHS", "TRAIN.TARGET_TOKENS"],
+            id="field-hides-epochs-or-tokens",
+        ),
+        pytest.param(  # a bad LABEL_SMOOTHING does not hide the FLOPs rule of TASK
+            under("TASK", LABEL_SMOOTHING=2.0, FLOPS_PER_TOKEN=1e9, FLOPS_PER_SAMPLE=1e9),
+            ["TASK.LABEL_SMOOTHING", "TASK.FLOPS_PER_TOKEN", "TASK.FLOPS_PER_SAMPLE"],
+            id="field-hides-flops-rule",
         ),
     ],
 )
@@ -762,7 +880,14 @@ def test_empty_file_is_the_built_in_defaults(tmp_path: Path) -> None:
             [f"{GRADNORM}.GRADNORM_ENABLED", "true"],
             lambda c: c.LOSS.GRAD_WEIGHTING.TASK.GRADNORM_ENABLED is True,
         ),
-        (["TRAIN.EPOCHS", "null"], lambda c: c.TRAIN.EPOCHS == 10),  # null: the built-in default, not 20
+        (  # null: the built-in default of 10 epochs, not 20
+            ["TRAIN.EPOCHS", "null"],
+            lambda c: (c.TRAIN.EPOCHS, c.TRAIN.epochs) == (None, 10),
+        ),
+        (  # null unsets EPOCHS, so the run can be measured in tokens instead
+            ["TRAIN.EPOCHS", "null", "TRAIN.TARGET_TOKENS", "1000000"],
+            lambda c: (c.TRAIN.EPOCHS, c.TRAIN.TARGET_TOKENS, c.TRAIN.epochs) == (None, 1_000_000, None),
+        ),
         (  # null unsets a unit, so another one can be used
             ["LR_SCHEDULER.WARMUP_FRACTION", "null", "LR_SCHEDULER.WARMUP_STEPS", "10"],
             lambda c: (c.LR_SCHEDULER.WARMUP_FRACTION, c.LR_SCHEDULER.WARMUP_STEPS) == (None, 10),

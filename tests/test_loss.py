@@ -1,4 +1,4 @@
-"""HierarchicalLoss against hand computations; GradNorm on a tiny real shared-trunk model."""
+"""GradNorm on a tiny real shared-trunk model (the hierarchical loss itself: tests/test_tasks.py)."""
 
 from __future__ import annotations
 
@@ -8,80 +8,15 @@ from contextlib import contextmanager
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from linnaeus_accel.training.loss import GradNorm, HierarchicalLoss
-
-# -- HierarchicalLoss ---------------------------------------------------------------------------
-
-# (labels, weights, classes per level); logits are drawn from a fixed seed.
-LOSS_CASES = [
-    ([[0, 1], [2, 0], [1, 1]], None, (3, 2)),  # every label present, default weights 1.0
-    ([[0, 1], [2, 0], [1, 1]], [2.0, 0.5], (3, 2)),  # weights scale each level's loss
-    ([[0, -1], [2, 0], [1, -1]], None, (3, 2)),  # null at level 1: mean over the one labelled row
-    ([[-1, 1], [-1, 0], [-1, 1]], [1.0, 3.0], (3, 2)),  # level 0 all null: contributes 0
-    ([[-100, 1], [2, -7], [1, 0]], None, (3, 2)),  # any negative label is null, -100 included
-    ([[4], [0], [3], [3]], [0.25], (5,)),  # a single level
-    ([[0, 1, 2], [1, 0, -1]], [1.0, 0.0, 2.0], (2, 2, 4)),  # a zero weight drops a level
-]
+from linnaeus_accel.tasks.hierarchical import level_loss_sums
+from linnaeus_accel.training.loss import GradNorm
 
 
-def _hand_loss(logits: list[Tensor], labels: Tensor, weights: list[float]) -> tuple[Tensor, Tensor]:
-    per = []
-    for i, lg in enumerate(logits):
-        keep = labels[:, i] >= 0
-        per.append(F.cross_entropy(lg[keep], labels[keep, i]) if keep.any() else torch.tensor(0.0))
-    per_t = torch.stack(per)
-    return (torch.tensor(weights) * per_t).sum(), per_t
-
-
-@pytest.mark.parametrize(("labels", "weights", "classes"), LOSS_CASES)
-def test_hierarchical_loss_matches_hand_computation(
-    labels: list[list[int]], weights: list[float] | None, classes: tuple[int, ...]
-) -> None:
-    gen = torch.Generator().manual_seed(len(labels) * 10 + len(classes))
-    lab = torch.tensor(labels)
-    logits = [torch.randn(len(labels), c, generator=gen, requires_grad=True) for c in classes]
-    total, per = HierarchicalLoss(len(classes), weights)(logits, lab)
-    want_total, want_per = _hand_loss(logits, lab, weights or [1.0] * len(classes))
-    torch.testing.assert_close(per, want_per)
-    torch.testing.assert_close(total, want_total)
-    total.backward()
-    assert all(torch.isfinite(lg.grad).all() for lg in logits if lg.grad is not None)
-
-
-def test_all_null_level_is_zero_with_finite_gradient() -> None:
-    logits = [torch.randn(4, 3, requires_grad=True), torch.randn(4, 2, requires_grad=True)]
-    total, per = HierarchicalLoss(2)(logits, torch.tensor([[-1, 0], [-1, 1], [-1, 1], [-1, 0]]))
-    assert per[0].item() == 0.0
-    total.backward()
-    assert logits[0].grad is not None
-    assert torch.equal(logits[0].grad, torch.zeros(4, 3))
-
-
-def test_task_weights_wrong_length_and_shape_errors() -> None:
-    with pytest.raises(ValueError, match=r"LOSS\.TASK_WEIGHTS"):
-        HierarchicalLoss(2, [1.0, 1.0, 1.0])
-    with pytest.raises(ValueError, match=r"LOSS\.TASK_WEIGHTS"):
-        HierarchicalLoss(2, [1.0, -1.0])
-    loss = HierarchicalLoss(2)
-    with pytest.raises(ValueError, match="2 logits"):
-        loss([torch.randn(2, 3)], torch.zeros(2, 2, dtype=torch.long))
-    with pytest.raises(ValueError, match="shape"):
-        loss.task_weights = torch.ones(3)
-
-
-def test_task_weights_can_be_replaced() -> None:
-    loss = HierarchicalLoss(2, [1.0, 1.0])
-    logits = [torch.randn(3, 3), torch.randn(3, 2)]
-    labels = torch.tensor([[0, 1], [1, 0], [2, 1]])
-    _, per = loss(logits, labels)
-    loss.task_weights = torch.tensor([0.5, 1.5])
-    total, _ = loss(logits, labels)
-    torch.testing.assert_close(total, 0.5 * per[0] + 1.5 * per[1])
-    assert loss.level_weights_list() == [0.5, 1.5]
-    assert "_task_weights" not in loss.state_dict()  # GradNorm's JSON state is the one saved
+def level_means(logits: list[Tensor], labels: Tensor) -> Tensor:
+    """Per-level mean cross-entropy over the labelled samples (the hierarchical task's losses)."""
+    return level_loss_sums(logits, labels) / (labels >= 0).sum(0).clamp_min(1)
 
 
 # -- GradNorm -----------------------------------------------------------------------------------
@@ -115,8 +50,7 @@ def _setup(seed: int = 0, scale: tuple[float, float] = (1.0, 1.0)) -> tuple[TwoH
 
 
 def _per_level(model: TwoHeads, x: Tensor, labels: Tensor) -> Tensor:
-    per: Tensor = HierarchicalLoss(2)(model(x), labels)[1]
-    return per
+    return level_means(model(x), labels)
 
 
 def _assert_valid(w: Tensor, n: int) -> None:
@@ -127,15 +61,14 @@ def _assert_valid(w: Tensor, n: int) -> None:
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_slower_task_gains_weight_during_training(seed: int) -> None:
     model, x, labels = _setup(seed)
-    loss_fn, gn = HierarchicalLoss(2), GradNorm(2, alpha=1.5)
+    gn = GradNorm(2, alpha=1.5)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     for _ in range(40):
-        _, per = loss_fn(model(x), labels)
+        per = level_means(model(x), labels)
         metrics = gn.update(per, list(model.trunk.parameters()))
         _assert_valid(metrics["weights"], 2)
-        loss_fn.task_weights = gn.weights
         opt.zero_grad()
-        (loss_fn.task_weights * per).sum().backward()
+        (gn.weights * per).sum().backward()
         opt.step()
     ratios = metrics["inverse_rates"]
     assert ratios[1] > ratios[0]  # the random-label level trains slower ...
@@ -292,11 +225,10 @@ def _no_host_reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 def test_forward_and_update_read_nothing_on_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
     model, x, labels = _setup()
-    loss_fn, gn = HierarchicalLoss(2, [1.0, 2.0]), GradNorm(2)
+    gn = GradNorm(2, initial_weights=[1.0, 2.0])
     labels[0, 1] = -1
     for _ in range(2):  # the first update (recording L(0)) and a later one
         with _no_host_reads(monkeypatch):
-            total, per = loss_fn(model(x), labels)
+            per = level_means(model(x), labels)
             gn.update(per, list(model.trunk.parameters()), lambda t: t * 1.0)
-            loss_fn.task_weights = gn.weights
-            total.backward()
+            (gn.weights * per).sum().backward()

@@ -619,5 +619,5 @@ def test_unknown_model_type_is_a_config_error() -> None:
     from linnaeus_accel.config import ConfigError, validate_config
     from linnaeus_accel.models import build_model
 
-    with pytest.raises(ConfigError, match=r"MODEL\.TYPE.*no model named 'resnet9000'.*known: digits_mlp"):
+    with pytest.raises(ConfigError, match=r"MODEL\.TYPE.*no model named 'resnet9000'.*known: .*digits_mlp"):
         build_model(validate_config({"MODEL": {"TYPE": "resnet9000"}}), dataset=None)

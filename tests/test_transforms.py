@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from linnaeus_accel.data.keyed_random import keyed_uniform
-from linnaeus_accel.training.transforms import InGroupMixup, MetaMasker, python_keyed_uniform
+from linnaeus_accel.tasks.transforms import InGroupMixup, MetaMasker, python_keyed_uniform
 
 COMPONENTS = ("A", "B", "C")
 DIMS = {"A": 2, "B": 3, "C": 1}

@@ -108,8 +108,20 @@ def apply_opts(data: dict[str, Any], opts: Sequence[str]) -> dict[str, Any]:
     return out
 
 
-def load_config(cfg: str | Path | None = None, opts: Sequence[str] = ()) -> Config:
-    data = read_yaml(cfg) if cfg is not None else {}
+def load_config(cfg: str | Path | Mapping[str, Any] | None = None, opts: Sequence[str] = ()) -> Config:
+    """A validated config from a YAML file or from a dict of the same sections (its ``BASE``
+    files relative to the working directory), then ``opts`` overrides (``KEY VALUE`` pairs)."""
+    if cfg is None:
+        data: dict[str, Any] = {}
+    elif isinstance(cfg, Mapping):
+        data = copy.deepcopy(dict(cfg))
+        bases = data.pop("BASE", None) or []
+        merged: dict[str, Any] = {}
+        for base in [bases] if isinstance(bases, (str, Path)) else bases:
+            merged = deep_merge(merged, read_yaml(base))
+        data = deep_merge(merged, data)
+    else:
+        data = read_yaml(cfg)
     return validate_config(apply_opts(data, opts))
 
 

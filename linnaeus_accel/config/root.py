@@ -11,7 +11,15 @@ from pydantic import BaseModel, Field
 from .base import Problem, Section
 from .lr import LRSchedulerConfig
 from .schedule import ScheduleConfig
-from .sections import DataConfig, EnvConfig, ExperimentConfig, LossConfig, ModelConfig, TrainConfig
+from .sections import (
+    DataConfig,
+    EnvConfig,
+    ExperimentConfig,
+    LossConfig,
+    ModelConfig,
+    TaskConfig,
+    TrainConfig,
+)
 
 
 def _gradnorm_vs_accumulation(s: Mapping[str, Any]) -> list[Problem]:
@@ -50,6 +58,7 @@ class Config(Section):
     ENV: EnvConfig = Field(default_factory=EnvConfig)
     DATA: DataConfig = Field(default_factory=DataConfig)
     MODEL: ModelConfig = Field(default_factory=ModelConfig)
+    TASK: TaskConfig = Field(default_factory=TaskConfig)
     LOSS: LossConfig = Field(default_factory=LossConfig)
     TRAIN: TrainConfig = Field(default_factory=TrainConfig)
     LR_SCHEDULER: LRSchedulerConfig = Field(default_factory=LRSchedulerConfig)

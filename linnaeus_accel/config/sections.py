@@ -1,11 +1,12 @@
-"""``TRAIN``, ``DATA``, ``MODEL``, ``LOSS``, ``ENV`` and ``EXPERIMENT`` sections."""
+"""``TRAIN``, ``DATA``, ``MODEL``, ``TASK``, ``LOSS``, ``ENV`` and ``EXPERIMENT`` sections."""
 
 from __future__ import annotations
 
+import math
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import AfterValidator, Field, field_validator
 
 from .base import (
     Fraction,
@@ -62,9 +63,23 @@ class EarlyStopConfig(Section):
         return self.MODE or ("min" if "loss" in self.METRIC else "max")
 
 
+DEFAULT_EPOCHS = 10
+
+
 class TrainConfig(Section):
-    EPOCHS: PositiveInt = Field(
-        10, description="Training epochs; total steps = EPOCHS x optimizer steps per epoch."
+    """How long to train: EPOCHS or TARGET_TOKENS (one of them; neither means EPOCHS: 10)."""
+
+    EPOCHS: PositiveInt | None = Field(
+        None,
+        description=f"Training epochs; total steps = EPOCHS x optimizer steps per epoch "
+        f"(default {DEFAULT_EPOCHS} when TARGET_TOKENS is not set either).",
+    )
+    TARGET_TOKENS: PositiveInt | None = Field(
+        None,
+        description="Train on this many target tokens instead of EPOCHS, resolved once to "
+        "T = ceil(TARGET_TOKENS / tokens per global step); the final epoch may be partial. Needs a "
+        "training dataset whose every sample holds the same number of target tokens (packed "
+        "fixed-length sequences).",
     )
     ACCUMULATION_STEPS: NonNegativeInt = Field(
         1, description="Micro-batches per optimizer step (0 is read as 1)."
@@ -74,6 +89,33 @@ class TrainConfig(Section):
         True, description="Resume from the newest complete checkpoint in the output directory."
     )
     EARLY_STOP: EarlyStopConfig = Field(default_factory=EarlyStopConfig)
+
+    @field_validator("TARGET_TOKENS", mode="before")
+    @classmethod
+    def _whole_number(cls, value: Any) -> Any:
+        # Token budgets are written 2.5e9; YAML reads that as a float, which is fine when it is whole.
+        if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+            return int(value)
+        return value
+
+    def problems(self) -> list[Problem]:
+        if self.EPOCHS is not None and self.TARGET_TOKENS is not None:
+            return [
+                Problem(
+                    ("EPOCHS", "TARGET_TOKENS"),
+                    "{0} and {1} are set together: a run is measured in epochs or in target tokens, "
+                    "so keep exactly one (unset the other with null)",
+                )
+            ]
+        return []
+
+    @property
+    def epochs(self) -> int | None:
+        """Epochs of an EPOCHS run (DEFAULT_EPOCHS when neither is set); None for a TARGET_TOKENS
+        run, whose epoch count depends on the data (see ``resolve_plan``)."""
+        if self.EPOCHS is not None:
+            return self.EPOCHS
+        return None if self.TARGET_TOKENS is not None else DEFAULT_EPOCHS
 
     @property
     def accumulation(self) -> int:
@@ -105,6 +147,51 @@ class ModelConfig(Section):
     OPTIONS: dict[str, Any] = Field(
         default_factory=dict, description="Extra keyword arguments for the model builder."
     )
+
+
+def _check_label_smoothing(value: float) -> float:
+    if not math.isfinite(value) or not 0.0 <= value < 1.0:
+        raise ValueError(f"must be in [0, 1): 1 would make every target uniform (got {value})")
+    return value
+
+
+class TaskConfig(Section):
+    """What is trained: the task turns a micro-batch into a loss and counts samples and tokens."""
+
+    NAME: str = Field(
+        "hierarchical",
+        description="hierarchical (linnaeus: one logits tensor per label level, metadata masking, "
+        "mixup), classification (one integer label per sample), causal_lm (next-token prediction, "
+        "counted in tokens), or a task registered with linnaeus_accel.tasks.register_task.",
+    )
+    LABEL_SMOOTHING: Annotated[float, AfterValidator(_check_label_smoothing)] = Field(
+        0.0, description="classification: cross-entropy label smoothing, in [0, 1)."
+    )
+    INPUT_KEY: str = Field(
+        "image",
+        description="classification: the batch key holding the model's input (batches may also be "
+        "(input, label) pairs).",
+    )
+    FLOPS_PER_TOKEN: PositiveFloat | None = Field(
+        None,
+        description="Model FLOPs per target token (forward + backward), for MFU; causal_lm default: "
+        "6 x trainable parameters.",
+    )
+    FLOPS_PER_SAMPLE: PositiveFloat | None = Field(
+        None,
+        description="Model FLOPs per sample (forward + backward), for MFU, for tasks that do not count tokens.",
+    )
+
+    def problems(self) -> list[Problem]:
+        if self.FLOPS_PER_TOKEN is not None and self.FLOPS_PER_SAMPLE is not None:
+            return [
+                Problem(
+                    ("FLOPS_PER_TOKEN", "FLOPS_PER_SAMPLE"),
+                    "{0} and {1} are set together: MFU is counted from one of them, so keep "
+                    "FLOPS_PER_TOKEN for tasks that count tokens and FLOPS_PER_SAMPLE otherwise",
+                )
+            ]
+        return []
 
 
 class GradNormConfig(Section):
@@ -145,6 +232,11 @@ class OutputConfig(Section):
 
 class EnvConfig(Section):
     OUTPUT: OutputConfig = Field(default_factory=OutputConfig)
+    PEAK_FLOPS: PositiveFloat | None = Field(
+        None,
+        description="Peak FLOP/s of one device, for MFU; default: looked up by GPU name (dense bf16). "
+        "On a CPU, MFU is reported only when this is set.",
+    )
 
 
 class WandbConfig(Section):

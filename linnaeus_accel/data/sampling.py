@@ -13,7 +13,7 @@ many samples of a batch are real is a pure function of host ints: no communicati
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sized
+from collections.abc import Callable, Iterator, Sized
 from typing import Any
 
 import torch
@@ -44,10 +44,13 @@ class EpochSeededSampler(Sampler[int]):
         return iter(torch.randperm(self.size, generator=generator).tolist())
 
 
-def make_dataloader(config: Config, dataset: Dataset[Any], train: bool) -> DataLoader[Any]:
+def make_dataloader(
+    config: Config, dataset: Dataset[Any], train: bool, collate_fn: Callable[[list[Any]], Any] | None = None
+) -> DataLoader[Any]:
     data = config.DATA
     return DataLoader(
         dataset,
+        collate_fn=collate_fn,
         batch_size=data.BATCH_SIZE if train else (data.BATCH_SIZE_VAL or data.BATCH_SIZE),
         sampler=EpochSeededSampler(dataset, config.EXPERIMENT.SEED, shuffle=train),  # type: ignore[arg-type]
         drop_last=data.DROP_LAST if train else False,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from ..config.sections import EarlyStopConfig
 
@@ -24,11 +24,15 @@ class EarlyStopping:
     to be taken on one process and broadcast (the trainer does that).
     """
 
-    def __init__(self, config: EarlyStopConfig, warmup_steps: int = 0) -> None:
+    def __init__(
+        self, config: EarlyStopConfig, warmup_steps: int = 0, mode: Literal["min", "max"] | None = None
+    ) -> None:
+        """``mode``: whether the metric is better lower or higher, as the task reports it; MODE in
+        the config wins, and without either the metric's name decides."""
         self.config = config
         self.warmup_steps = warmup_steps
         self.metric = config.METRIC
-        self.mode = config.mode
+        self.mode = config.MODE or mode or config.mode
         self.best: float | None = None
         self.step_of_best: int | None = None
 

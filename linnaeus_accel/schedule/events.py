@@ -2,7 +2,8 @@
 
 Epochs are counted 1-based as completed epochs. An epoch interval fires when ``e % N == 0``; a step
 interval fires at the first boundary at or after each multiple of ``S``, i.e. whenever the boundary
-crosses one: ``floor(previous_boundary_step / S) != floor(boundary_step / S)``.
+crosses one: ``floor(previous_boundary_step / S) != floor(boundary_step / S)``. The last boundary of
+a TARGET_TOKENS run is at its total step count, possibly inside its (partial) last epoch.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 Step-keyed questions take ``k``, the index of the optimizer update being made (0-based, equal to
 ``global_step`` before it is incremented). Boundary questions take the number of completed epochs
 ``epoch`` (1-based) and ``final``, true at the last boundary of the run (the last epoch, or an
-early stop / MAX_STEPS cut-off).
+early stop / MAX_STEPS cut-off). The boundary after epoch ``e`` is at ``plan.boundary_step(e)``; a
+TARGET_TOKENS run's last epoch may be partial and ends at ``total_steps``, mid-epoch.
 """
 
 from __future__ import annotations
@@ -20,6 +21,15 @@ class OpsSchedule:
     def is_final_epoch(self, epoch: int) -> bool:
         return epoch >= self.plan.epochs
 
+    def should_end_epoch(self, epoch: int, global_step: int) -> bool:
+        """Whether ``epoch`` is over after ``global_step`` completed optimizer steps: its dataloader
+        is exhausted then, except in the partial last epoch of a TARGET_TOKENS run, which ends at
+        ``total_steps`` with batches left."""
+        return global_step >= self.plan.boundary_step(epoch)
+
+    def _is_boundary_step(self, global_step: int) -> bool:
+        return global_step % self.plan.optimizer_steps_per_epoch == 0 or global_step >= self.plan.total_steps
+
     def _fires(self, interval: Interval | None, epoch: int) -> bool:
         if interval is None:
             return False
@@ -35,11 +45,11 @@ class OpsSchedule:
 
     def should_save_mid_epoch_checkpoint(self, global_step: int) -> bool:
         """``CHECKPOINT.MID_EPOCH``: at each multiple of the step interval, unless that step ends an
-        epoch (the boundary checkpoint covers it, with its validations)."""
+        epoch or the run (the boundary checkpoint covers it, with its validations)."""
         interval, plan = self.plan.checkpoint, self.plan
         if not plan.mid_epoch_checkpoints or interval is None or interval.unit != "steps":
             return False
-        return global_step % interval.every == 0 and global_step % plan.optimizer_steps_per_epoch != 0
+        return global_step % interval.every == 0 and not self._is_boundary_step(global_step)
 
     def should_validate(self, epoch: int, final: bool = False) -> bool:
         if self.plan.validation is None:

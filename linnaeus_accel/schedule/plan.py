@@ -1,11 +1,13 @@
 """The resolved plan: every schedule parameter of a config, in integer global steps, computed once.
 
 ``resolve_plan(config, batches_per_epoch, world_size)`` is the only place where steps, fractions and
-epochs meet; everything downstream (the training loop, ``OpsSchedule``, ``plan``) reads ints.
+epochs (and, for ``TRAIN.TARGET_TOKENS``, tokens) meet; everything downstream (the training loop,
+``OpsSchedule``, ``plan``) reads ints.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -17,7 +19,7 @@ from .events import Interval, exhaustive_combinations, interval_from
 from .lr import LRCurve
 from .ramps import DISABLED, PartialMasking, Ramp
 from .sanity import sanity_warnings
-from .steps import floor_fraction_of, optimizer_steps_per_epoch, resolve_steps, steps_from_fraction
+from .steps import ceil_div, floor_fraction_of, optimizer_steps_per_epoch, resolve_steps, steps_from_fraction
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,9 @@ class ResolvedPlan:
     gradnorm_interval: int
     max_steps: int | None
     dataset_size: int | None = None
+    target_tokens: int | None = None  # TRAIN.TARGET_TOKENS; None for an EPOCHS run
+    tokens_per_step: int | None = None  # target tokens in one global step, when samples have a fixed count
+    total_tokens: int | None = None  # target tokens the whole run trains on (each sample counted once)
     warnings: tuple[str, ...] = field(default=(), compare=False)
 
     @property
@@ -64,14 +69,27 @@ class ResolvedPlan:
         return self.lr_curves[group](step)
 
     def boundary_step(self, epoch: int) -> int:
-        """Global step count once ``epoch`` epochs are complete."""
-        return epoch * self.optimizer_steps_per_epoch
+        """Global step count once ``epoch`` epochs are complete. A TARGET_TOKENS run ends at
+        ``total_steps``, possibly inside its last epoch: that step is the last (final) boundary."""
+        return min(epoch * self.optimizer_steps_per_epoch, self.total_steps)
+
+    @property
+    def last_epoch_steps(self) -> int:
+        """Optimizer steps the last epoch runs (``optimizer_steps_per_epoch`` unless it is partial)."""
+        return self.total_steps - self.boundary_step(self.epochs - 1)
 
 
 def resolve_plan(
-    config: Config, batches_per_epoch: int, world_size: int = 1, dataset_size: int | None = None
+    config: Config,
+    batches_per_epoch: int,
+    world_size: int = 1,
+    dataset_size: int | None = None,
+    tokens_per_sample: int | None = None,
 ) -> ResolvedPlan:
-    """Resolve ``config`` for a dataloader of ``batches_per_epoch`` batches per process."""
+    """Resolve ``config`` for a dataloader of ``batches_per_epoch`` batches per process.
+
+    ``tokens_per_sample``: target tokens in every training sample, when the dataset declares a fixed
+    count (packed sequences); TRAIN.TARGET_TOKENS needs it."""
     if world_size < 1:
         raise ConfigError([("--world-size", f"must be >= 1 (got {world_size})")], source="plan")
     if batches_per_epoch < 1:
@@ -87,9 +105,21 @@ def resolve_plan(
         )
     accum = config.TRAIN.accumulation
     ope = optimizer_steps_per_epoch(batches_per_epoch, accum)
-    total = ope * config.TRAIN.EPOCHS
     sched, lrc = config.SCHEDULE, config.LR_SCHEDULER
     effective = config.DATA.BATCH_SIZE * world_size * accum
+    tokens_per_step = None if tokens_per_sample is None else effective * tokens_per_sample
+    epochs = config.TRAIN.epochs
+    total_tokens: int | None
+    if epochs is not None:
+        total = ope * epochs
+        per_epoch = _epoch_tokens(config, batches_per_epoch, world_size, dataset_size, tokens_per_sample)
+        total_tokens = None if per_epoch is None else per_epoch * epochs
+    else:  # TRAIN.TARGET_TOKENS
+        total, tokens_per_step = _steps_for_target_tokens(
+            config, batches_per_epoch, world_size, dataset_size, tokens_per_sample
+        )
+        epochs = ceil_div(total, ope)  # the last epoch may be partial
+        total_tokens = total * tokens_per_step
     scale = effective / lrc.REFERENCE_BS if lrc.REFERENCE_BS else 1.0
 
     def steps(block: Any, stem: str) -> int | None:
@@ -145,7 +175,7 @@ def resolve_plan(
         accumulation=accum,
         batches_per_epoch=batches_per_epoch,
         optimizer_steps_per_epoch=ope,
-        epochs=config.TRAIN.EPOCHS,
+        epochs=epochs,
         total_steps=total,
         effective_batch_size=effective,
         lr_scale=scale,
@@ -176,8 +206,100 @@ def resolve_plan(
         gradnorm_interval=gradnorm.UPDATE_INTERVAL,
         max_steps=config.TRAIN.EARLY_STOP.MAX_STEPS if config.TRAIN.EARLY_STOP.ACTIVE else None,
         dataset_size=dataset_size,
+        target_tokens=config.TRAIN.TARGET_TOKENS,
+        tokens_per_step=tokens_per_step,
+        total_tokens=total_tokens,
     )
     return replace(plan, warnings=tuple(sanity_warnings(config, plan)))
+
+
+def _steps_for_target_tokens(
+    config: Config,
+    batches_per_epoch: int,
+    world_size: int,
+    dataset_size: int | None,
+    tokens_per_sample: int | None,
+) -> tuple[int, int]:
+    """SPEC §11: (T, tokens per step) of a TARGET_TOKENS run, T = ceil(TARGET_TOKENS / tokens per
+    step). That is exact only when every global step holds the same number of target tokens; every
+    way this data and config break that is reported at once."""
+    key = "TRAIN.TARGET_TOKENS"
+    problems: list[tuple[str, str]] = []
+    if tokens_per_sample is None:
+        problems.append(
+            (
+                key,
+                "needs a training dataset that declares `tokens_per_sample` (every sample holds the same "
+                "number of target tokens: packed fixed-length sequences, e.g. linnaeus_accel.data.PackedTokens); "
+                "this one does not, so use TRAIN.EPOCHS instead (`linnaeus-accel plan` takes the count as "
+                "--tokens-per-sample N)",
+            )
+        )
+    elif tokens_per_sample < 1:
+        problems.append(
+            (key, f"the training dataset declares tokens_per_sample = {tokens_per_sample}; it must be >= 1")
+        )
+    batch, accum = config.DATA.BATCH_SIZE, config.TRAIN.accumulation
+    global_batch = batch * world_size
+    procs = f"{world_size} process{'es' if world_size > 1 else ''}"
+    if not config.DATA.DROP_LAST:
+        if dataset_size is None:
+            problems.append(
+                (
+                    key,
+                    "needs the training dataset size to check that every global step holds the same number "
+                    "of samples: give the dataset size (`plan --dataset-size N`), or set DATA.DROP_LAST: true",
+                )
+            )
+        elif dataset_size % global_batch:
+            problems.append(
+                (
+                    key,
+                    f"needs every global step to hold the same number of samples, but {dataset_size} samples "
+                    f"in batches of {batch} x {procs} leave a last global batch of {dataset_size % global_batch} "
+                    f"of {global_batch}: set DATA.DROP_LAST: true (or use a dataset size that is a multiple of {global_batch})",
+                )
+            )
+    if batches_per_epoch % accum:
+        problems.append(
+            (
+                key,
+                f"needs every optimizer step to accumulate the same number of batches, but "
+                f"{batches_per_epoch} batches per process per epoch with TRAIN.ACCUMULATION_STEPS {accum} "
+                f"leave a last window of {batches_per_epoch % accum} (a smaller step): set "
+                f"TRAIN.ACCUMULATION_STEPS to one dividing the {batches_per_epoch} batches per process "
+                f"({_nearest_divisors(batches_per_epoch, accum)})",
+            )
+        )
+    if problems or tokens_per_sample is None or config.TRAIN.TARGET_TOKENS is None:
+        raise ConfigError(problems, source="plan")
+    per_step = config.DATA.BATCH_SIZE * world_size * accum * tokens_per_sample
+    return ceil_div(config.TRAIN.TARGET_TOKENS, per_step), per_step
+
+
+def _nearest_divisors(n: int, near: int) -> str:
+    """The divisors of ``n`` next to ``near``, for the error text: 'e.g. 3 or 5'."""
+    divisors = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    divisors = sorted({*divisors, *(n // d for d in divisors)})
+    below = max(d for d in divisors if d < near)  # 1 always divides
+    above = [d for d in divisors if d > near]
+    return f"e.g. {below}" + (f" or {above[0]}" if above else "")
+
+
+def _epoch_tokens(
+    config: Config,
+    batches_per_epoch: int,
+    world_size: int,
+    dataset_size: int | None,
+    tokens_per_sample: int | None,
+) -> int | None:
+    """Target tokens of one epoch of an EPOCHS run, each sample counted once (a padded last batch
+    repeats samples that are not counted again); None when unknown."""
+    if tokens_per_sample is None:
+        return None
+    if config.DATA.DROP_LAST:
+        return batches_per_epoch * config.DATA.BATCH_SIZE * world_size * tokens_per_sample
+    return None if dataset_size is None else dataset_size * tokens_per_sample
 
 
 StepResolver = Callable[[Any, str], "int | None"]

@@ -21,6 +21,11 @@ def optimizer_steps_per_epoch(batches_per_epoch: int, accumulation: int) -> int:
     return math.ceil(batches_per_epoch / max(1, accumulation))
 
 
+def ceil_div(a: int, b: int) -> int:
+    """``ceil(a / b)`` in integers: exact for token counts beyond a float's 53 bits."""
+    return -(-a // b)
+
+
 def decimal_of(x: float) -> Decimal:
     return Decimal(str(x))
 

@@ -67,8 +67,8 @@ def summary_text(config: Config, plan: ResolvedPlan) -> str:
     procs = f"{plan.world_size} process{'es' if plan.world_size > 1 else ''}"
     lines += [
         f"Data:     {data}{plan.batches_per_epoch} batches per process per epoch (batch {plan.batch_size} x {procs})",
-        f"Steps:    {plan.optimizer_steps_per_epoch} optimizer steps per epoch (accumulation {plan.accumulation}) "
-        f"x {plan.epochs} epochs = {plan.total_steps} total steps",
+        _steps_line(plan),
+        *_tokens_lines(plan),
         f"Batch:    effective batch size {plan.effective_batch_size}; LR scale {plan.lr_scale:g}"
         + (
             f" (= {plan.effective_batch_size} / {config.LR_SCHEDULER.REFERENCE_BS})"
@@ -112,6 +112,39 @@ def summary_text(config: Config, plan: ResolvedPlan) -> str:
     if plan.warnings:
         lines += ["", "Warnings:", *(f"  - {w}" for w in plan.warnings)]
     return "\n".join(lines) + "\n"
+
+
+def _steps_line(plan: ResolvedPlan) -> str:
+    per_epoch = (
+        f"{plan.optimizer_steps_per_epoch} optimizer steps per epoch (accumulation {plan.accumulation})"
+    )
+    if plan.target_tokens is None:
+        return f"Steps:    {per_epoch} x {plan.epochs} epochs = {plan.total_steps} total steps"
+    return f"Steps:    {per_epoch}; {plan.total_steps} total steps from TRAIN.TARGET_TOKENS (see Tokens)"
+
+
+def _epochs_of(plan: ResolvedPlan) -> str:
+    """'3 epochs', or '3 epochs, the last partial (40 of 100 steps)'."""
+    text = f"{plan.epochs} epoch{'s' if plan.epochs > 1 else ''}"
+    if plan.last_epoch_steps < plan.optimizer_steps_per_epoch:
+        text += f", the last partial ({plan.last_epoch_steps} of {plan.optimizer_steps_per_epoch} steps)"
+    return text
+
+
+def _tokens_lines(plan: ResolvedPlan) -> list[str]:
+    """The target tokens of a step and of the run, when every sample holds a known number of them."""
+    per_step = plan.tokens_per_step
+    if per_step is None:
+        return []
+    head = f"Tokens:   {per_step} target tokens per step"
+    if plan.target_tokens is not None:
+        return [
+            f"{head}; target {plan.target_tokens} -> ceil({plan.target_tokens} / {per_step}) = "
+            f"{plan.total_steps} steps = {_epochs_of(plan)}; {plan.total_tokens} tokens in the whole run"
+        ]
+    if plan.total_tokens is None:  # EPOCHS run of unknown dataset size: a padded last batch counts less
+        return [f"{head}; at most {plan.total_steps * per_step} tokens in the whole run"]
+    return [f"{head}; {plan.total_tokens} tokens in the whole run"]
 
 
 def _ramp_lines(config: Config, plan: ResolvedPlan) -> list[str]:
@@ -229,6 +262,9 @@ def plan_json(config: Config, plan: ResolvedPlan, with_series: bool = True) -> d
         "optimizer_steps_per_epoch": plan.optimizer_steps_per_epoch,
         "total_steps": plan.total_steps,
         "effective_batch_size": plan.effective_batch_size,
+        "target_tokens": plan.target_tokens,
+        "tokens_per_step": plan.tokens_per_step,
+        "total_tokens": plan.total_tokens,
         "lr_scale": plan.lr_scale,
         "warmup_steps": plan.warmup_steps,
         "lr_groups": [

@@ -1,62 +1,120 @@
-"""What the schedule does to a training batch at global step ``k``: in-group mixup, then metadata
-masking (full, then partial for the samples left unmasked), with the probabilities of ``k``."""
+"""Where a process's micro-batches come from, which of their rows are real, and how they group into
+optimizer steps.
+
+Map-style data goes through Accelerate's prepared DataLoader (our epoch-seeded sampler, sharded
+by ``BatchSamplerShard``; resuming skips batches through the batch sampler, loading nothing).
+Streams (``IterableDataset``) go through ``StreamShard`` and torchdata's ``StatefulDataLoader``,
+whose per-worker position is saved in each process's part of the checkpoint. Either way process
+``p``'s ``j``-th batch holds the same samples of the epoch's global order, so one helper
+(``real_in_batch``) tells which rows are even-batch repeats.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable, Iterator
+from typing import Any, NamedTuple
 
+import torch
 from accelerate import Accelerator
+from accelerate.utils import find_batch_size, send_to_device
+from torch import Tensor
 
-from ..config import Config
-from ..schedule import OpsSchedule, ResolvedPlan
-from .transforms import InGroupMixup, MetaMasker
+from ..data.sampling import real_in_batch
+
+STATE_VERSION = 1
 
 
-class BatchTransforms:
-    def __init__(self, config: Config, plan: ResolvedPlan, dataset: Any, accelerator: Accelerator) -> None:
-        self.ops = OpsSchedule(plan)
-        self.plan = plan
-        seed = config.EXPERIMENT.SEED
-        components = tuple(getattr(dataset, "meta_components", ()))
-        self.masker = MetaMasker(components, seed) if components else None
-        self.mask_training = self.masker is not None and (plan.meta_mask.enabled or plan.partial_mask.enabled)
-        levels = tuple(getattr(dataset, "levels", ()))
-        mix = config.SCHEDULE.MIXUP
-        self.mixup = (
-            InGroupMixup(
-                levels.index(plan.mixup_group_level),
-                mix.ALPHA,
-                mix.MIN_GROUP_SIZE,
-                mix.EXCLUDE_NULL_SAMPLES,
-                seed,
-            )
-            if plan.mixup.enabled and plan.mixup_group_level in levels
-            else None
-        )
+class MicroBatch(NamedTuple):
+    position: int  # this process's batch index in the epoch
+    data: Any
+    real: Tensor | None  # rows that are not even-batch repeats; None when every row is real
+
+
+class BatchSource:
+    """One process's view of a training or validation DataLoader."""
+
+    def __init__(
+        self, accelerator: Accelerator, loader: Any, size: int, batch_size: int, *, stream: bool
+    ) -> None:
+        """``size``: samples per pass over all processes; ``stream``: ``loader`` is a
+        ``stream_loader`` (not prepared by Accelerate, so batches are moved to the device here)."""
+        self.accelerator = accelerator
+        self.loader = loader
+        self.size = size
+        self.batch_size = batch_size
+        self.stream = stream
         self.rank, self.world = accelerator.process_index, accelerator.num_processes
 
-    def train(self, batch: dict[str, Any], k: int, epoch: int, batch_index: int) -> dict[str, Any]:
-        if self.mixup is not None:
-            # Accelerate hands process p the global micro-batches p, p + W, ...: keyed by that global
-            # index, the same samples get the same decision under any (world size, accumulation).
-            key = batch_index * self.world + self.rank
-            batch = self.mixup.apply(batch, epoch, key, self.ops.get_mixup_prob(k))
-        if self.mask_training and self.masker is not None:
-            partial = self.plan.partial_mask
-            meta = self.masker.train(
-                batch["meta"],
-                batch["index"],
-                epoch,
-                self.ops.get_meta_mask_prob(k),
-                self.ops.get_partial_mask_prob(k),
-                partial.whitelist,
-                partial.weights,
-            )
-            batch = {**batch, "meta": meta}
-        return batch
+    def __len__(self) -> int:
+        return len(self.loader)
 
-    def validation_mask(self, meta: dict[str, Any], masked: tuple[str, ...] | None) -> dict[str, Any]:
-        """Validation masking: None keeps everything, () masks every component."""
-        if masked is None or self.masker is None:
-            return meta
-        return self.masker.mask_all(meta) if not masked else self.masker.mask_components(meta, masked)
+    def set_epoch(self, epoch: int) -> None:
+        target = self.loader.dataset if self.stream else self.loader
+        target.set_epoch(epoch)
+
+    def micro_batches(self, start: int = 0) -> Iterator[MicroBatch]:
+        """The epoch's batches from batch ``start`` on (a stream must have been positioned there by
+        ``resume``)."""
+        loader = self.loader
+        if start and not self.stream:
+            loader = self.accelerator.skip_first_batches(loader, start)
+        device = self.accelerator.device
+        for index, batch in enumerate(loader, start):
+            if self.stream:
+                batch = send_to_device(batch, device, non_blocking=True)
+            yield MicroBatch(index, batch, self.real_rows(index, batch))
+
+    def real_rows(self, index: int, batch: Any) -> Tensor | None:
+        real = real_in_batch(self.size, self.batch_size, self.world, index, self.rank)
+        if real >= self.batch_size:
+            return None  # the common case: host ints only, nothing allocated
+        rows = find_batch_size(batch)
+        if rows is None or real >= rows:
+            return None  # one process's short last batch: nothing was repeated
+        return torch.arange(rows, device=self.accelerator.device) < real
+
+    # -- a stream's position, per process ----------------------------------------------------------
+    def state_dict(self) -> dict[str, Any] | None:
+        """The position inside the epoch of a stream (each worker's); map-style data needs none."""
+        if not self.stream:
+            return None
+        return {
+            "version": STATE_VERSION,
+            "world_size": self.world,
+            "batch_size": self.batch_size,
+            "num_workers": self.loader.num_workers,
+            "loader": self.loader.state_dict(),
+        }
+
+    def resume(self, state: dict[str, Any] | None, start: int) -> None:
+        """Position a stream at batch ``start`` of the current epoch: from the saved loader state
+        when it was this layout (O(1) when the stream has ``state_dict``), else by replaying the
+        stream up to there (another number of processes or workers: elastic resume)."""
+        if not self.stream or start == 0:
+            return
+        layout = {
+            "world_size": self.world,
+            "batch_size": self.batch_size,
+            "num_workers": self.loader.num_workers,
+        }
+        if (
+            state
+            and state.get("version") == STATE_VERSION
+            and all(state.get(k) == v for k, v in layout.items())
+        ):
+            self.loader.load_state_dict(state["loader"])
+        else:
+            self.loader.dataset.start_at(start)
+
+
+def windows(micro_batches: Iterable[MicroBatch], accumulation: int) -> Iterator[list[MicroBatch]]:
+    """Micro-batches grouped into optimizer steps; the epoch's last group may be shorter (SPEC §1:
+    a trailing partial window is one optimizer step)."""
+    window: list[MicroBatch] = []
+    for micro_batch in micro_batches:
+        window.append(micro_batch)
+        if len(window) == accumulation:
+            yield window
+            window = []
+    if window:
+        yield window

@@ -1,8 +1,10 @@
 """Checkpoints of a run: saved through ``accelerator.save_state`` (collective: every process calls
 it, SPEC §9), committed atomically by the main process, found again on resume.
 
-Our own state (progress, early stopping, GradNorm, metric windows, retention bookkeeping, tracker
-run id) is one versioned JSON file inside the checkpoint: nothing of ours is ever unpickled. The
+Our own state (progress, early stopping, GradNorm, retention bookkeeping, tracker run id) is one
+versioned JSON file inside the checkpoint, and what differs between processes (each one's share of
+the open metric window, a stream's position in each DataLoader worker) one small JSON file per
+process: nothing of ours is ever unpickled. The
 validation passes that follow a boundary checkpoint are recorded, one line each, in that
 checkpoint's journal, so that a run killed mid-validation runs only the passes still missing.
 """
@@ -21,14 +23,18 @@ from ..config import Config, ConfigError
 from .faults import fault_point
 
 STATE_FILE = "trainer_state.json"
+RANK_FILE = "rank_{:05d}.json"  # one per process
 JOURNAL_FILE = "validation_journal.jsonl"
 STATE_VERSION = 1
 
 
 class Checkpointer:
-    def __init__(self, accelerator: Accelerator, config: Config, remote: Any = None) -> None:
+    def __init__(
+        self, accelerator: Accelerator, config: Config, remote: Any = None, mode: Mode | None = None
+    ) -> None:
         """``remote``: a ``RemoteCheckpoints`` to sync with (default: from ENV.OUTPUT.BUCKET and the
-        B2 credentials in the environment when the bucket is enabled)."""
+        B2 credentials in the environment when the bucket is enabled). ``mode``: whether the
+        ranking metric is better lower or higher (the task says; default: by its name)."""
         self.accelerator = accelerator
         self.config = config
         self.store = CheckpointStore(config.output_dir / "checkpoints")
@@ -37,7 +43,7 @@ class Checkpointer:
         if accelerator.is_main_process:
             self.remote, self.uploader = self._remote(remote)
         self.ranking_metric = config.SCHEDULE.CHECKPOINT.METRIC or config.TRAIN.EARLY_STOP.METRIC
-        self.mode: Mode = "min" if "loss" in self.ranking_metric else "max"
+        self.mode: Mode = mode or ("min" if "loss" in self.ranking_metric else "max")
         self.metric_at: dict[int, float | None] = {}  # ranking metric of each checkpoint, for retention
         self.resumed_from: int | None = None
         self.current: Path | None = None  # the newest committed checkpoint of this run
@@ -69,13 +75,16 @@ class Checkpointer:
         return self.store.step_of(self.current) if self.current is not None else None
 
     # -- saving ------------------------------------------------------------------------------------
-    def save(self, step: int, state: dict[str, Any]) -> Path:
+    def save(self, step: int, state: dict[str, Any], rank_state: dict[str, Any]) -> Path:
+        """``state``: the run's (written once); ``rank_state``: this process's own."""
         acc = self.accelerator
         if acc.is_main_process:
             self.store.staging_dir(step)
         acc.wait_for_everyone()
         staging = self.store.staging_path(step)
         acc.save_state(str(staging))
+        rank_file = staging / RANK_FILE.format(acc.process_index)
+        rank_file.write_text(json.dumps({"version": STATE_VERSION, **rank_state}), encoding="utf-8")
         if acc.is_main_process:
             state = {"version": STATE_VERSION, **state, "checkpoint_metrics": _json_metrics(self.metric_at)}
             (staging / STATE_FILE).write_text(json.dumps(state), encoding="utf-8")
@@ -168,6 +177,15 @@ class Checkpointer:
         self.resumed_from = int(state.get("progress", {}).get("global_step", 0))
         self.current = path
         return state
+
+    def rank_states(self, path: Path) -> list[dict[str, Any]]:
+        """Every process's own state saved in the checkpoint at ``path``, by rank (none in a
+        checkpoint written before they existed)."""
+        states: list[dict[str, Any]] = []
+        while (file := path / RANK_FILE.format(len(states))).is_file():
+            state = json.loads(file.read_text(encoding="utf-8"))
+            states.append(state if isinstance(state, dict) else {})
+        return states
 
     def journal(self, path: Path) -> list[dict[str, Any]]:
         journal = path / JOURNAL_FILE

@@ -1,9 +1,8 @@
-"""Weighted hierarchical loss over task heads and GradNorm task weighting (SPEC §8).
+"""GradNorm task weighting of a task's loss components (SPEC §8).
 
-``HierarchicalLoss`` returns the weighted total and the per-level losses (with graph) so that
-GradNorm can reuse the same forward. ``GradNorm`` (Chen et al. 2018) moves the per-level weights
-so that each level's weighted gradient norm on the shared parameters tracks the mean norm scaled by
-that level's relative training rate. Nothing here reads a tensor on the host in the per-step path.
+``GradNorm`` (Chen et al. 2018) moves the per-component weights so that each component's weighted
+gradient norm on the shared parameters tracks the mean norm scaled by that component's relative
+training rate. Nothing here reads a tensor on the host in the per-step path.
 """
 
 from __future__ import annotations
@@ -13,10 +12,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-IGNORE_INDEX = -100
 _STATE_VERSION = 1
 
 
@@ -27,59 +24,6 @@ def _check_weights(values: Sequence[float], n: int, name: str) -> list[float]:
     if any(not math.isfinite(v) or v < 0 for v in out):
         raise ValueError(f"{name} must be finite and non-negative, got {out}")
     return out
-
-
-class HierarchicalLoss(torch.nn.Module):
-    """Sum over levels of ``w_l * CE(logits_l, labels[:, l])``; labels < 0 are null (ignored)."""
-
-    _task_weights: Tensor
-
-    def __init__(self, num_levels: int, weights: Sequence[float] | None = None) -> None:
-        super().__init__()
-        if num_levels < 1:
-            raise ValueError(f"num_levels must be >= 1, got {num_levels}")
-        self.num_levels = num_levels
-        w = (
-            [1.0] * num_levels
-            if weights is None
-            else _check_weights(weights, num_levels, "LOSS.TASK_WEIGHTS")
-        )
-        # Not persistent: the weights come from the config or from GradNorm's own JSON state, so the
-        # loss never needs to be checkpointed.
-        self.register_buffer("_task_weights", torch.tensor(w, dtype=torch.float32), persistent=False)
-
-    @property
-    def task_weights(self) -> Tensor:
-        return self._task_weights
-
-    @task_weights.setter
-    def task_weights(self, value: Tensor) -> None:
-        if value.shape != (self.num_levels,):
-            raise ValueError(f"task_weights must have shape ({self.num_levels},), got {tuple(value.shape)}")
-        # Replaced, not copied in place: an in-place copy from GPU into a CPU buffer would sync.
-        self._task_weights = value.detach().to(torch.float32).clone()
-
-    def level_weights_list(self) -> list[float]:
-        """Host copy for validation-time use (a device read: not for the per-step path)."""
-        return [float(v) for v in self._task_weights.tolist()]
-
-    def forward(self, logits: Sequence[Tensor], labels: Tensor) -> tuple[Tensor, Tensor]:
-        if len(logits) != self.num_levels or labels.dim() != 2 or labels.shape[1] != self.num_levels:
-            raise ValueError(
-                f"expected {self.num_levels} logits and labels [B, {self.num_levels}], "
-                f"got {len(logits)} logits and labels {tuple(labels.shape)}"
-            )
-        per_level = []
-        for level, level_logits in enumerate(logits):
-            lab = labels[:, level]
-            valid = lab >= 0
-            target = lab.masked_fill(~valid, IGNORE_INDEX)
-            # sum / max(count, 1) rather than reduction="mean": an all-null level gives 0, not 0/0.
-            summed = F.cross_entropy(level_logits.float(), target, ignore_index=IGNORE_INDEX, reduction="sum")
-            per_level.append(summed / valid.sum().clamp_min(1))
-        losses = torch.stack(per_level)
-        total = (self._task_weights.to(losses.device) * losses).sum()
-        return total, losses
 
 
 class GradNorm:

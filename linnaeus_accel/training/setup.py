@@ -5,14 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from fnmatch import fnmatch
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from ..config import Config, ConfigError
 from ..data.sampling import make_dataloader
+from ..data.streaming import StreamError, stream_loader
+from ..schedule.steps import batches_per_process
 
 OptimizerFactory = Callable[[list[dict[str, Any]]], torch.optim.Optimizer]
 
@@ -56,12 +58,30 @@ def build_optimizer(
     return optimizer(parameter_groups(model, config))
 
 
-def as_dataloader(config: Config, data: Dataset[Any] | DataLoader[Any] | None, train: bool) -> Any:
-    if data is None or not isinstance(data, DataLoader):
-        return make_dataloader(config, data, train) if data is not None else None
+class Loader(NamedTuple):
+    loader: Any  # a DataLoader for Accelerate to prepare, or a ready stream loader
+    dataset: Any  # the user's dataset
+    collate: Any  # how its samples become a batch
+    size: int  # samples per pass, all processes together
+    batch_size: int  # per process
+    batches_per_epoch: int  # per process
+    stream: bool
+
+
+def as_loader(
+    config: Config,
+    data: Dataset[Any] | DataLoader[Any],
+    train: bool,
+    rank: int,
+    world_size: int,
+    collate_fn: Callable[[list[Any]], Any] | None = None,
+) -> Loader:
+    """A map-style dataset gets the epoch-seeded sampler; an IterableDataset (or a DataLoader
+    over one) is sharded across processes and workers by ``StreamShard``; a DataLoader over a
+    map-style dataset is used as given, once its batch size is checked against the config."""
+    key = "DATA.BATCH_SIZE" if train else "DATA.BATCH_SIZE_VAL"
     expected = config.DATA.BATCH_SIZE if train else (config.DATA.BATCH_SIZE_VAL or config.DATA.BATCH_SIZE)
-    if data.batch_size != expected:
-        key = "DATA.BATCH_SIZE" if train else "DATA.BATCH_SIZE_VAL"
+    if isinstance(data, DataLoader) and data.batch_size != expected:
         raise ConfigError(
             [
                 (
@@ -70,7 +90,29 @@ def as_dataloader(config: Config, data: Dataset[Any] | DataLoader[Any] | None, t
                 )
             ]
         )
-    return data
+    dataset = data.dataset if isinstance(data, DataLoader) else data
+    if isinstance(dataset, IterableDataset):
+        given = data if isinstance(data, DataLoader) else None
+        try:
+            loader = stream_loader(
+                dataset,
+                batch_size=expected,
+                world_size=world_size,
+                rank=rank,
+                num_workers=given.num_workers if given is not None else config.DATA.NUM_WORKERS,
+                drop_last=config.DATA.DROP_LAST if train else False,
+                collate_fn=given.collate_fn if given is not None else collate_fn,
+            )
+        except StreamError as exc:
+            raise ConfigError([("DATA", f"{'training' if train else 'validation'} data: {exc}")]) from None
+        size = len(dataset)  # type: ignore[arg-type]
+        drop_last = config.DATA.DROP_LAST if train else False
+        batches = batches_per_process(size, expected, world_size, drop_last)
+        return Loader(loader, dataset, loader.dataset.collate_fn, size, expected, batches, stream=True)
+    if not isinstance(data, DataLoader):
+        data = make_dataloader(config, data, train, collate_fn)
+    size = len(data.sampler)  # type: ignore[arg-type]
+    return Loader(data, dataset, data.collate_fn, size, expected, len(data), stream=False)
 
 
 def shared_parameters(model: nn.Module) -> list[nn.Parameter]:

@@ -1,14 +1,15 @@
 """``Trainer``: the training loop on ``accelerate.Accelerator``.
 
-Accelerate owns devices, mixed precision, gradient accumulation, all-reduce and process control;
-the trainer owns *when* things happen, and asks the resolved plan (``OpsSchedule``) every time.
-The LR is set from the global step before each optimizer step; no LR scheduler is prepared
-(Accelerate would step it once per process, SPEC §1).
+Accelerate owns devices, mixed precision, all-reduce and process control; the task (``tasks/``)
+owns everything that depends on what is trained; the trainer owns *when* things happen, and asks
+the resolved plan (``OpsSchedule``) every time. The LR is set from the global step before each
+optimizer step; no LR scheduler is prepared (Accelerate would step it once per process, SPEC §1).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,22 +24,26 @@ from ..data.sampling import samples_in_global_batch
 from ..progress import TrainingProgress
 from ..schedule import EarlyStopping, OpsSchedule, ResolvedPlan, StopDecision, resolve_plan
 from ..schedule.summary import summary_text
-from .batches import BatchTransforms
+from ..tasks import Task, TaskContext, ValidationPass, build_task
+from .batches import BatchSource, windows
 from .checkpointing import Checkpointer
 from .faults import fault_point
-from .loss import GradNorm, HierarchicalLoss
+from .loss import GradNorm
 from .meter import TrainMeter
 from .outputs import clear_run, output_problem, run_outputs
 from .preemption import PreemptionWatch
-from .setup import OptimizerFactory, as_dataloader, build_optimizer, default_optimizer, shared_parameters
-from .validation import ValidationPass, passes_at_boundary, run_pass, validation_line
+from .resume import compatible_position, own_rank_state, plan_identity
+from .setup import OptimizerFactory, as_loader, build_optimizer, default_optimizer, shared_parameters
+from .step import OptimizerStep
+from .task_checks import first_batch, metric_mode, probe_problem, task_problems
+from .validation import run_pass, validation_line
 
 
 class Trainer:
-    """Train ``model`` on ``train_dataset`` as ``config`` says; ``fit()`` runs the whole run.
+    """Train ``model`` on ``train_data`` as ``config`` says; ``fit()`` runs the whole run.
 
-    ``model(batch)`` returns one logits tensor per label level (coarse to fine); datasets yield
-    dicts with ``index``, ``image``, ``meta`` and ``labels`` (see ``linnaeus_accel.data``).
+    What a batch holds and how the model is called depend on the task: ``TASK.NAME`` (default
+    ``hierarchical``) or the ``task`` given (see ``linnaeus_accel.tasks``).
     """
 
     def __init__(
@@ -48,23 +53,27 @@ class Trainer:
         train_data: Dataset[Any] | DataLoader[Any],
         val_data: Dataset[Any] | DataLoader[Any] | None = None,
         *,
+        task: Task | None = None,
         optimizer: OptimizerFactory | torch.optim.Optimizer = default_optimizer,
-        loss: nn.Module | None = None,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
         accelerator: Accelerator | None = None,
         remote: Any = None,
-        flops_per_sample: float | None = None,
     ) -> None:
-        """``train_data``/``val_data``: datasets (batched with DATA.BATCH_SIZE by a sampler seeded
-        by (seed, epoch)) or ready DataLoaders. ``optimizer``: a factory taking the parameter
-        groups of LR_SCHEDULER.PARAMETER_GROUPS (group 0 first), or a built optimizer with that
-        many groups. ``loss(logits, labels)`` returns (total, per-level losses); default: the
-        hierarchical loss weighted by LOSS.TASK_WEIGHTS. ``flops_per_sample`` enables MFU. ``remote``:
-        a ``linnaeus_accel.checkpoint.remote.RemoteCheckpoints`` (default: ENV.OUTPUT.BUCKET)."""
+        """``train_data``/``val_data``: map-style datasets (batched with DATA.BATCH_SIZE by a
+        sampler seeded by (seed, epoch)), ``IterableDataset`` streams with ``__len__`` (sharded
+        across processes and DataLoader workers), or ready DataLoaders. ``task``: a ``Task``
+        (default: built from TASK.NAME). ``optimizer``: a factory taking the parameter groups of
+        LR_SCHEDULER.PARAMETER_GROUPS (group 0 first), or a built optimizer with that many groups.
+        ``collate_fn``: how samples of the datasets given become a batch (e.g. padding sequences
+        of different lengths; default: torch's ``default_collate``).
+        ``remote``: a ``linnaeus_accel.checkpoint.remote.RemoteCheckpoints`` (default:
+        ENV.OUTPUT.BUCKET). Every mismatch between config, task, data and model found here is one
+        ``ConfigError``."""
         self.config = config
         accum = config.TRAIN.accumulation
         wandb = config.EXPERIMENT.WANDB
         launched = int(os.environ.get("WORLD_SIZE", "1"))
-        self.accelerator = accelerator or Accelerator(
+        self.accelerator = acc = accelerator or Accelerator(
             # Under torchrun on a machine without CUDA, Accelerate needs cpu=True to form the gloo group.
             cpu=launched > 1 and not torch.cuda.is_available(),
             gradient_accumulation_steps=accum,
@@ -72,67 +81,120 @@ class Trainer:
             project_dir=str(config.output_dir),
             step_scheduler_with_optimizer=False,
         )
-        if self.accelerator.num_processes != launched:
+        if acc.num_processes != launched:
             raise RuntimeError(
-                f"{launched} processes were launched but Accelerate joined {self.accelerator.num_processes}: "
+                f"{launched} processes were launched but Accelerate joined {acc.num_processes}: "
                 "each would train alone; check the launcher and accelerate config"
             )
-        if self.accelerator.gradient_accumulation_steps != accum:
+        if acc.gradient_accumulation_steps != accum:
             raise ConfigError(
                 [
                     (
                         "TRAIN.ACCUMULATION_STEPS",
-                        f"is {accum} but the Accelerator given accumulates {self.accelerator.gradient_accumulation_steps}",
+                        f"is {accum} but the Accelerator given accumulates {acc.gradient_accumulation_steps}",
                     )
                 ]
             )
         set_seed(config.EXPERIMENT.SEED)
-        train_loader, val_loader = (
-            as_dataloader(config, train_data, True),
-            as_dataloader(config, val_data, False),
-        )
-        train_dataset = train_loader.dataset
-        self.levels: tuple[str, ...] = tuple(getattr(train_dataset, "levels", ()))
-        self.train_size = len(train_dataset)
+        rank, world = acc.process_index, acc.num_processes
+        train = as_loader(config, train_data, True, rank, world, collate_fn)
+        val = as_loader(config, val_data, False, rank, world, collate_fn) if val_data is not None else None
+        self.train_size = train.size
         opt = build_optimizer(optimizer, model, config)
-        self.model, self.optimizer, self.train_loader = self.accelerator.prepare(model, opt, train_loader)
-        self.val_loader = self.accelerator.prepare(val_loader) if val_loader is not None else None
+        if train.stream:  # a stream loader shards itself: Accelerate must not shard it again
+            self.model, self.optimizer = acc.prepare(model, opt)
+            train_loader = train.loader
+        else:
+            self.model, self.optimizer, train_loader = acc.prepare(model, opt, train.loader)
+        self.train_batches = BatchSource(acc, train_loader, train.size, train.batch_size, stream=train.stream)
+        self.val_batches = (
+            None
+            if val is None
+            else BatchSource(
+                acc,
+                val.loader if val.stream else acc.prepare(val.loader),
+                val.size,
+                val.batch_size,
+                stream=val.stream,
+            )
+        )
         self.plan: ResolvedPlan = resolve_plan(
-            config, len(self.train_loader), self.accelerator.num_processes, self.train_size
+            config,
+            train.batches_per_epoch if train.stream else len(train_loader),
+            world,
+            train.size,
+            tokens_per_sample=getattr(train.dataset, "tokens_per_sample", None),
         )
         self.ops = OpsSchedule(self.plan)
+        self.task = task if task is not None else build_task(config)
+        self.task.bind(TaskContext(config, self.plan, train.dataset, rank, world, acc.device))
         self.progress = TrainingProgress(
             total_epochs=self.plan.epochs, expected_total_steps=self.plan.total_steps
         )
-        self.early_stopping = EarlyStopping(config.TRAIN.EARLY_STOP, self.plan.warmup_steps)
-        self.level_weights = list(config.LOSS.TASK_WEIGHTS or [1.0] * len(self.levels))
-        self.loss = (loss or HierarchicalLoss(len(self.levels), config.LOSS.TASK_WEIGHTS)).to(
-            self.accelerator.device
-        )
+        early = config.TRAIN.EARLY_STOP
+        problems = task_problems(config, self.task, self.plan)
+        mode, problem = metric_mode(self.task, early.METRIC, "TRAIN.EARLY_STOP.METRIC", early.MODE)
+        if problem is not None and (early.ACTIVE or config.SCHEDULE.CHECKPOINT.METRIC is None):
+            problems.append(problem)
+        ranking = config.SCHEDULE.CHECKPOINT.METRIC
+        if ranking is not None and ranking != early.METRIC:
+            mode_ranking, problem = metric_mode(self.task, ranking, "SCHEDULE.CHECKPOINT.METRIC", None)
+            problems += [problem] if problem is not None else []
+        else:
+            mode_ranking = mode
+        if not problems:
+            probe = probe_problem(
+                self.task, self.model, first_batch(train.dataset, train.collate), acc.device
+            )
+            problems += [("TASK.NAME", probe)] if probe is not None else []
+        if problems:
+            raise ConfigError(problems)
+        self.early_stopping = EarlyStopping(early, self.plan.warmup_steps, mode)
+        self.ranking_mode = mode_ranking
         gradnorm = config.LOSS.GRAD_WEIGHTING.TASK
         self.gradnorm = (
-            GradNorm(len(self.levels), alpha=gradnorm.ALPHA, initial_weights=config.LOSS.TASK_WEIGHTS)
+            GradNorm(
+                len(self.task.components), alpha=gradnorm.ALPHA, initial_weights=config.LOSS.TASK_WEIGHTS
+            )
             if gradnorm.GRADNORM_ENABLED
             else None
         )
-        if self.gradnorm is not None and not hasattr(self.loss, "task_weights"):
-            raise ConfigError(
-                [
-                    (
-                        "LOSS.GRAD_WEIGHTING.TASK.GRADNORM_ENABLED",
-                        "GradNorm needs a loss with task_weights (the default HierarchicalLoss)",
-                    )
-                ]
-            )
-        self.shared_parameters = shared_parameters(self.accelerator.unwrap_model(self.model))
-        self.transforms = BatchTransforms(config, self.plan, train_dataset, self.accelerator)
-        self.meter = TrainMeter(self.accelerator, self.levels, flops_per_sample)
+        self.meter = self._meter()
+        self.step = OptimizerStep(
+            acc,
+            self.model,
+            self.optimizer,
+            self.task,
+            self.plan,
+            self.meter,
+            weights=list(config.LOSS.TASK_WEIGHTS or [1.0] * len(self.task.components)),
+            clip_grad=config.TRAIN.CLIP_GRAD,
+            gradnorm=self.gradnorm,
+            shared_parameters=shared_parameters(acc.unwrap_model(self.model)) if self.gradnorm else None,
+        )
         self.last_validation: dict[str, float] = {}
-        self.checkpointer = Checkpointer(self.accelerator, config, remote)
-        self.preemption = PreemptionWatch(self.accelerator)
+        self.checkpointer = Checkpointer(acc, config, remote, mode=mode_ranking)
+        self.preemption = PreemptionWatch(acc)
         self.resumed_boundary: dict[str, Any] | None = None
         self.resumed_wandb_id: str | None = None
+        self.resumed_data_state: dict[str, Any] | None = None
         self.final_boundary_done = False
+
+    def _meter(self) -> TrainMeter:
+        task, cfg = self.task, self.config.TASK
+        if cfg.FLOPS_PER_TOKEN is not None or cfg.FLOPS_PER_SAMPLE is not None:
+            flops, per_token = cfg.FLOPS_PER_TOKEN or cfg.FLOPS_PER_SAMPLE, cfg.FLOPS_PER_TOKEN is not None
+        else:
+            flops = task.default_flops_per_unit(self.accelerator.unwrap_model(self.model))
+            per_token = task.counts_tokens
+        return TrainMeter(
+            self.accelerator,
+            task.components,
+            counts_tokens=task.counts_tokens,
+            flops_per_unit=flops,
+            mfu_per_token=per_token,
+            peak=self.config.ENV.PEAK_FLOPS,
+        )
 
     # -- the run ---------------------------------------------------------------------------------
     def fit(self, resume_from: str | Path | None = None, overwrite: bool = False) -> dict[str, Any]:
@@ -157,55 +219,28 @@ class Trainer:
         return self._finish(stop)
 
     def _train_epoch(self, epoch: int) -> StopDecision | None:
-        acc, model, progress = self.accelerator, self.model, self.progress
-        self.train_loader.set_epoch(epoch)
+        progress, plan, batches = self.progress, self.plan, self.train_batches
+        batches.set_epoch(epoch)
         done = progress.batches_seen_in_epoch  # > 0 when resuming mid-epoch
         if done == 0:
             progress.start_training_epoch(epoch)
-        # Resuming skips the batches already seen through the batch sampler: nothing is loaded.
-        loader = acc.skip_first_batches(self.train_loader, done) if done else self.train_loader
-        for batch_index, batch in enumerate(self.meter.timed(loader), start=done):
-            k = progress.global_step
-            batch = self.transforms.train(batch, k, epoch, batch_index)
-            with acc.accumulate(model):
-                loss, level_losses = self.loss(model(batch), batch["labels"])
-                if self.gradnorm is not None and acc.sync_gradients and self.ops.should_update_gradnorm(k):
-                    loss = self._gradnorm_update(level_losses)
-                acc.backward(loss)
-                if acc.sync_gradients:
-                    self.meter.grad_norm = self._optimizer_step(k)
-            self.meter.add(loss.detach(), level_losses.detach())
-            samples = samples_in_global_batch(
-                self.train_size,
-                self.plan.batch_size,
-                self.plan.world_size,
-                batch_index,
-                self.config.DATA.DROP_LAST,
+        else:  # nothing is loaded for the skipped batches (a stream continues from its saved position)
+            batches.resume(self.resumed_data_state, done)
+        micro_batches = self.meter.timed(batches.micro_batches(done))
+        for window in windows(micro_batches, plan.accumulation):
+            self.step.run(window, progress.global_step, epoch)
+            samples = sum(
+                samples_in_global_batch(
+                    self.train_size, plan.batch_size, plan.world_size, mb.position, self.config.DATA.DROP_LAST
+                )
+                for mb in window
             )
-            stepped = progress.update_step(samples, is_accumulation_step=not acc.sync_gradients)
-            if stepped and (stop := self._after_optimizer_step(epoch)):
+            progress.complete_step(len(window), samples)
+            if stop := self._after_optimizer_step(epoch):
                 return stop
+            if progress.global_step == plan.total_steps:
+                break  # TRAIN.TARGET_TOKENS: the last epoch ends where the target is reached
         return None
-
-    def _gradnorm_update(self, level_losses: torch.Tensor) -> torch.Tensor:
-        """SPEC §8: new task weights from this micro-batch's per-level losses (every process joins
-        the averaging), then the same losses re-weighted: its gradient is the one applied."""
-        assert self.gradnorm is not None
-        metrics = self.gradnorm.update(
-            level_losses, self.shared_parameters, lambda t: self.accelerator.reduce(t, "mean")
-        )
-        self.loss.task_weights = self.gradnorm.weights
-        self.meter.gradnorm_weights = metrics["weights"]
-        return (self.loss.task_weights * level_losses).sum()
-
-    def _optimizer_step(self, k: int) -> torch.Tensor | None:
-        for i, group in enumerate(self.optimizer.param_groups):
-            group["lr"] = self.plan.lr(k, i)
-        clip = self.config.TRAIN.CLIP_GRAD
-        norm = self.accelerator.clip_grad_norm_(self.model.parameters(), clip if clip else float("inf"))
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return norm  # type: ignore[no-any-return]
 
     def _after_optimizer_step(self, epoch: int) -> StopDecision | None:
         """Everything that may follow an optimizer step: logging, a MAX_STEPS cut-off, a
@@ -227,7 +262,8 @@ class Trainer:
             self.out.advance(1, epoch)
             return
         lrs = {c.label: self.plan.lr(step - 1, i) for i, c in enumerate(self.plan.lr_curves)}
-        metrics = self.meter.flush(self.progress.samples_seen, lrs)
+        metrics = self.meter.flush(self.progress.samples_seen, self.progress.tokens_seen, lrs)
+        self.progress.tokens_seen = int(metrics.get("tokens_seen", self.progress.tokens_seen))
         self.out.log(metrics, step)
         shown = {"loss": f"{metrics['train/loss']:.4f}", "lr": f"{metrics['lr/default']:.2e}"}
         self.out.advance(1, epoch, {**shown, "samples/s": f"{metrics['perf/samples_per_s']:.0f}"})
@@ -235,7 +271,7 @@ class Trainer:
     def _epoch_boundary(self, epoch: int, final: bool) -> StopDecision | None:
         """SPEC §5 order: checkpoint (recording the passes still due), then the standard, mask-meta
         and partial passes, then early stopping."""
-        passes = passes_at_boundary(self.ops, epoch, final) if self.val_loader is not None else []
+        passes = self.task.validation_passes(self.ops, epoch, final) if self.val_batches is not None else []
         for vpass in passes:
             self.progress.schedule_validation(vpass.stage, vpass.partial_index)
         if self.ops.should_save_checkpoint(epoch, final):
@@ -252,7 +288,8 @@ class Trainer:
         self.final_boundary_done = bool(boundary["final"])
         if not self.progress.has_pending_validations():
             return None
-        passes = passes_at_boundary(self.ops, int(boundary["epoch"]), bool(boundary["final"]))
+        assert self.val_batches is not None
+        passes = self.task.validation_passes(self.ops, int(boundary["epoch"]), bool(boundary["final"]))
         assert self.checkpointer.current is not None
         done = {e["prefix"]: e["metrics"] for e in self.checkpointer.journal(self.checkpointer.current)}
         return self._validate(boundary, passes, done)
@@ -269,15 +306,8 @@ class Trainer:
             metrics = done.get(vpass.prefix)
             if metrics is None:
                 self.progress.start_validation(vpass.stage)
-                metrics = run_pass(
-                    self.accelerator,
-                    self.model,
-                    self.val_loader,
-                    vpass,
-                    self.levels,
-                    self.level_weights,
-                    self.transforms.validation_mask,
-                )
+                assert self.val_batches is not None
+                metrics = run_pass(self.accelerator, self.model, self.val_batches, self.task, vpass)
                 self.checkpointer.record_validation(journal, {"prefix": vpass.prefix, "metrics": metrics})
                 done[vpass.prefix] = metrics
                 fault_point("validation_pass")
@@ -313,7 +343,7 @@ class Trainer:
         metric = results.get(es.metric)
         ranking = self.config.SCHEDULE.CHECKPOINT.METRIC or es.metric
         if ranking in results:
-            self.progress.update_best(ranking, results[ranking], "min" if "loss" in ranking else "max")
+            self.progress.update_best(ranking, results[ranking], self.ranking_mode)
         step = self.progress.global_step
         decision = es.check(
             step, metric, lr=self.plan.lr(max(0, step - 1)), grad_norm=self.meter.last_grad_norm()
@@ -324,17 +354,21 @@ class Trainer:
 
     # -- checkpoints ---------------------------------------------------------------------------------
     def _save_checkpoint(self, boundary: dict[str, Any] | None) -> None:
-        tracker = self._wandb_run_id()
+        self.progress.tokens_seen += self.meter.take_tokens()
         state = {
             "progress": self.progress.state_dict(),
             "early_stopping": self.early_stopping.state_dict(),
             "gradnorm": self.gradnorm.state_dict() if self.gradnorm is not None else None,
-            "meter": self.meter.state_dict(),
             "boundary": boundary,
-            "wandb_run_id": tracker,
-            "plan": self._plan_identity(),
+            "wandb_run_id": self._wandb_run_id(),
+            "plan": plan_identity(self.plan),
         }
-        self.checkpointer.save(self.progress.global_step, state)
+        mid_epoch = self.progress.batches_seen_in_epoch > 0
+        rank_state = {
+            "meter": self.meter.state_dict(),
+            "data": self.train_batches.state_dict() if mid_epoch else None,
+        }
+        self.checkpointer.save(self.progress.global_step, state, rank_state)
 
     def _resume(self, resume_from: str | Path | None) -> None:
         acc = self.accelerator
@@ -351,73 +385,27 @@ class Trainer:
         if path is None:
             self.out.truncate_metrics(after_step=0)  # killed before its first checkpoint: start over
             return
-        batches_seen = self._compatible_position(self.checkpointer.read_state(Path(path)))
+        saved = self.checkpointer.read_state(Path(path))
+        batches_seen = compatible_position(
+            saved.get("plan"),
+            plan_identity(self.plan),
+            int(saved["progress"].get("batches_seen_in_epoch", 0)),
+        )
         state = self.checkpointer.load(Path(path))
         self.progress.load_state_dict(state["progress"])
         self.progress.batches_seen_in_epoch = batches_seen
         self.early_stopping.load_state_dict(state.get("early_stopping") or {})
         if self.gradnorm is not None and state.get("gradnorm"):
             self.gradnorm.load_state_dict(state["gradnorm"])
-            self.loss.task_weights = self.gradnorm.weights
-        self.meter.load_state_dict(state.get("meter") or {})
+            self.step.set_weights(self.gradnorm.weights)
+        own = own_rank_state(self.checkpointer.rank_states(Path(path)), acc.process_index, acc.num_processes)
+        self.meter.load_state_dict(own.get("meter") or {})
+        self.resumed_data_state = own.get("data")
         self.resumed_boundary = state.get("boundary")
         self.resumed_wandb_id = state.get("wandb_run_id")
         step = self.progress.global_step
         self.out.truncate_metrics(after_step=step)
         self.out.say(f"resumed from {path} (global step {step}, epoch {self.progress.current_epoch})")
-
-    def _plan_identity(self) -> dict[str, int]:
-        p = self.plan
-        return {
-            "total_steps": p.total_steps,
-            "world_size": p.world_size,
-            "accumulation": p.accumulation,
-            "batch_size": p.batch_size,
-        }
-
-    def _compatible_position(self, state: dict[str, Any]) -> int:
-        """This run's batches already seen in the epoch, checking that the checkpoint's schedule is
-        this run's. Another (processes x accumulation) factorisation of the same effective batch is
-        fine (elastic resume): the global batch order is the same, so the count is converted."""
-        saved, now = state.get("plan") or self._plan_identity(), self._plan_identity()
-        effective = {
-            k: v["batch_size"] * v["world_size"] * v["accumulation"]
-            for k, v in (("saved", saved), ("now", now))
-        }
-        if saved["total_steps"] != now["total_steps"] or effective["saved"] != effective["now"]:
-            raise ConfigError(
-                [
-                    (
-                        "TRAIN.AUTO_RESUME",
-                        (
-                            f"the checkpoint's schedule ({saved['total_steps']} steps, effective batch {effective['saved']}) is not this "
-                            f"run's ({now['total_steps']} steps, effective batch {effective['now']}): resume with the same config, or "
-                            "start fresh with --overwrite"
-                        ),
-                    )
-                ],
-                source="resume",
-            )
-        # Positions in the epoch's global sample order: Accelerate deals global batches round-robin.
-        samples = (
-            int(state["progress"].get("batches_seen_in_epoch", 0)) * saved["world_size"] * saved["batch_size"]
-        )
-        per_batch = now["world_size"] * now["batch_size"]
-        if samples % per_batch:
-            raise ConfigError(
-                [
-                    (
-                        "DATA.BATCH_SIZE",
-                        (
-                            f"the checkpoint stopped {samples} samples into its epoch, which is not a whole number of this "
-                            f"run's {per_batch}-sample global batches: resume with the checkpoint's batch size "
-                            f"({saved['batch_size']} per process)"
-                        ),
-                    )
-                ],
-                source="resume",
-            )
-        return samples // per_batch
 
     def _wandb_run_id(self) -> str | None:
         if not self.config.EXPERIMENT.WANDB.ENABLED or not self.accelerator.is_main_process:
@@ -466,6 +454,7 @@ class Trainer:
     def _finish(self, stop: StopDecision | None) -> dict[str, Any]:
         acc, progress = self.accelerator, self.progress
         preempted = stop is not None and stop.reason == "preempted"
+        progress.tokens_seen += self.meter.take_tokens()
         acc.wait_for_everyone()
         if not preempted:  # a preempted run's weights are in its last checkpoint
             acc.save_model(
@@ -476,6 +465,7 @@ class Trainer:
             "global_step": progress.global_step,
             "epoch": progress.epoch,
             "samples_seen": progress.samples_seen,
+            "tokens_seen": progress.tokens_seen,
             "status": status,
             "stop_reason": stop.reason if stop else None,
             "best_metric": progress.best_metric,

@@ -25,6 +25,9 @@ Meta = Mapping[str, torch.Tensor]
 # Streams are global to the module, so the masker and mixup never share draws for one seed.
 _FULL, _PARTIAL, _COMBINATION = 1, 2, 3
 _MIX_BATCH, _MIX_ORDER, _GAMMA_X, _GAMMA_Y = 16, 17, 32, 64
+_REPEAT_GROUP = -(
+    2**62
+)  # the mixup group of even-batch repeats: no label has it, so they pair only among themselves
 _GAMMA_ROUNDS = 8  # Marsaglia-Tsang accepts >= 95% per round: 8 rounds fail with p < 4e-11
 
 
@@ -166,16 +169,20 @@ class InGroupMixup:
         return torch.sigmoid(log_x - log_y)
 
     def pairs(
-        self, labels: torch.Tensor, sample_index: torch.Tensor, epoch: int
+        self, labels: torch.Tensor, sample_index: torch.Tensor, epoch: int, real: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(partner, mixed)``: each sample's partner position in the batch and whether it is mixed.
 
         Samples are sorted by (group, keyed 64-bit draw); within each group's run each is paired
         with the next one, the last with the first. Sorting by draws rather than positions makes the
-        pairing independent of the order the batch arrived in."""
+        pairing independent of the order the batch arrived in. ``real`` marks the samples that are
+        not even-batch repeats: repeats form a group of their own and are never mixed, so a real
+        sample gets the partner it would get in a batch without them."""
         if labels.dim() != 2 or not -labels.shape[1] <= self.level < labels.shape[1]:
             raise ValueError(f"labels of shape {tuple(labels.shape)} have no level column {self.level}")
         group = labels[:, self.level]
+        if real is not None:
+            group = group.masked_fill(~real, _REPEAT_GROUP)
         n = group.shape[0]
         pos = torch.arange(n, device=group.device)
         draw = keyed_bits(self.seed, epoch, sample_index, _MIX_ORDER)
@@ -194,10 +201,15 @@ class InGroupMixup:
         partner_sorted = order[torch.where(ends, first, pos + 1)]
         partner = torch.empty_like(order).scatter_(0, order, partner_sorted)
         mixed = torch.empty_like(mixed_sorted).scatter_(0, order, mixed_sorted)
-        return partner, mixed
+        return partner, mixed if real is None else mixed & real
 
     def apply(
-        self, batch: Mapping[str, Any], epoch: int, micro_batch_key: int, prob: float
+        self,
+        batch: Mapping[str, Any],
+        epoch: int,
+        micro_batch_key: int,
+        prob: float,
+        real: torch.Tensor | None = None,
     ) -> dict[str, Any]:
         """A new batch: image and every metadata tensor mixed ``lam * x + (1 - lam) * x[partner]``
         when this micro-batch is drawn for mixing; labels and index unchanged."""
@@ -205,7 +217,7 @@ class InGroupMixup:
         if not self.should_mix(epoch, micro_batch_key, prob):
             return out
         index = batch["index"]
-        partner, mixed = self.pairs(batch["labels"], index, epoch)
+        partner, mixed = self.pairs(batch["labels"], index, epoch, real)
         lam = self.lam(index, epoch)
 
         def blend(x: torch.Tensor) -> torch.Tensor:

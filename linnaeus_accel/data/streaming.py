@@ -1,0 +1,322 @@
+"""Streaming data (an ``IterableDataset``) cut into exactly the batches map-style data would give.
+
+The stream's items, in iteration order, form global batches of ``B`` consecutive items; global batch
+``g`` is process ``g % W``'s batch ``g // W``, as Accelerate's ``BatchSamplerShard`` does over a
+sequential sampler. Without DROP_LAST the last global batches are filled, after every real item, with
+the repeats ``BatchSamplerShard`` uses (items from the start of the pass), so ``real_in_batch`` says
+how many leading items are real and the schedule, loss weights and resume match map-style data.
+
+Every process and every DataLoader worker reads the whole stream and skips the items that are not its
+own; only collation, transfer and compute are sharded. Reading is cheap next to those, and it buys
+two things: the order is exact and does not depend on how the run is factorised (processes x workers),
+because nothing splits the stream by a rule of its own; and each reader knows from positions alone
+which batches are its own and which items pad the last one, with no communication.
+
+Resume: torchdata's ``StatefulDataLoader`` calls ``state_dict()`` inside each worker right after it
+produces a batch, and ``load_state_dict()`` on each worker's copy before it iterates again. The state
+is the reader's next batch and stream position, plus the stream's own state if it has one: then the
+stream continues where it was (O(1)); otherwise the reader replays the stream from its start. For an
+elastic resume (another world size or worker count) ``start_at`` replays to a process batch. After
+an O(1) resume the last batch may be padded with other real items than an uninterrupted pass uses
+(the pass's start was not read again); padding has zero weight, so training does not change.
+
+``stream_loader`` returns a ``StreamLoader``: already per process, so it must not go through
+``accelerator.prepare`` (which would shard it again). ``loader.shard`` reaches the ``StreamShard``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Iterator, Sized
+from dataclasses import dataclass
+from typing import Any
+
+from torch.utils.data import IterableDataset, default_collate, get_worker_info
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from ..schedule.steps import batches_per_process
+from .sampling import real_in_batch
+
+STATE_VERSION = 1
+_END = object()
+_STATE_KEYS = ("version", "epoch", "next_batch", "items_read", "stream")
+
+
+class StreamError(ValueError):
+    """A stream, or a saved stream position, that cannot give the batches the schedule expects."""
+
+
+@dataclass
+class _Position:
+    """Where a reader is, or where its next iteration starts."""
+
+    next_batch: int
+    items_read: int = 0
+    stream_state: Any = None  # the stream's own state at items_read; None: read from the start
+    per_worker: bool = False  # start_at: next_batch is the process's batch, each worker adds its id
+    started: bool = False  # the reader has opened the stream (its state is live from then on)
+    finished: bool = False
+
+
+def _worker() -> tuple[int, int]:
+    info = get_worker_info()
+    return (1, 0) if info is None else (info.num_workers, info.id)
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+class _Reader:
+    """The stream's iterator, its position in the pass, and the few items kept to pad the last batch."""
+
+    def __init__(self, stream: Iterator[Any], position: int, size: int, keep: set[int]) -> None:
+        self.it, self.pos, self.size = stream, position, size
+        self.keep = sorted(keep)
+        self.kept: dict[int, Any] = {}
+
+    def _keep_between(self, start: int, end: int) -> list[int]:
+        return self.keep[bisect_left(self.keep, start) : bisect_left(self.keep, end)]
+
+    def _short(self) -> StreamError:
+        return StreamError(
+            f"the stream yielded {self.pos} items but len() says {self.size}: __len__ must be the exact number of items per pass (all processes together)"
+        )
+
+    def _advance(self, n: int) -> None:
+        count = sum(1 for _ in itertools.islice(self.it, n))
+        self.pos += count
+        if count < n:
+            raise self._short()
+
+    def skip_to(self, target: int) -> None:
+        for q in self._keep_between(self.pos, target):
+            self._advance(q - self.pos)
+            self.take(1)  # keeps the item at q
+        self._advance(target - self.pos)
+
+    def take(self, n: int) -> list[Any]:
+        items = list(itertools.islice(self.it, n))
+        start, self.pos = self.pos, self.pos + len(items)
+        if len(items) < n:
+            raise self._short()
+        for q in self._keep_between(start, self.pos):
+            self.kept[q] = items[q - start]
+        return items
+
+    def drain(self) -> None:
+        """Read to the end of the pass: only a reader that sees the end can check ``len()``."""
+        self.skip_to(self.size)
+        if next(self.it, _END) is not _END:
+            raise StreamError(
+                f"the stream yielded more than {self.size} items in one pass but len() says {self.size}: __len__ must be the exact number of items per pass (all processes together)"
+            )
+
+
+class StreamShard(IterableDataset[Any]):
+    """Process ``rank``'s collated batches of a sized stream, in ``BatchSamplerShard`` order.
+
+    ``len(self)`` is the number of batches every process yields per epoch, each of ``batch_size``
+    items. With DataLoader workers, worker ``w`` of ``n`` yields the batches ``j`` with
+    ``(j - start) % n == w``, so a ``batch_size=None`` DataLoader returns them in order.
+    """
+
+    def __init__(
+        self,
+        stream: Iterable[Any],
+        *,
+        batch_size: int,
+        world_size: int,
+        rank: int,
+        drop_last: bool = False,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+    ) -> None:
+        if not isinstance(stream, Sized):
+            raise StreamError(
+                f"{type(stream).__name__} does not define __len__: linnaeus-accel resolves the schedule from the number of batches per epoch, so a training or validation IterableDataset must define __len__ as the number of items per pass (all processes together)"
+            )
+        size = len(stream)
+        if not _is_count(size):
+            raise StreamError(
+                f"len() of {type(stream).__name__} is {size!r}: it must be the number of items per pass"
+            )
+        if batch_size < 1 or world_size < 1 or not 0 <= rank < world_size:
+            raise StreamError(
+                f"StreamShard needs batch_size >= 1, world_size >= 1 and 0 <= rank < world_size, got batch_size={batch_size}, world_size={world_size}, rank={rank}"
+            )
+        self.stream = stream
+        self.size = size
+        self.batch_size, self.world_size, self.rank, self.drop_last = batch_size, world_size, rank, drop_last
+        self.collate_fn: Callable[[list[Any]], Any] = collate_fn or default_collate
+        self.batches_per_epoch = batches_per_process(size, batch_size, world_size, drop_last)
+        self.epoch = 0
+        self._pending: _Position | None = None  # applies to the next iteration only
+        self._live: _Position | None = None
+
+    def __len__(self) -> int:
+        return self.batches_per_epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        forward = getattr(self.stream, "set_epoch", None)
+        if callable(forward):
+            forward(epoch)
+
+    def start_at(self, batch_index: int) -> None:
+        """Start the next iteration at this process's batch ``batch_index`` (elastic resume: any
+        world size or worker count; every worker replays the stream from its start)."""
+        if not _is_count(batch_index):
+            raise StreamError(f"start_at() needs a batch index >= 0, got {batch_index!r}")
+        self._pending = _Position(next_batch=batch_index, per_worker=True)
+
+    def _resolve(self, pending: _Position | None, worker: int) -> _Position:
+        if pending is None or pending.per_worker:
+            return _Position(next_batch=(pending.next_batch if pending else 0) + worker)
+        if pending.stream_state is None or not callable(getattr(self.stream, "load_state_dict", None)):
+            return _Position(next_batch=pending.next_batch)  # replay: the reader skips to its batch
+        return _Position(pending.next_batch, pending.items_read, pending.stream_state)
+
+    def state_dict(self) -> dict[str, Any]:
+        live = self._live
+        pos = live if live is not None and not live.finished else self._resolve(self._pending, _worker()[1])
+        stream_state = pos.stream_state
+        saver = getattr(self.stream, "state_dict", None)
+        if pos.started:
+            # A pass that has read nothing restarts from the stream's start; no state needed.
+            stream_state = saver() if callable(saver) and pos.items_read > 0 else None
+        return {
+            "version": STATE_VERSION,
+            "epoch": self.epoch,
+            "next_batch": pos.next_batch,
+            "items_read": pos.items_read,
+            "stream": stream_state,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue the next iteration where ``state`` (from ``state_dict``) was saved."""
+        if not isinstance(state, dict) or any(key not in state for key in _STATE_KEYS):
+            raise StreamError(
+                f"a stream state must be the dict StreamShard.state_dict() returns, with keys {list(_STATE_KEYS)}; got {state!r:.200}"
+            )
+        if state["version"] != STATE_VERSION:
+            raise StreamError(
+                f"stream state version {state['version']!r} is not supported (this linnaeus-accel reads version {STATE_VERSION}); resume elastically with start_at() instead"
+            )
+        for key in ("epoch", "next_batch", "items_read"):
+            if not _is_count(state[key]):
+                raise StreamError(
+                    f"stream state {key!r} must be an int >= 0, got {state[key]!r}: the checkpoint is damaged or not a StreamShard state"
+                )
+        next_batch, items_read = state["next_batch"], state["items_read"]
+        if next_batch < self.batches_per_epoch:
+            first = self._first_item(next_batch)
+            if items_read > min(first, self.size - 1):
+                raise StreamError(
+                    f"stream state has read {items_read} items but its next batch {next_batch} starts at item {first} of {self.size}: it was saved with another batch size, world size, rank or stream length; resume elastically with start_at() instead"
+                )
+        self.set_epoch(state["epoch"])
+        self._pending = _Position(next_batch, items_read, state["stream"])
+
+    def _first_item(self, batch: int) -> int:
+        return (batch * self.world_size + self.rank) * self.batch_size
+
+    def _real(self, batch: int) -> int:
+        if self.drop_last:
+            return self.batch_size
+        return real_in_batch(self.size, self.batch_size, self.world_size, batch, self.rank)
+
+    def _pad_span(self) -> int:
+        # BatchSamplerShard pads by cycling the items of the pass's first W global batches.
+        return min(self.size, self.world_size * self.batch_size)
+
+    def _pad_sources(self, batch: int) -> set[int]:
+        """Stream positions whose items pad ``batch``, and the pass's last item as a fallback."""
+        first, real = self._first_item(batch), self._real(batch)
+        if real == self.batch_size:
+            return set()
+        span = self._pad_span()
+        sources = {(p - self.size) % span for p in range(first + real, first + self.batch_size)}
+        sources.add(self.size - 1)
+        return sources
+
+    def __iter__(self) -> Iterator[Any]:
+        workers, worker = _worker()
+        # The pending start is taken now, not at the first batch: StatefulDataLoader asks for
+        # state_dict() between iter() and the first next().
+        self._live = self._resolve(self._pending, worker)
+        self._pending = None
+        return self._batches(self._live, workers)
+
+    def _batches(self, pos: _Position, step: int) -> Iterator[Any]:
+        mine = range(pos.next_batch, self.batches_per_epoch, step)
+        if mine:
+            if pos.stream_state is not None:
+                self.stream.load_state_dict(pos.stream_state)  # type: ignore[attr-defined]
+            reader = _Reader(iter(self.stream), pos.items_read, self.size, self._pad_sources(mine[-1]))
+            pos.started, pos.stream_state = True, None
+            for batch in mine:
+                items = self._read(batch, reader, last=batch == mine[-1])
+                pos.next_batch, pos.items_read = batch + step, reader.pos
+                yield self.collate_fn(items)
+        pos.finished = True
+
+    def _read(self, batch: int, reader: _Reader, *, last: bool) -> list[Any]:
+        first, real = self._first_item(batch), self._real(batch)
+        reader.skip_to(min(first, self.size))
+        items = reader.take(real)
+        if last and not self.drop_last:
+            reader.drain()
+        if real < self.batch_size:
+            # An O(1) resume did not read the pass's start again: repeat what this reader has instead.
+            fallback = items or [reader.kept[self.size - 1]]
+            span = self._pad_span()
+            items += [
+                reader.kept.get((p - self.size) % span, fallback[i % len(fallback)])
+                for i, p in enumerate(range(first + real, first + self.batch_size))
+            ]
+        return items
+
+
+class StreamLoader(StatefulDataLoader):  # type: ignore[misc]
+    """A ``StatefulDataLoader`` over a ``StreamShard``; ``shard`` reaches it (``set_epoch``, ``start_at``)."""
+
+    @property
+    def shard(self) -> StreamShard:
+        shard: StreamShard = self.dataset
+        return shard
+
+    def __iter__(self) -> Iterator[Any]:
+        iterator: Iterator[Any] = super().__iter__()
+        if self.num_workers > 0:
+            # The workers started with their own copies of the shard, pending start included; the
+            # main copy never iterates, so it must drop that start or the next epoch would reuse it.
+            self.shard._pending = None
+        return iterator
+
+
+def stream_loader(
+    stream: Iterable[Any],
+    *,
+    batch_size: int,
+    world_size: int,
+    rank: int,
+    num_workers: int,
+    drop_last: bool = False,
+    collate_fn: Callable[[list[Any]], Any] | None = None,
+    pin_memory: bool = False,
+) -> StreamLoader:
+    """Process ``rank``'s loader of a sized stream; see the module docstring."""
+    shard = StreamShard(
+        stream,
+        batch_size=batch_size,
+        world_size=world_size,
+        rank=rank,
+        drop_last=drop_last,
+        collate_fn=collate_fn,
+    )
+    # batch_size=None: the shard yields collated batches. Workers are not persistent, so each epoch
+    # starts new ones from the main copy, and set_epoch / start_at reach them.
+    return StreamLoader(
+        shard, batch_size=None, num_workers=num_workers, persistent_workers=False, pin_memory=pin_memory
+    )

@@ -1,0 +1,103 @@
+"""``causal_lm``: next-token prediction, counted in tokens.
+
+Batches are dicts with ``input_ids`` ``[batch, length]``, ``labels`` of the same shape and an
+optional ``attention_mask``, in the Hugging Face convention: ``labels`` are aligned with
+``input_ids`` (often a copy of them) and the loss shifts them, so the logits at position t predict
+``labels[t + 1]``; a label of -100 (padding, a prompt) carries no target. The model is called as
+``model(input_ids, attention_mask=...)`` (without the mask when the batch has none) and returns
+logits ``[batch, length, vocab]``, or an object with ``.logits`` such as a transformers
+``ModelOutput``; labels are not passed, so a transformers model computes no loss of its own.
+
+A target token is a unit: the step's loss is the mean over every target token of the step, on
+every process, and ``tokens_seen`` counts them. Validation: loss and perplexity over every token.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .base import (
+    IGNORE_INDEX,
+    Direction,
+    Task,
+    ValidationPass,
+    describe_keys,
+    drop_targets,
+    logits_of,
+    output_logits_problem,
+)
+
+
+class CausalLMTask(Task):
+    name = "causal_lm"
+    counts_tokens = True
+    metric_directions: Mapping[str, Direction] = {"loss": "min", "perplexity": "min"}
+
+    def batch_problem(self, batch: Any) -> str | None:
+        if not isinstance(batch, Mapping) or "input_ids" not in batch or "labels" not in batch:
+            return (
+                "the causal_lm task needs batches with 'input_ids' and 'labels' (and optionally 'attention_mask'), "
+                f"each [batch, length]; the training data gives {describe_keys(batch)} "
+                "(for packed token sequences see linnaeus_accel.data.PackedTokens)"
+            )
+        shapes = {k: tuple(batch[k].shape) for k in ("input_ids", "labels", "attention_mask") if k in batch}
+        if any(len(s) != 2 for s in shapes.values()) or len(set(shapes.values())) != 1:
+            return f"input_ids, labels and attention_mask must all be [batch, length], got {shapes}"
+        return None
+
+    def output_problem(self, output: Any, batch: Any) -> str | None:
+        problem = output_logits_problem(output)
+        if problem is None:
+            logits = logits_of(output)
+            if logits.dim() != 3 or tuple(logits.shape[:2]) != tuple(batch["input_ids"].shape):
+                problem = (
+                    f"the causal_lm task needs logits [batch, length, vocab] for input_ids {tuple(batch['input_ids'].shape)}, "
+                    f"got {tuple(logits.shape)}"
+                )
+        return problem
+
+    def default_flops_per_unit(self, model: nn.Module) -> float | None:
+        # The usual estimate for a decoder: forward 2 x parameters per token, backward twice that.
+        return 6.0 * sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+    def prepare(self, batch: Any, step: int, epoch: int, batch_index: int, real: Tensor | None) -> Any:
+        if real is None:
+            return batch
+        return {**batch, "labels": drop_targets(batch["labels"], real)}
+
+    def units(self, batch: Any) -> Tensor:
+        labels: Tensor = batch["labels"]
+        return (labels[:, 1:] != IGNORE_INDEX).sum().reshape(1)
+
+    def forward(self, model: nn.Module, batch: Any) -> Any:
+        mask = batch.get("attention_mask")
+        return model(batch["input_ids"]) if mask is None else model(batch["input_ids"], attention_mask=mask)
+
+    def _summed_loss(self, model: nn.Module, batch: Any) -> Tensor:
+        logits = logits_of(self.forward(model, batch))[:, :-1]
+        return F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]).float(),
+            batch["labels"][:, 1:].reshape(-1),
+            ignore_index=IGNORE_INDEX,
+            reduction="sum",
+        )
+
+    def loss_sums(self, model: nn.Module, batch: Any) -> Tensor:
+        return self._summed_loss(model, batch).reshape(1)
+
+    def validation_step(
+        self, model: nn.Module, batch: Any, real: Tensor | None, vpass: ValidationPass
+    ) -> Tensor:
+        """[summed loss, target tokens] over the real rows."""
+        batch = self.prepare(batch, 0, 0, 0, real)
+        return torch.stack([self._summed_loss(model, batch).double(), self.units(batch)[0].double()])
+
+    def validation_metrics(self, sums: list[float], vpass: ValidationPass) -> dict[str, float]:
+        loss = sums[0] / max(1.0, sums[1])
+        return {f"{vpass.prefix}/loss": loss, f"{vpass.prefix}/perplexity": math.exp(min(loss, 700.0))}

@@ -1,0 +1,209 @@
+"""``hierarchical``: linnaeus' task. One logits tensor per label level (coarse to fine), a
+cross-entropy per level over the samples labelled at that level (a negative label is null), the
+schedule's metadata masking and in-group mixup, and validation passes with metadata masked.
+
+Batches are dicts with ``index`` (the sample's index in the dataset: it keys the random draws),
+``image``, ``meta`` (a dict of component tensors) and ``labels`` ``[B, levels]``; the training
+dataset declares ``levels`` (and ``meta_components`` when it has metadata).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..config import Config
+from ..progress import TrainingStage
+from ..schedule import OpsSchedule
+from .base import IGNORE_INDEX, Direction, Task, TaskContext, ValidationPass, describe_keys, drop_targets
+from .transforms import InGroupMixup, MetaMasker
+
+NULL_LABEL = -1
+
+
+def passes_at_boundary(ops: OpsSchedule, epoch: int, final: bool) -> list[ValidationPass]:
+    """The passes due at this boundary, in SPEC order: standard, mask-meta, partial."""
+    passes = []
+    if ops.should_validate(epoch, final):
+        passes.append(ValidationPass(TrainingStage.VALIDATION_NORMAL, "val", None))
+    if ops.should_validate_mask_meta(epoch, final):
+        passes.append(ValidationPass(TrainingStage.VALIDATION_MASK_META, "val_mask_meta", ()))
+    for i, combination in enumerate(ops.partial_mask_combinations(epoch, final)):
+        passes.append(
+            ValidationPass(
+                TrainingStage.VALIDATION_PARTIAL_MASK_META, ops.partial_pass_name(combination), combination, i
+            )
+        )
+    return passes
+
+
+def level_loss_sums(logits: Sequence[Tensor], labels: Tensor) -> Tensor:
+    """Cross-entropy per level summed over the samples labelled at that level (``[levels]``)."""
+    return torch.stack(
+        [
+            F.cross_entropy(lg.float(), _targets(labels[:, i]), ignore_index=IGNORE_INDEX, reduction="sum")
+            for i, lg in enumerate(logits)
+        ]
+    )
+
+
+def _targets(level_labels: Tensor) -> Tensor:
+    # Any negative label is null (linnaeus uses -1; PyTorch ignores -100).
+    return level_labels.masked_fill(level_labels < 0, IGNORE_INDEX)
+
+
+class HierarchicalTask(Task):
+    name = "hierarchical"
+    metric_directions: Mapping[str, Direction] = {"loss": "min", "chain_acc": "max"}
+
+    def __init__(self) -> None:
+        self.levels: tuple[str, ...] = ()
+
+    def bind(self, context: TaskContext) -> None:
+        super().bind(context)
+        dataset, config, plan = context.dataset, context.config, context.plan
+        self.levels = tuple(getattr(dataset, "levels", ()))
+        self.components = self.levels
+        self.metric_directions = {
+            "loss": "min",
+            "chain_acc": "max",
+            **{f"acc_{level}": "max" for level in self.levels},
+        }
+        self.ops = OpsSchedule(plan)
+        self.plan = plan
+        seed = config.EXPERIMENT.SEED
+        meta = tuple(getattr(dataset, "meta_components", ()))
+        self.masker = MetaMasker(meta, seed) if meta else None
+        self.mask_training = self.masker is not None and (plan.meta_mask.enabled or plan.partial_mask.enabled)
+        mix = config.SCHEDULE.MIXUP
+        self.mixup = (
+            InGroupMixup(
+                self.levels.index(plan.mixup_group_level),
+                mix.ALPHA,
+                mix.MIN_GROUP_SIZE,
+                mix.EXCLUDE_NULL_SAMPLES,
+                seed,
+            )
+            if plan.mixup.enabled and plan.mixup_group_level in self.levels
+            else None
+        )
+        self.rank, self.world = context.rank, context.world_size
+        self.level_weights = torch.tensor(
+            config.LOSS.TASK_WEIGHTS or [1.0] * len(self.levels), device=context.device
+        )
+
+    def config_problems(self, config: Config) -> list[tuple[str, str]]:
+        return []  # every schedule applies; the dataset's levels and components are checked in bind
+
+    def dataset_problem(self) -> str | None:
+        if not self.levels:
+            return (
+                "the hierarchical task needs a training dataset that declares `levels` (the names of its label "
+                "levels, coarse to fine), with items holding index, image, meta and labels [levels]; for one "
+                "label per sample set TASK.NAME to classification"
+            )
+        return None
+
+    def batch_problem(self, batch: Any) -> str | None:
+        need = ("index", "image", "meta", "labels")
+        if not isinstance(batch, Mapping) or any(k not in batch for k in need):
+            return f"the hierarchical task needs batches with keys {', '.join(need)}; the training data gives {describe_keys(batch)}"
+        labels = batch["labels"]
+        if not isinstance(labels, Tensor) or labels.dim() != 2 or labels.shape[1] != len(self.levels):
+            shape = tuple(labels.shape) if isinstance(labels, Tensor) else type(labels).__name__
+            return f"batch['labels'] must be [batch, {len(self.levels)}] (one column per level {self.levels}), got {shape}"
+        return None
+
+    def output_problem(self, output: Any, batch: Any) -> str | None:
+        if not isinstance(output, (list, tuple)) or len(output) != len(self.levels):
+            n = len(output) if isinstance(output, (list, tuple)) else type(output).__name__
+            return f"the hierarchical task needs the model to return one logits tensor per level {self.levels}, got {n}"
+        return None
+
+    # -- training ------------------------------------------------------------------------------
+    def prepare(self, batch: Any, step: int, epoch: int, batch_index: int, real: Tensor | None) -> Any:
+        ops = self.ops
+        if self.mixup is not None:
+            # Accelerate hands process p the global micro-batches p, p + W, ...: keyed by that global
+            # index, the same samples get the same decision under any (world size, accumulation).
+            key = batch_index * self.world + self.rank
+            batch = self.mixup.apply(batch, epoch, key, ops.get_mixup_prob(step), real)
+        if self.mask_training and self.masker is not None:
+            partial = self.plan.partial_mask
+            meta = self.masker.train(
+                batch["meta"],
+                batch["index"],
+                epoch,
+                ops.get_meta_mask_prob(step),
+                ops.get_partial_mask_prob(step),
+                partial.whitelist,
+                partial.weights,
+            )
+            batch = {**batch, "meta": meta}
+        if real is not None:
+            batch = {**batch, "labels": drop_targets(batch["labels"], real, NULL_LABEL)}
+        return batch
+
+    def units(self, batch: Any) -> Tensor:
+        labels: Tensor = batch["labels"]
+        return (labels >= 0).sum(0)
+
+    def loss_sums(self, model: nn.Module, batch: Any) -> Tensor:
+        return level_loss_sums(self.forward(model, batch), batch["labels"])
+
+    # -- validation ------------------------------------------------------------------------------
+    def validation_passes(self, ops: OpsSchedule, epoch: int, final: bool) -> list[ValidationPass]:
+        return passes_at_boundary(ops, epoch, final)
+
+    def _masked_meta(self, meta: dict[str, Any], masked: tuple[str, ...] | None) -> dict[str, Any]:
+        if masked is None or self.masker is None:
+            return meta
+        return self.masker.mask_all(meta) if not masked else self.masker.mask_components(meta, masked)
+
+    def validation_step(
+        self, model: nn.Module, batch: Any, real: Tensor | None, vpass: ValidationPass
+    ) -> Tensor:
+        """[weighted loss, correct per level, labelled per level, chain-correct, samples]: loss with
+        the training loss's level weights; accuracy per level over the samples labelled there;
+        chain accuracy: every labelled level right."""
+        batch = {**batch, "meta": self._masked_meta(batch["meta"], vpass.masked)}
+        logits = self.forward(model, batch)
+        labels = drop_targets(batch["labels"], real, NULL_LABEL)
+        per_level = torch.stack(
+            [
+                F.cross_entropy(
+                    lg.float(), _targets(labels[:, i]), reduction="none", ignore_index=IGNORE_INDEX
+                )
+                for i, lg in enumerate(logits)
+            ],
+            dim=1,
+        )
+        preds = torch.stack([lg.argmax(dim=1) for lg in logits], dim=1)
+        known = labels >= 0
+        hit = (preds == labels) & known
+        chain = hit | ~known
+        if real is not None:
+            chain = chain & real[:, None]
+        count = labels.new_tensor(labels.shape[0]) if real is None else real.sum()
+        return torch.cat(
+            [
+                (per_level * self.level_weights).sum().double().reshape(1),
+                hit.sum(0).double(),
+                known.sum(0).double(),
+                chain.all(dim=1).sum().double().reshape(1),
+                count.double().reshape(1),
+            ]
+        )
+
+    def validation_metrics(self, sums: list[float], vpass: ValidationPass) -> dict[str, float]:
+        n_levels = len(self.levels)
+        loss, correct, labelled = sums[0], sums[1 : 1 + n_levels], sums[1 + n_levels : 1 + 2 * n_levels]
+        chain, count = sums[-2], max(1.0, sums[-1])
+        out = {f"{vpass.prefix}/loss": loss / count, f"{vpass.prefix}/chain_acc": chain / count}
+        for i, level in enumerate(self.levels):
+            out[f"{vpass.prefix}/acc_{level}"] = correct[i] / max(1.0, labelled[i])
+        return out

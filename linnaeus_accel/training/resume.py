@@ -1,0 +1,78 @@
+"""What a resumed run takes from a checkpoint that another layout of processes wrote.
+
+A checkpoint records the identity of its schedule (total steps, processes, accumulation, batch
+size). The same effective batch on another (processes x accumulation) factorisation resumes
+exactly (elastic resume): the epoch's global sample order is the same, so the position in the
+epoch is converted through it; each process's share of the open metric window is added up.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..config import ConfigError
+from ..schedule import ResolvedPlan
+
+
+def plan_identity(plan: ResolvedPlan) -> dict[str, int]:
+    return {
+        "total_steps": plan.total_steps,
+        "world_size": plan.world_size,
+        "accumulation": plan.accumulation,
+        "batch_size": plan.batch_size,
+    }
+
+
+def compatible_position(saved: dict[str, int] | None, now: dict[str, int], batches_seen: int) -> int:
+    """This run's batches already seen in the epoch, checking that the checkpoint's schedule is
+    this run's."""
+    saved = saved or now
+    effective = {
+        k: v["batch_size"] * v["world_size"] * v["accumulation"] for k, v in (("saved", saved), ("now", now))
+    }
+    if saved["total_steps"] != now["total_steps"] or effective["saved"] != effective["now"]:
+        raise ConfigError(
+            [
+                (
+                    "TRAIN.AUTO_RESUME",
+                    f"the checkpoint's schedule ({saved['total_steps']} steps, effective batch {effective['saved']}) is not this "
+                    f"run's ({now['total_steps']} steps, effective batch {effective['now']}): resume with the same config, or "
+                    "start fresh with --overwrite",
+                )
+            ],
+            source="resume",
+        )
+    # Positions in the epoch's global sample order: Accelerate deals global batches round-robin.
+    samples = batches_seen * saved["world_size"] * saved["batch_size"]
+    per_batch = now["world_size"] * now["batch_size"]
+    if samples % per_batch:
+        raise ConfigError(
+            [
+                (
+                    "DATA.BATCH_SIZE",
+                    f"the checkpoint stopped {samples} samples into its epoch, which is not a whole number of this "
+                    f"run's {per_batch}-sample global batches: resume with the checkpoint's batch size "
+                    f"({saved['batch_size']} per process)",
+                )
+            ],
+            source="resume",
+        )
+    return samples // per_batch
+
+
+def own_rank_state(states: list[dict[str, Any]], rank: int, world_size: int) -> dict[str, Any]:
+    """This process's part of the checkpoint. Written by another number of processes, the metric
+    window shares are added up on process 0 (they are additive) and a stream's per-worker
+    position is dropped (the stream is replayed to the converted position instead)."""
+    if len(states) == world_size:
+        return states[rank]
+    meters = [s["meter"] for s in states if isinstance(s.get("meter"), dict)]
+    if not meters:
+        return {}
+    merged = dict(meters[0])
+    sums = [m.get("sums") for m in meters]
+    if rank == 0 and all(isinstance(s, list) and len(s) == len(sums[0]) for s in sums):
+        merged["sums"] = [sum(values) for values in zip(*sums, strict=True)]
+    else:
+        merged["sums"] = [0.0] * len(sums[0] or [])
+    return {"meter": merged}

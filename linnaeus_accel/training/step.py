@@ -1,0 +1,107 @@
+"""One optimizer step from a window of micro-batches (SPEC §11).
+
+Before any forward, the window's target units (labelled samples, target tokens) are counted per
+loss component and, with several processes, added up by one all-reduce that stays on the device.
+Each micro-batch then backpropagates its summed losses divided by those totals, so the step's
+gradient is the one of the mean over every unit of the step: a short or padded micro-batch weighs
+what its units weigh, whatever the (processes x accumulation) split, also in an epoch's trailing
+partial window (the torchtitan way; Accelerate's ``accumulate`` would weigh micro-batch means).
+
+Synchronisation is ours: the window is known in advance, so every micro-batch but the last runs
+under ``no_sync``, and Accelerate's scaling of the loss by ``1 / gradient_accumulation_steps`` (and
+DDP's averaging over processes) is undone by one constant factor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from accelerate import Accelerator
+from torch import Tensor, nn
+
+from ..schedule import OpsSchedule, ResolvedPlan
+from ..tasks import Task
+from .batches import MicroBatch
+from .loss import GradNorm
+from .meter import TrainMeter
+
+
+class OptimizerStep:
+    def __init__(
+        self,
+        accelerator: Accelerator,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        task: Task,
+        plan: ResolvedPlan,
+        meter: TrainMeter,
+        *,
+        weights: list[float],
+        clip_grad: float | None,
+        gradnorm: GradNorm | None = None,
+        shared_parameters: list[nn.Parameter] | None = None,
+    ) -> None:
+        self.accelerator, self.model, self.optimizer = accelerator, model, optimizer
+        self.task, self.plan, self.meter = task, plan, meter
+        self.ops = OpsSchedule(plan)
+        self.weights = torch.tensor(weights, dtype=torch.float32, device=accelerator.device)
+        self.clip = clip_grad if clip_grad else float("inf")
+        self.gradnorm = gradnorm
+        self.shared_parameters = shared_parameters or []
+        self.world = accelerator.num_processes
+        # DDP averages gradients over processes and Accelerate divides each loss by the accumulation
+        # steps; the totals already divide by every unit of the step, so both are undone here.
+        self.scale = float(accelerator.gradient_accumulation_steps * self.world)
+
+    def set_weights(self, weights: Tensor) -> None:
+        self.weights = weights.detach().to(device=self.accelerator.device, dtype=torch.float32).clone()
+
+    def run(self, window: list[MicroBatch], k: int, epoch: int) -> None:
+        """Global step ``k`` (0-based): prepare, count, forward/backward, clip, step."""
+        task, acc = self.task, self.accelerator
+        batches = [task.prepare(mb.data, k, epoch, mb.position, mb.real) for mb in window]
+        units = [task.units(b) for b in batches]
+        totals = units[0] if len(units) == 1 else torch.stack(units).sum(0)
+        if self.world > 1:
+            totals = acc.reduce(totals, reduction="sum")  # a collective on the device: no host sync
+        if task.counts_tokens:
+            self.meter.tokens_pending += totals[0]
+        denominators = totals.clamp_min(1)
+        update_gradnorm = self.gradnorm is not None and self.ops.should_update_gradnorm(k)
+        step_loss, step_losses = None, None
+        last = len(batches) - 1
+        for i, batch in enumerate(batches):
+            with contextlib.nullcontext() if i == last else acc.no_sync(self.model):
+                sums = task.loss_sums(self.model, batch)
+                losses = sums / denominators
+                if update_gradnorm and i == last:
+                    self._update_gradnorm(sums / units[i].clamp_min(1))
+                loss = (self.weights * losses).sum()
+                acc.backward(loss * self.scale if self.scale != 1.0 else loss)
+            loss, losses = loss.detach(), losses.detach()
+            step_loss = loss if step_loss is None else step_loss + loss
+            step_losses = losses if step_losses is None else step_losses + losses
+        assert step_loss is not None
+        assert step_losses is not None
+        self.meter.add_step(step_loss, step_losses)
+        self.meter.grad_norm = self._optimizer_step(k)
+
+    def _update_gradnorm(self, means: Tensor) -> None:
+        """SPEC §8: new weights from this micro-batch's per-component mean losses (every process
+        joins the averaging); the loss backpropagated just after uses them."""
+        assert self.gradnorm is not None
+        metrics = self.gradnorm.update(means, self.shared_parameters, self._mean_over_processes)
+        self.weights = self.gradnorm.weights
+        self.meter.gradnorm_weights = metrics["weights"]
+
+    def _mean_over_processes(self, t: Tensor) -> Tensor:
+        return self.accelerator.reduce(t, reduction="mean")  # type: ignore[no-any-return]
+
+    def _optimizer_step(self, k: int) -> Tensor | None:
+        for i, group in enumerate(self.optimizer.param_groups):
+            group["lr"] = self.plan.lr(k, i)
+        norm = self.accelerator.clip_grad_norm_(self.model.parameters(), self.clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm  # type: ignore[no-any-return]

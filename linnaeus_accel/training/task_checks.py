@@ -1,0 +1,104 @@
+"""What the Trainer checks about its task, data and model before the first step, so that a
+mismatch is one clear error naming what is missing, not a traceback from inside a step.
+
+The last check runs the model once (evaluation mode, no gradients) on a batch of the first two
+training samples, as Lightning's sanity check does: a model that cannot take the task's batches
+or returns the wrong thing is found at construction.
+"""
+
+from __future__ import annotations
+
+from itertools import islice
+from typing import Any, Literal
+
+import torch
+from accelerate.utils import send_to_device
+from torch import nn
+from torch.utils.data import IterableDataset, default_collate
+
+from ..config import Config
+from ..schedule import ResolvedPlan
+from ..tasks import Task
+
+Problem = tuple[str, str]
+Mode = Literal["min", "max"]
+
+
+def task_problems(config: Config, task: Task, plan: ResolvedPlan) -> list[Problem]:
+    problems = list(task.config_problems(config))
+    dataset = task.dataset_problem()
+    if dataset is not None:
+        problems.append(("TASK.NAME", dataset))
+    n = len(task.components)
+    weights = config.LOSS.TASK_WEIGHTS
+    if weights is not None and len(weights) != n:
+        problems.append(
+            (
+                "LOSS.TASK_WEIGHTS",
+                f"has {len(weights)} entries but the {task.name} task has {n} loss component(s) "
+                f"({', '.join(task.components)})",
+            )
+        )
+    if config.LOSS.GRAD_WEIGHTING.TASK.GRADNORM_ENABLED and n < 2:
+        problems.append(
+            (
+                "LOSS.GRAD_WEIGHTING.TASK.GRADNORM_ENABLED",
+                f"GradNorm balances several loss components; the {task.name} task has one: turn it off",
+            )
+        )
+    if config.TRAIN.TARGET_TOKENS is not None and not task.counts_tokens:
+        problems.append(
+            ("TRAIN.TARGET_TOKENS", f"the {task.name} task does not count tokens: use TRAIN.EPOCHS")
+        )
+    if config.TASK.FLOPS_PER_TOKEN is not None and not task.counts_tokens:
+        problems.append(
+            ("TASK.FLOPS_PER_TOKEN", f"the {task.name} task does not count tokens: use TASK.FLOPS_PER_SAMPLE")
+        )
+    return problems
+
+
+def metric_mode(task: Task, metric: str, key: str, configured: Mode | None) -> tuple[Mode, Problem | None]:
+    """Whether ``metric`` is better lower or higher: the config's MODE, else what the task says;
+    a metric the task does not report is a problem unless MODE is given."""
+    if configured is not None:
+        return configured, None
+    mode = task.direction(metric)
+    if mode is None:
+        known = ", ".join(f"val/{m}" for m in task.metric_directions)
+        return "min", (
+            key,
+            f"{metric} is not a validation metric of the {task.name} task ({known}); "
+            "name one of those, or set TRAIN.EARLY_STOP.MODE for a metric of your own",
+        )
+    return mode, None
+
+
+def first_batch(dataset: Any, collate: Any, rows: int = 2) -> Any:
+    """A batch of the first ``rows`` training samples, collated as training collates them."""
+    if isinstance(dataset, IterableDataset):
+        items = list(islice(iter(dataset), rows))
+    else:
+        items = [dataset[i] for i in range(min(rows, len(dataset)))]
+    if not items:
+        return None
+    return (collate or default_collate)(items)
+
+
+def probe_problem(task: Task, model: nn.Module, batch: Any, device: torch.device) -> str | None:
+    """The task's view of a first batch and of the model's output on it (no gradients)."""
+    if batch is None:
+        return "the training data is empty"
+    problem = task.batch_problem(batch)
+    if problem is not None:
+        return problem
+    batch = send_to_device(batch, device)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            output = task.forward(model, batch)
+    except Exception as exc:  # the user's model: any error it raises is the finding
+        return f"the model failed on a batch of the first training samples: {type(exc).__name__}: {exc}"
+    finally:
+        model.train(was_training)
+    return task.output_problem(output, batch)
