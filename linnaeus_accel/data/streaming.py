@@ -3,8 +3,11 @@
 The stream's items, in iteration order, form global batches of ``B`` consecutive items; global batch
 ``g`` is process ``g % W``'s batch ``g // W``, as Accelerate's ``BatchSamplerShard`` does over a
 sequential sampler. Without DROP_LAST the last global batches are filled, after every real item, with
-the repeats ``BatchSamplerShard`` uses (items from the start of the pass), so ``real_in_batch`` says
-how many leading items are real and the schedule, loss weights and resume match map-style data.
+repeats of the batch's own real items (of the pass's last item when it has none), so
+``real_in_batch`` says how many leading items are real, as for map-style data. The repeats are
+always the same, however the pass was resumed: they weigh nothing in the loss, but a model whose
+rows interact (batch normalisation) still sees them, and a resumed run must compute what the
+uninterrupted one computed.
 
 Every process and every DataLoader worker reads the whole stream and skips the items that are not its
 own; only collation, transfer and compute are sharded. Reading is cheap next to those, and it buys
@@ -16,9 +19,7 @@ Resume: torchdata's ``StatefulDataLoader`` calls ``state_dict()`` inside each wo
 produces a batch, and ``load_state_dict()`` on each worker's copy before it iterates again. The state
 is the reader's next batch and stream position, plus the stream's own state if it has one: then the
 stream continues where it was (O(1)); otherwise the reader replays the stream from its start. For an
-elastic resume (another world size or worker count) ``start_at`` replays to a process batch. After
-an O(1) resume the last batch may be padded with other real items than an uninterrupted pass uses
-(the pass's start was not read again); padding has zero weight, so training does not change.
+elastic resume (another world size or worker count) ``start_at`` replays to a process batch.
 
 ``stream_loader`` returns a ``StreamLoader``: already per process, so it must not go through
 ``accelerator.prepare`` (which would shard it again). ``loader.shard`` reaches the ``StreamShard``.
@@ -226,19 +227,9 @@ class StreamShard(IterableDataset[Any]):
             return self.batch_size
         return real_in_batch(self.size, self.batch_size, self.world_size, batch, self.rank)
 
-    def _pad_span(self) -> int:
-        # BatchSamplerShard pads by cycling the items of the pass's first W global batches.
-        return min(self.size, self.world_size * self.batch_size)
-
     def _pad_sources(self, batch: int) -> set[int]:
-        """Stream positions whose items pad ``batch``, and the pass's last item as a fallback."""
-        first, real = self._first_item(batch), self._real(batch)
-        if real == self.batch_size:
-            return set()
-        span = self._pad_span()
-        sources = {(p - self.size) % span for p in range(first + real, first + self.batch_size)}
-        sources.add(self.size - 1)
-        return sources
+        """Stream positions kept to pad ``batch``: the pass's last item, for a batch with no real item."""
+        return set() if self._real(batch) == self.batch_size else {self.size - 1}
 
     def __iter__(self) -> Iterator[Any]:
         workers, worker = _worker()
@@ -268,13 +259,10 @@ class StreamShard(IterableDataset[Any]):
         if last and not self.drop_last:
             reader.drain()
         if real < self.batch_size:
-            # An O(1) resume did not read the pass's start again: repeat what this reader has instead.
-            fallback = items or [reader.kept[self.size - 1]]
-            span = self._pad_span()
-            items += [
-                reader.kept.get((p - self.size) % span, fallback[i % len(fallback)])
-                for i, p in enumerate(range(first + real, first + self.batch_size))
-            ]
+            # Repeats of items every reader of this batch has read, resumed or not (not the pass's
+            # start, which an O(1) resume does not read again).
+            source = items or [reader.kept[self.size - 1]]
+            items += [source[i % len(source)] for i in range(self.batch_size - real)]
         return items
 
 
