@@ -1,4 +1,4 @@
-"""The built-in dataset: scikit-learn's 1,797 handwritten digits (8x8, 0..16), read from the copy
+"""The built-in datasets: scikit-learn's 1,797 handwritten digits (8x8, 0..16), read from the copy
 that ships inside the scikit-learn package, so nothing is downloaded.
 
 It is shaped like linnaeus' data so that every schedule has something real to act on:
@@ -9,6 +9,9 @@ It is shaped like linnaeus' data so that every schedule has something real to ac
   (ink per column, 8) and ``MOMENTS`` (ink total, centroid and spread, 5). So the metadata carries
   information the pixels do not, as location and date do for a partial photo of a species, and
   masking it costs accuracy (about 95% of digits right with it, 87% with all of it masked).
+
+``digits_images`` is the plain variant: the same images and split, whole, with the digit as the
+only label, for models that take pixels alone (``digits_convnet``).
 
 The train/val split is fixed (a permutation seeded by 0, independent of ``EXPERIMENT.SEED``), so
 that runs with different seeds are validated on the same images.
@@ -98,15 +101,44 @@ class DigitsDataset(Dataset[dict[str, Any]]):
         }
 
 
-@register_dataset("digits")
-def build_digits(config: Config, split: Split) -> DigitsDataset:
+class DigitsImages(Dataset[dict[str, torch.Tensor]]):
+    """The same images and split as ``DigitsDataset``, whole (no hidden rows), with one label: the
+    digit. A plain image-classification task, for models that take only pixels."""
+
+    num_classes = 10
+
+    def __init__(self, split: Split, val_fraction: float = 0.2) -> None:
+        pixels, digits = load_digits_array()
+        idx = split_indices(len(pixels), val_fraction)[split]
+        self.images = torch.from_numpy(pixels[idx].reshape(-1, 1, 8, 8) / 16.0)
+        self.labels = torch.from_numpy(digits[idx])
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"image": self.images[i], "labels": self.labels[i]}
+
+
+def _check_no_options(config: Config, name: str) -> None:
     if config.DATA.DATASET.OPTIONS:
         raise ConfigError(
             [
                 (
                     "DATA.DATASET.OPTIONS",
-                    f"the digits dataset takes no options (got {sorted(config.DATA.DATASET.OPTIONS)})",
+                    f"the {name} dataset takes no options (got {sorted(config.DATA.DATASET.OPTIONS)})",
                 )
             ]
         )
+
+
+@register_dataset("digits")
+def build_digits(config: Config, split: Split) -> DigitsDataset:
+    _check_no_options(config, "digits")
     return DigitsDataset(split, val_fraction=config.DATA.DATASET.VAL_FRACTION)
+
+
+@register_dataset("digits_images")
+def build_digits_images(config: Config, split: Split) -> DigitsImages:
+    _check_no_options(config, "digits_images")
+    return DigitsImages(split, val_fraction=config.DATA.DATASET.VAL_FRACTION)

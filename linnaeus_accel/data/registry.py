@@ -28,7 +28,11 @@ DATASETS: Registry[DatasetBuilder] = Registry(
     "dataset",
     "DATA.DATASET.NAME",
     "linnaeus_accel.data.register_dataset",
-    {"digits": "linnaeus_accel.data.digits"},
+    {
+        "digits": "linnaeus_accel.data.digits",
+        "digits_images": "linnaeus_accel.data.digits",
+        "python_docs": "linnaeus_accel.data.text",
+    },
 )
 register_dataset = DATASETS.register
 get_dataset_builder = DATASETS.get

@@ -1,7 +1,11 @@
-"""``digits_mlp``: a two-branch MLP for the built-in digits data, one head per label level.
+"""Models for the built-in digits data.
 
-The pixels and the metadata components go through separate branches that are concatenated, so
-masking metadata (a zeroed component) changes what the heads see, as it does in linnaeus.
+``digits_mlp``: a two-branch MLP for ``digits``, one head per label level. The pixels and the
+metadata components go through separate branches that are concatenated, so masking metadata (a
+zeroed component) changes what the heads see, as it does in linnaeus.
+
+``digits_convnet``: a small CNN for ``digits_images``: ``forward(images [B, 1, 8, 8])`` returns
+``[B, num_classes]`` logits.
 """
 
 from __future__ import annotations
@@ -61,3 +65,59 @@ def build_digits_mlp(config: Config, dataset: Any) -> DigitsMLP:
         hidden=int(options.get("hidden", 128)),
         dropout=float(options.get("dropout", 0.0)),
     )
+
+
+class DigitsConvNet(nn.Module):
+    def __init__(self, num_classes: int, channels: int = 32, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(1, channels, 3, padding=1),
+            nn.GELU(),
+            nn.Conv2d(channels, channels, 3, padding=1),
+            nn.GELU(),
+            nn.MaxPool2d(2),  # 8x8 -> 4x4
+            nn.Conv2d(channels, 2 * channels, 3, padding=1),
+            nn.GELU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+        )
+        self.head = nn.Sequential(nn.Dropout(dropout), nn.Linear(2 * channels, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits: torch.Tensor = self.head(self.features(x))
+        return logits
+
+
+def _convnet_options(options: dict[str, Any]) -> tuple[int, float]:
+    problems: list[tuple[str, str]] = []
+    unknown = set(options) - {"channels", "dropout"}
+    if unknown:
+        problems.append(
+            ("MODEL.OPTIONS", f"digits_convnet takes channels and dropout, not {', '.join(sorted(unknown))}")
+        )
+    channels = options.get("channels", 32)
+    if isinstance(channels, bool) or not isinstance(channels, int) or channels < 1:
+        problems.append(("MODEL.OPTIONS", f"channels must be a positive integer, got {channels!r}"))
+    dropout = options.get("dropout", 0.0)
+    if isinstance(dropout, bool) or not isinstance(dropout, int | float) or not 0.0 <= dropout < 1.0:
+        problems.append(("MODEL.OPTIONS", f"dropout must be a number in [0, 1), got {dropout!r}"))
+    if problems:
+        raise ConfigError(problems)
+    return channels, float(dropout)
+
+
+@register_model("digits_convnet")
+def build_digits_convnet(config: Config, dataset: Any) -> DigitsConvNet:
+    channels, dropout = _convnet_options(dict(config.MODEL.OPTIONS))
+    num_classes = getattr(dataset, "num_classes", None)
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int):
+        raise ConfigError(
+            [
+                (
+                    "MODEL.TYPE",
+                    "digits_convnet needs a single-label image dataset whose num_classes is an int "
+                    f"(got {num_classes!r}): use DATA.DATASET.NAME digits_images",
+                )
+            ]
+        )
+    return DigitsConvNet(num_classes, channels=channels, dropout=dropout)

@@ -31,7 +31,11 @@ MODELS: Registry[ModelBuilder] = Registry(
     "model",
     "MODEL.TYPE",
     "linnaeus_accel.models.register_model",
-    {"digits_mlp": "linnaeus_accel.models.digits"},
+    {
+        "digits_mlp": "linnaeus_accel.models.digits",
+        "digits_convnet": "linnaeus_accel.models.digits",
+        "hf_causal_lm": "linnaeus_accel.models.hf",
+    },
 )
 register_model = MODELS.register
 
