@@ -1059,6 +1059,7 @@ WARNING_KINDS = {
         ([], set()),  # the base: nothing to warn about
         ([f"{VAL}.INTERVAL_EPOCHS", "3"], {"long validation"}),  # 300 steps > 1000 / 4
         ([f"{VAL}.INTERVAL_EPOCHS", "2"], set()),  # 200 steps: fine
+        (["TRAIN.EPOCHS", "3"], set()),  # every epoch of a 3-epoch run: as often as boundaries come
         ([*NO_VAL_EPOCHS, f"{VAL}.INTERVAL_STEPS", "250", *STEPS_CKPT], set()),  # exactly a quarter
         ([*NO_VAL_EPOCHS, f"{VAL}.INTERVAL_STEPS", "251", *STEPS_CKPT], {"long validation"}),  # just over
         (  # a fraction is measured in steps too: 0.3 -> 300 steps

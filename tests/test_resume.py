@@ -69,9 +69,11 @@ BASE_OPTS = [
 # Checkpoints at the boundaries of epochs 2 and 4 (steps 46 and 92).
 EPOCH_CKPT = [*BASE_OPTS, "SCHEDULE.CHECKPOINT.INTERVAL_EPOCHS", "2"]
 # Mid-epoch checkpoints at steps 15, 30, 45, 60, 75, 90 (none on a boundary; most between logging
-# steps, with the metric windows part full), and the final one at 92.
+# steps, with the metric windows part full), and the final one at 92. With dropout: a resumed run
+# continues the restored global RNG exactly (creating the DataLoader iterator must not draw from it).
 MID_CKPT = [
     *BASE_OPTS,
+    "MODEL.OPTIONS.dropout", "0.1",
     "SCHEDULE.CHECKPOINT.INTERVAL_STEPS", "15",
     "SCHEDULE.CHECKPOINT.INTERVAL_EPOCHS", "null",
     "SCHEDULE.CHECKPOINT.MID_EPOCH", "true",

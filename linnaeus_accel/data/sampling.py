@@ -56,6 +56,9 @@ def make_dataloader(
         drop_last=data.DROP_LAST if train else False,
         num_workers=data.NUM_WORKERS,
         persistent_workers=data.NUM_WORKERS > 0,
+        # Its own generator: creating an iterator then draws the workers' base seed from it, not
+        # from the global RNG, whose restored state a resumed run's dropout must continue from.
+        generator=torch.Generator(),
     )
 
 

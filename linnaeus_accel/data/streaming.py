@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable, Iterator, Sized
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch.utils.data import IterableDataset, default_collate, get_worker_info
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -305,6 +306,13 @@ def stream_loader(
     )
     # batch_size=None: the shard yields collated batches. Workers are not persistent, so each epoch
     # starts new ones from the main copy, and set_epoch / start_at reach them.
+    # Its own generator: creating an iterator draws the workers' base seed from it, not from the
+    # global RNG, whose restored state a resumed run's dropout must continue from.
     return StreamLoader(
-        shard, batch_size=None, num_workers=num_workers, persistent_workers=False, pin_memory=pin_memory
+        shard,
+        batch_size=None,
+        num_workers=num_workers,
+        persistent_workers=False,
+        pin_memory=pin_memory,
+        generator=torch.Generator(),
     )

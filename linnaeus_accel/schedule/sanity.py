@@ -24,8 +24,8 @@ def sanity_warnings(config: Config, plan: ResolvedPlan) -> list[str]:
         "SCHEDULE.CHECKPOINT.INTERVAL_*": plan.checkpoint,
     }
     for key, interval in intervals.items():
-        if interval is None:
-            continue
+        if interval is None or (interval.unit == "epochs" and interval.every == 1):
+            continue  # every epoch is as often as a boundary event can be: nothing to warn about
         length = interval.every * (plan.optimizer_steps_per_epoch if interval.unit == "epochs" else 1)
         if length * 4 > plan.total_steps:
             before_final = (plan.total_steps - 1) // length
@@ -33,7 +33,13 @@ def sanity_warnings(config: Config, plan: ResolvedPlan) -> list[str]:
                 f"{key}: an interval of {_count(interval.every, interval.unit[:-1])} is longer than a quarter of the "
                 f"run ({plan.total_steps} steps), so it fires {_count(before_final, 'time')} before the final epoch"
             )
-    units = {i.unit for i in intervals.values() if i is not None}
+    # Mid-epoch checkpoints happen at their steps, not at boundaries: their unit does not mix.
+    at_boundaries = {
+        k: i
+        for k, i in intervals.items()
+        if not (plan.mid_epoch_checkpoints and k.startswith("SCHEDULE.CHECKPOINT"))
+    }
+    units = {i.unit for i in at_boundaries.values() if i is not None}
     if len(units) > 1:
         out.append(
             "SCHEDULE: validation and checkpoint intervals mix epochs and steps; events still happen only at "

@@ -19,9 +19,11 @@ from accelerate import Accelerator
 from accelerate.utils import find_batch_size, send_to_device
 from torch import Tensor
 
+from ..data.keyed_random import python_keyed_bits
 from ..data.sampling import real_in_batch
 
 STATE_VERSION = 1
+_WORKER_SEED_STREAM = 7  # keyed-draw stream of the DataLoader workers' base seed
 
 
 class MicroBatch(NamedTuple):
@@ -34,7 +36,7 @@ class BatchSource:
     """One process's view of a training or validation DataLoader."""
 
     def __init__(
-        self, accelerator: Accelerator, loader: Any, size: int, batch_size: int, *, stream: bool
+        self, accelerator: Accelerator, loader: Any, size: int, batch_size: int, *, stream: bool, seed: int
     ) -> None:
         """``size``: samples per pass over all processes; ``stream``: ``loader`` is a
         ``stream_loader`` (not prepared by Accelerate, so batches are moved to the device here)."""
@@ -43,14 +45,21 @@ class BatchSource:
         self.size = size
         self.batch_size = batch_size
         self.stream = stream
+        self.seed = seed
+        # The loader's own generator (a DataLoader given without one gets one): DataLoader workers'
+        # base seed is drawn from it, keyed by (seed, epoch), never from the global RNG.
+        self.generator: torch.Generator | None = getattr(loader, "generator", None)
         self.rank, self.world = accelerator.process_index, accelerator.num_processes
 
     def __len__(self) -> int:
         return len(self.loader)
 
     def set_epoch(self, epoch: int) -> None:
+        """Training: the epoch's data order. Validation passes call it with 0 before each pass."""
         target = self.loader.dataset if self.stream else self.loader
         target.set_epoch(epoch)
+        if self.generator is not None:
+            self.generator.manual_seed(python_keyed_bits(self.seed, epoch, 0, _WORKER_SEED_STREAM) >> 1)
 
     def micro_batches(self, start: int = 0) -> Iterator[MicroBatch]:
         """The epoch's batches from batch ``start`` on (a stream must have been positioned there by

@@ -111,6 +111,9 @@ def as_loader(
         return Loader(loader, dataset, loader.dataset.collate_fn, size, expected, batches, stream=True)
     if not isinstance(data, DataLoader):
         data = make_dataloader(config, data, train, collate_fn)
+    elif data.generator is None:
+        # Else creating its iterator would draw from the global RNG and shift a resumed run's dropout.
+        data.generator = torch.Generator()
     size = len(data.sampler)  # type: ignore[arg-type]
     return Loader(data, dataset, data.collate_fn, size, expected, len(data), stream=False)
 

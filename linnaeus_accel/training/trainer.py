@@ -106,7 +106,10 @@ class Trainer:
             train_loader = train.loader
         else:
             self.model, self.optimizer, train_loader = acc.prepare(model, opt, train.loader)
-        self.train_batches = BatchSource(acc, train_loader, train.size, train.batch_size, stream=train.stream)
+        seed = config.EXPERIMENT.SEED
+        self.train_batches = BatchSource(
+            acc, train_loader, train.size, train.batch_size, stream=train.stream, seed=seed
+        )
         self.val_batches = (
             None
             if val is None
@@ -116,6 +119,7 @@ class Trainer:
                 val.size,
                 val.batch_size,
                 stream=val.stream,
+                seed=seed,
             )
         )
         self.plan: ResolvedPlan = resolve_plan(

@@ -22,6 +22,7 @@ def run_pass(
     model.eval()
     try:
         total: torch.Tensor | None = None
+        batches.set_epoch(0)  # every pass reads the same batches, with the same worker seeds
         for micro_batch in batches.micro_batches():
             part = task.validation_step(model, micro_batch.data, micro_batch.real, vpass)
             total = part if total is None else total + part
