@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
+import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import pytest
 from conftest import DEFAULT_CONFIG, REPO
@@ -32,3 +38,98 @@ def test_custom_model_example_trains_the_registered_model(tmp_path: Path) -> Non
     assert summary["status"] == "completed"
     assert summary["global_step"] == 45  # ceil(1438 / 32) steps in the one epoch
     assert "completed at step 45" in done.stdout
+
+
+def load_example(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, REPO / "examples" / f"{name}.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def launch_env(tmp_path: Path) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
+        and not k.startswith(("ACCELERATE_", "LINNAEUS_ACCEL_"))
+    }
+    env.update(ACCELERATE_USE_CPU="true", OMP_NUM_THREADS="1", HF_HOME=str(tmp_path / "hf_home"))
+    return env
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def train_lm_example(tmp_path: Path, out: str, processes: int, accumulation: int) -> dict[str, Any]:
+    args = [str(REPO / "examples" / "train_lm.py"), "--output", str(tmp_path / out), "--epochs", "2"]
+    args += ["--batch-size", "8", "--accumulation", str(accumulation), "--limit", "96", "--log-every", "1"]
+    launcher = [sys.executable]
+    if processes > 1:
+        launcher += ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes)]
+        launcher += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+        launcher += ["--main_process_port", str(free_port())]
+    done = subprocess.run(
+        [*launcher, *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env=launch_env(tmp_path),
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = tmp_path / out / "train_lm_example"
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return {
+        "summary": json.loads((run / "summary.json").read_text()),
+        "metrics": [json.loads(x) for x in lines],
+    }
+
+
+@pytest.mark.slow
+def test_train_lm_example_on_two_processes_matches_one_process_accumulating_two(tmp_path: Path) -> None:
+    """The user's own script under `accelerate launch` (2 CPU processes, accumulation 1) and alone
+    (accumulation 2): each step holds the same 16 padded paragraphs, so the same target tokens,
+    the same loss per step (a mean over tokens, not over micro-batches) and the same count."""
+    two = train_lm_example(tmp_path, "two", processes=2, accumulation=1)
+    one = train_lm_example(tmp_path, "one", processes=1, accumulation=2)
+    paragraphs = load_example("train_lm").Paragraphs("train", limit=96)
+    # Counted here: every byte after a paragraph's first is a target, in each of the 2 epochs.
+    expected_tokens = 2 * sum(len(p) - 1 for p in paragraphs.items)
+    assert two["summary"]["tokens_seen"] == one["summary"]["tokens_seen"] == expected_tokens
+    train2 = [r for r in two["metrics"] if "train/loss" in r]
+    train1 = [r for r in one["metrics"] if "train/loss" in r]
+    assert [r["global_step"] for r in train2] == [r["global_step"] for r in train1] == list(range(1, 13))
+    assert [r["tokens_seen"] for r in train2] == [r["tokens_seen"] for r in train1]
+    for a, b in zip(train2, train1, strict=True):
+        assert a["train/loss"] == pytest.approx(b["train/loss"], rel=1e-5, abs=1e-6), a["global_step"]
+    val2 = [r["val/loss"] for r in two["metrics"] if "val/loss" in r]
+    val1 = [r["val/loss"] for r in one["metrics"] if "val/loss" in r]
+    assert val2 == pytest.approx(val1, rel=1e-5)
+    assert val2[-1] < val2[0]  # it learns
+
+
+def python_blocks(markdown: str) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", markdown, flags=re.DOTALL)
+
+
+@pytest.mark.slow
+def test_readme_python_snippets_run_verbatim(tmp_path: Path) -> None:
+    """What a notebook user copies from the README runs as written, in a fresh interpreter."""
+    blocks = python_blocks((REPO / "README.md").read_text(encoding="utf-8"))
+    assert blocks, "the README has no python snippet"
+    for i, code in enumerate(blocks):
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=tmp_path,
+            env=launch_env(tmp_path),
+        )
+        assert done.returncode == 0, f"README python block {i + 1} failed:\n{code}\n{done.stderr[-3000:]}"

@@ -153,7 +153,8 @@ def read_log(path: Path) -> str:
 class TrainRun:
     """One output directory (``<root>/outputs/run``) and the command line that trains into it."""
 
-    def __init__(self, root: Path, opts: Sequence[str], processes: int = 1) -> None:
+    def __init__(self, root: Path, opts: Sequence[str], processes: int = 1, cfg: str = CFG) -> None:
+        self.cfg = cfg
         self.root = root
         self.base = root / "outputs"
         self.dir = self.base / NAME
@@ -175,7 +176,7 @@ class TrainRun:
         else:
             prefix = [sys.executable, "-m", "linnaeus_accel"]
         return [
-            *prefix, "train", "--cfg", CFG, *args,
+            *prefix, "train", "--cfg", self.cfg, *args,
             "--opts", "ENV.OUTPUT.BASE_DIR", str(self.base), "EXPERIMENT.NAME", NAME, *self.opts,
         ]  # fmt: skip
 
@@ -223,7 +224,7 @@ class TrainRun:
 
     def clone(self, root: Path) -> TrainRun:
         """A copy of this output directory (e.g. of a killed run) to resume or damage separately."""
-        other = TrainRun(root, self.opts, self.processes)
+        other = TrainRun(root, self.opts, self.processes, self.cfg)
         shutil.copytree(self.base, other.base, symlinks=True)
         return other
 
@@ -282,7 +283,7 @@ def assert_same_run(result: Result, reference: Result) -> None:
 
     got, want = summary(result.dir), summary(reference.dir)
     assert got["status"] == "completed", got
-    for key in ("global_step", "epoch", "samples_seen"):
+    for key in ("global_step", "epoch", "samples_seen", "tokens_seen"):
         assert got[key] == want[key], (key, got[key], want[key])
 
     records, ref_records = metrics(result.dir), metrics(reference.dir)

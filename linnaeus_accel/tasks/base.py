@@ -107,8 +107,9 @@ class Task:
         raise NotImplementedError
 
     def forward(self, model: nn.Module, batch: Any) -> Any:
-        """How this task calls the model on a batch (the model's raw output)."""
-        return model(batch)
+        """How this task calls the model on a batch (the model's raw output). Optional: with it,
+        the Trainer checks the model's output (``output_problem``) before training."""
+        raise NotImplementedError
 
     def loss_sums(self, model: nn.Module, batch: Any) -> Tensor:
         """Per-component losses summed over the batch's target units (shape ``[len(components)]``,

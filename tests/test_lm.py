@@ -1,0 +1,142 @@
+"""Language-model runs killed and resumed, as real ``linnaeus-accel train`` subprocesses on
+``configs/lm_tiny.yaml`` with a smaller model (SPEC §6, §11):
+
+- on 2 CPU processes, killed with SIGKILL (the whole process group) at seeded random moments and
+  rerun until it completes: final weights byte-identical to the uninterrupted run's, the same
+  ``tokens_seen`` and the same metrics history;
+- a streaming ``IterableDataset`` read by 2 DataLoader workers, killed mid-epoch: the rerun resumes
+  each worker's position from the checkpoint and ends byte-identical.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil  # type: ignore[import-untyped]  # an Accelerate dependency
+import pytest
+from conftest import REPO
+from test_resume import (
+    KILLED,
+    RUN_TIMEOUT_S,
+    Result,
+    Started,
+    TrainRun,
+    assert_resumed_from,
+    assert_same_run,
+    committed,
+    read_log,
+    summary,
+    wait_for_file,
+)
+
+pytestmark = pytest.mark.slow
+
+LM_CFG = str(REPO / "configs" / "lm_tiny.yaml")
+# The shipped config with a model small enough for a test: 8 sequences of 129 tokens per process,
+# 205 steps per epoch on two processes (410 on one), validation at each boundary, mid-epoch
+# checkpoints every 20 steps.
+SMALL_LM = [
+    "DATA.BATCH_SIZE", "8",
+    "MODEL.OPTIONS.hidden_size", "32",
+    "MODEL.OPTIONS.intermediate_size", "64",
+    "MODEL.OPTIONS.num_hidden_layers", "1",
+    "MODEL.OPTIONS.num_attention_heads", "2",
+    "SCHEDULE.CHECKPOINT.INTERVAL_STEPS", "20",
+    "SCHEDULE.CHECKPOINT.INTERVAL_EPOCHS", "null",
+    "SCHEDULE.CHECKPOINT.MID_EPOCH", "true",
+    "SCHEDULE.CHECKPOINT.KEEP_LAST_N", "2",
+    "SCHEDULE.METRICS.STEP_INTERVAL", "5",
+]  # fmt: skip
+TWO_PROCESSES = [*SMALL_LM, "TRAIN.TARGET_TOKENS", str(260 * 2 * 8 * 128)]  # 260 steps, past one boundary
+STREAM = [
+    *SMALL_LM,
+    "DATA.DATASET.OPTIONS.streaming", "true",
+    "DATA.NUM_WORKERS", "2",
+    "TRAIN.TARGET_TOKENS", str(90 * 8 * 128),  # 90 steps, all in the first epoch
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def ref_two(tmp_path_factory: pytest.TempPathFactory) -> Result:
+    run = TrainRun(tmp_path_factory.mktemp("lm_ref_two"), TWO_PROCESSES, processes=2, cfg=LM_CFG)
+    started = run.start()
+    active_from = wait_for_file(started, run.dir / "metrics.jsonl")
+    result = started.finish().check_ok()
+    result.active_seconds = time.monotonic() - active_from
+    data = summary(result.dir)
+    assert (data["global_step"], data["epoch"]) == (260, 2), data
+    assert data["tokens_seen"] == 260 * 2 * 8 * 128
+    return result
+
+
+def test_two_processes_killed_at_random_moments_resume_byte_identical(
+    ref_two: Result, tmp_path: Path
+) -> None:
+    run = TrainRun(tmp_path, TWO_PROCESSES, processes=2, cfg=LM_CFG)
+    delays = random.Random(20261123)
+    kills = 0
+    # Measured from each launch's start of training (after a resume, if any), in the share of the
+    # uninterrupted run's training time: past the first checkpoint, then somewhere later.
+    for fraction in (delays.uniform(0.3, 0.6), delays.uniform(0.3, 0.9)):
+        started = run.start()
+        wait_for_output(started, "Schedule summary")
+        try:
+            started.proc.wait(timeout=fraction * ref_two.active_seconds)
+        except subprocess.TimeoutExpired:
+            kill_tree(started.proc.pid)
+        killed = started.finish()
+        if killed.returncode == 0 or (run.dir / "summary.json").exists():
+            break  # a busy machine: the run finished before the kill
+        assert killed.returncode == KILLED, killed.tail()
+        kills += 1
+    if (run.dir / "summary.json").exists():  # the run finished before a kill landed (a busy machine)
+        assert_same_run(Result(0, "", run.dir, 0.0), ref_two)
+        return
+    resumed = run.run()
+    assert kills > 0
+    assert "resumed from " in resumed.output, resumed.tail()
+    assert_same_run(resumed, ref_two)
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL the launcher and its workers at once (torchelastic puts the workers in process groups
+    of their own, so killing the launcher's group would leave them training)."""
+    processes = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.send_signal(signal.SIGKILL)
+
+
+def wait_for_output(started: Started, text: str) -> None:
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while text not in read_log(started.log):
+        if started.proc.poll() is not None:
+            pytest.fail(f"the run ended before printing {text!r}\n{read_log(started.log)[-3000:]}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {text!r}")
+        time.sleep(0.02)
+
+
+@pytest.fixture(scope="module")
+def ref_stream(tmp_path_factory: pytest.TempPathFactory) -> Result:
+    run = TrainRun(tmp_path_factory.mktemp("lm_ref_stream"), STREAM, cfg=LM_CFG)
+    result = run.run().check_ok()
+    assert summary(result.dir)["global_step"] == 90
+    return result
+
+
+def test_stream_with_two_workers_killed_mid_epoch_resumes_byte_identical(
+    ref_stream: Result, tmp_path: Path
+) -> None:
+    run = TrainRun(tmp_path, STREAM, cfg=LM_CFG)
+    run.run(kill_at="optimizer_step:55").check_killed()
+    assert committed(run.dir) == ["step_00000020", "step_00000040"]
+    resumed = run.run()
+    # 40 steps into the epoch: each worker continues from its own saved position in the stream.
+    assert_resumed_from(resumed.output, 40)
+    assert_same_run(resumed, ref_stream)
