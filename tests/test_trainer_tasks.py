@@ -245,6 +245,48 @@ def test_a_task_of_ones_own_trains_and_stops_on_its_metric(tmp_path: Path) -> No
     assert result["status"] in {"completed", "early_stopped"}
 
 
+# -- resuming a run of one's own ---------------------------------------------------------------
+
+
+def resume_case(case: str, out: Path) -> tuple[Config, Any, Any, Any, Any]:
+    """(config, model factory, training data, validation data, collate) of a user's own run."""
+    checkpoints = {"CHECKPOINT": {"INTERVAL_STEPS": 5, "MID_EPOCH": True, "KEEP_LAST_N": 0, "KEEP_TOP_N": 0}}
+    if case == "causal_lm":
+        config = lm_config(out, "run", DATA={"BATCH_SIZE": 4}, SCHEDULE=checkpoints)
+        return config, CausalBag, Sequences(60, 1), Sequences(20, 2), pad
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(200, 8, generator=gen), torch.randint(0, 3, (200,), generator=gen)
+    config = lm_config(
+        out, "run", TASK={"NAME": "classification"}, DATA={"BATCH_SIZE": 16}, SCHEDULE=checkpoints
+    )
+    loader = torch.utils.data.DataLoader(
+        TensorDataset(x, y), batch_size=16, shuffle=True
+    )  # its own shuffling
+    model = lambda: nn.Sequential(nn.Linear(8, 16), nn.Dropout(0.2), nn.Linear(16, 3))  # noqa: E731
+    return config, model, loader, TensorDataset(x[:50], y[:50]), None
+
+
+@pytest.mark.parametrize("case", ["classification", "causal_lm"])
+def test_resuming_a_users_run_mid_epoch_ends_byte_identical(tmp_path: Path, case: str) -> None:
+    """A user's DataLoader with shuffle=True and a model with dropout (classification), or a
+    dataset with its own padding collate (causal_lm): resumed in a new directory from the first
+    run's checkpoint at step 20, inside epoch 2, the run ends with the uninterrupted run's weights."""
+    checkpoint = tmp_path / "whole" / "run" / "checkpoints" / "step_00000020"
+    for name, resume in (("whole", None), ("resumed", checkpoint)):
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()
+        config, model, train, val, collate = resume_case(case, tmp_path / name)
+        torch.manual_seed(0)
+        Trainer(config, model(), train, val, collate_fn=collate).fit(resume_from=resume)
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    assert state["progress"]["epoch"] == 1
+    assert state["progress"]["batches_seen_in_epoch"] > 0
+    final = [
+        (tmp_path / n / "run" / "final" / "model.safetensors").read_bytes() for n in ("whole", "resumed")
+    ]
+    assert final[0] == final[1]
+
+
 # -- what a task needs, checked at construction ------------------------------------------------
 
 

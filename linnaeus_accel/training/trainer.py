@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import broadcast_object_list, set_seed
+from accelerate.utils import DataLoaderConfiguration, broadcast_object_list, set_seed
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
@@ -80,6 +80,9 @@ class Trainer:
             log_with="wandb" if wandb.ENABLED else None,
             project_dir=str(config.output_dir),
             step_scheduler_with_optimizer=False,
+            # A DataLoader given with shuffle=True gets a sampler seeded by (seed, epoch) whose
+            # state the checkpoint holds, so it resumes in the same order (ours already do).
+            dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=config.EXPERIMENT.SEED),
         )
         if acc.num_processes != launched:
             raise RuntimeError(
