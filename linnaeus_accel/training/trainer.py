@@ -82,7 +82,9 @@ class Trainer:
             step_scheduler_with_optimizer=False,
             # A DataLoader given with shuffle=True gets a sampler seeded by (seed, epoch) whose
             # state the checkpoint holds, so it resumes in the same order (ours already do).
-            dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=config.EXPERIMENT.SEED),
+            dataloader_config=DataLoaderConfiguration(
+                use_seedable_sampler=True, data_seed=config.EXPERIMENT.SEED
+            ),
         )
         if acc.num_processes != launched:
             raise RuntimeError(
