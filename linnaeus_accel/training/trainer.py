@@ -80,8 +80,8 @@ class Trainer:
             log_with="wandb" if wandb.ENABLED else None,
             project_dir=str(config.output_dir),
             step_scheduler_with_optimizer=False,
-            # A DataLoader given with shuffle=True gets a sampler seeded by (seed, epoch) whose
-            # state the checkpoint holds, so it resumes in the same order (ours already do).
+            # A DataLoader given with shuffle=True gets a sampler seeded by (seed, epoch), so a resumed
+            # run draws the epoch's order again instead of a new one (our own sampler already does).
             dataloader_config=DataLoaderConfiguration(
                 use_seedable_sampler=True, data_seed=config.EXPERIMENT.SEED
             ),
