@@ -16,12 +16,36 @@ from accelerate.utils import send_to_device
 from torch import nn
 from torch.utils.data import IterableDataset, default_collate
 
-from ..config import Config
+from ..config import Config, ConfigError
 from ..schedule import ResolvedPlan
 from ..tasks import Task
 
 Problem = tuple[str, str]
 Mode = Literal["min", "max"]
+
+
+def check_task(
+    config: Config, task: Task, plan: ResolvedPlan, model: nn.Module, batch: Any, device: torch.device
+) -> tuple[Mode, Mode]:
+    """Every problem at once as one ConfigError; else whether the early-stopping metric and the
+    checkpoint-ranking metric are better lower or higher."""
+    early = config.TRAIN.EARLY_STOP
+    problems = task_problems(config, task, plan)
+    mode, problem = metric_mode(task, early.METRIC, "TRAIN.EARLY_STOP.METRIC", early.MODE)
+    # An unknown metric matters when it stops the run or ranks the checkpoints.
+    if problem is not None and (early.ACTIVE or config.SCHEDULE.CHECKPOINT.METRIC is None):
+        problems.append(problem)
+    ranking_mode = mode
+    ranking = config.SCHEDULE.CHECKPOINT.METRIC
+    if ranking is not None and ranking != early.METRIC:
+        ranking_mode, problem = metric_mode(task, ranking, "SCHEDULE.CHECKPOINT.METRIC", None)
+        problems += [problem] if problem is not None else []
+    if not problems:  # the model runs only on a config that is otherwise right
+        probe = probe_problem(task, model, batch, device)
+        problems += [("TASK.NAME", probe)] if probe is not None else []
+    if problems:
+        raise ConfigError(problems)
+    return mode, ranking_mode
 
 
 def task_problems(config: Config, task: Task, plan: ResolvedPlan) -> list[Problem]:

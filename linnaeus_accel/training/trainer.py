@@ -35,7 +35,7 @@ from .preemption import PreemptionWatch
 from .resume import compatible_position, own_rank_state, plan_identity
 from .setup import OptimizerFactory, as_loader, build_optimizer, default_optimizer, shared_parameters
 from .step import OptimizerStep
-from .task_checks import first_batch, metric_mode, probe_problem, task_problems
+from .task_checks import check_task, first_batch
 from .validation import run_pass, validation_line
 
 
@@ -140,26 +140,9 @@ class Trainer:
         self.progress = TrainingProgress(
             total_epochs=self.plan.epochs, expected_total_steps=self.plan.total_steps
         )
-        early = config.TRAIN.EARLY_STOP
-        problems = task_problems(config, self.task, self.plan)
-        mode, problem = metric_mode(self.task, early.METRIC, "TRAIN.EARLY_STOP.METRIC", early.MODE)
-        if problem is not None and (early.ACTIVE or config.SCHEDULE.CHECKPOINT.METRIC is None):
-            problems.append(problem)
-        ranking = config.SCHEDULE.CHECKPOINT.METRIC
-        if ranking is not None and ranking != early.METRIC:
-            mode_ranking, problem = metric_mode(self.task, ranking, "SCHEDULE.CHECKPOINT.METRIC", None)
-            problems += [problem] if problem is not None else []
-        else:
-            mode_ranking = mode
-        if not problems:
-            probe = probe_problem(
-                self.task, self.model, first_batch(train.dataset, train.collate), acc.device
-            )
-            problems += [("TASK.NAME", probe)] if probe is not None else []
-        if problems:
-            raise ConfigError(problems)
-        self.early_stopping = EarlyStopping(early, self.plan.warmup_steps, mode)
-        self.ranking_mode = mode_ranking
+        batch = first_batch(train.dataset, train.collate)
+        mode, self.ranking_mode = check_task(config, self.task, self.plan, self.model, batch, acc.device)
+        self.early_stopping = EarlyStopping(config.TRAIN.EARLY_STOP, self.plan.warmup_steps, mode)
         gradnorm = config.LOSS.GRAD_WEIGHTING.TASK
         self.gradnorm = (
             GradNorm(
@@ -182,7 +165,7 @@ class Trainer:
             shared_parameters=shared_parameters(acc.unwrap_model(self.model)) if self.gradnorm else None,
         )
         self.last_validation: dict[str, float] = {}
-        self.checkpointer = Checkpointer(acc, config, remote, mode=mode_ranking)
+        self.checkpointer = Checkpointer(acc, config, remote, mode=self.ranking_mode)
         self.preemption = PreemptionWatch(acc)
         self.resumed_boundary: dict[str, Any] | None = None
         self.resumed_wandb_id: str | None = None
