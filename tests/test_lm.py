@@ -29,6 +29,7 @@ from test_resume import (
     assert_resumed_from,
     assert_same_run,
     committed,
+    metrics,
     read_log,
     summary,
     wait_for_file,
@@ -71,6 +72,9 @@ def ref_two(tmp_path_factory: pytest.TempPathFactory) -> Result:
     data = summary(result.dir)
     assert (data["global_step"], data["epoch"]) == (260, 2), data
     assert data["tokens_seen"] == 260 * 2 * 8 * 128
+    losses = [r["val/loss"] for r in metrics(result.dir) if "val/loss" in r]
+    assert len(losses) == 2
+    assert losses[1] < losses[0] < 5.55  # it learns (ln 257 = 5.55 at random)
     return result
 
 

@@ -165,6 +165,26 @@ def test_target_tokens_stops_where_plan_says_mid_epoch(tmp_path: Path) -> None:
     assert state["progress"]["tokens_seen"] == 20 * 80
 
 
+def test_throughput_and_mfu_are_counted_in_tokens(tmp_path: Path) -> None:
+    peak = 1e9  # ENV.PEAK_FLOPS: on a CPU, MFU is reported only when the peak is given
+    config = lm_config(
+        tmp_path,
+        "mfu",
+        DATA={"BATCH_SIZE": 8},
+        ENV={"PEAK_FLOPS": peak, "OUTPUT": {"BASE_DIR": str(tmp_path)}},
+    )
+    torch.manual_seed(0)
+    model = CausalBag()
+    Trainer(config, model, Sequences(60, 1), Sequences(20, 2), collate_fn=pad).fit()
+    logged = [r for r in records(tmp_path / "mfu") if "train/loss" in r]
+    flops_per_token = 6 * sum(p.numel() for p in model.parameters())  # causal_lm's default estimate
+    for record in logged:
+        assert record["perf/tokens_per_s"] > record["perf/samples_per_s"] > 0
+        assert record["perf/mfu"] == pytest.approx(record["perf/tokens_per_s"] * flops_per_token / peak)
+    # tokens_seen grows by the tokens of each logged step.
+    assert logged[-1]["tokens_seen"] == summary(tmp_path / "mfu")["tokens_seen"]
+
+
 # -- classification ----------------------------------------------------------------------------
 
 
