@@ -3,8 +3,9 @@
 Batches are dicts holding the model's input under ``TASK.INPUT_KEY`` (default ``image``) and
 ``labels`` ``[batch]``, or ``(input, labels)`` pairs such as a ``TensorDataset`` gives. The model
 is called as ``model(input)`` and returns logits ``[batch, classes]`` (or an object with
-``.logits``). A label of -100 carries no target. Validation: loss, top-1 accuracy (``acc``) and,
-with more than 5 classes, top-5 accuracy (``acc_top5``), over every validation sample.
+``.logits``). A label of -100 carries no target. Validation: loss (plain cross-entropy: label
+smoothing shapes training, not what the metric measures), top-1 accuracy (``acc``) and, with more
+than 5 classes, top-5 accuracy (``acc_top5``), over every validation sample.
 """
 
 from __future__ import annotations
