@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,9 @@ class FaultySimulator(RawSimulator):  # type: ignore[misc]
         self.fail_downloads: dict[str, int] = {}
         self.upload_delay = 0.0
         self.deleted: list[str] = []
+        # (name suffix, local directory): the directory is deleted once that file is uploaded, as
+        # local retention may do while the background uploader works.
+        self.remove_after_upload: tuple[str, Path] | None = None
 
     @staticmethod
     def _should_fail(faults: dict[str, int], name: str) -> bool:
@@ -54,7 +58,10 @@ class FaultySimulator(RawSimulator):  # type: ignore[misc]
         time.sleep(self.upload_delay)
         if self._should_fail(self.fail_uploads, file_name):
             raise ServiceError("injected upload failure")
-        return super().upload_file(upload_url, upload_auth_token, file_name, *a, **k)
+        result = super().upload_file(upload_url, upload_auth_token, file_name, *a, **k)
+        if self.remove_after_upload is not None and file_name.endswith(self.remove_after_upload[0]):
+            shutil.rmtree(self.remove_after_upload[1])
+        return result
 
     def download_file_from_url(self, token: Any, url: str, *a: Any, **k: Any) -> Any:
         if self._should_fail(self.fail_downloads, url):
@@ -235,6 +242,20 @@ def test_retention_never_deletes_the_newest_complete_remote_checkpoint(b2: Any, 
     # the upload of the kept step 3 failed: step 2 is all the bucket has to resume from
     assert remote.retain({3}) == [1]
     assert remote.complete_steps() == [2]
+
+
+def test_upload_of_a_checkpoint_deleted_midway_stops_quietly(b2: Any, tmp_path: Path) -> None:
+    """Local retention deletes a checkpoint while it uploads (b2sdk then reports the next file as an
+    invalid upload source, not as FileNotFoundError): not an error, and never a complete remote copy."""
+    api, sim, _ = b2
+    uploader = BackgroundUploader(remote_for(api))
+    doomed = make_checkpoint(tmp_path, 1)
+    sim.remove_after_upload = ("step_00000001/optimizer.bin", doomed)
+    uploader.submit(doomed)
+    uploader.submit(make_checkpoint(tmp_path, 2))
+    assert uploader.close(timeout=20)
+    assert uploader.errors == []
+    assert uploader.remote.complete_steps() == [2]
 
 
 def test_submit_skips_a_checkpoint_removed_locally_before_its_turn(b2: Any, tmp_path: Path) -> None:

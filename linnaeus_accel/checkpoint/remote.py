@@ -283,7 +283,9 @@ class BackgroundUploader:
             return
         try:
             self.remote.upload(path)
-        except FileNotFoundError:
+        except (FileNotFoundError, RemoteSyncError):
+            # b2sdk reports a file that vanished as InvalidUploadSource (wrapped by the retries),
+            # not as FileNotFoundError: either way, only a checkpoint still committed is an error.
             if (path / MARKER).is_file():
                 raise
             # Local retention deleted it mid-upload: a newer checkpoint supersedes it, and the
