@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 from pathlib import Path
 
 import pytest
@@ -13,3 +15,18 @@ DEFAULT_CONFIG = REPO / "configs" / "default.yaml"
 @pytest.fixture
 def default_config_path() -> Path:
     return DEFAULT_CONFIG
+
+
+def run_cli(*args: str) -> tuple[int, str, str]:
+    """Run ``linnaeus-accel ARGS`` in-process; (exit status, stdout, stderr).
+
+    Works inside hypothesis tests too (no function-scoped fixture needed)."""
+    from linnaeus_accel.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = main(list(args))
+        except SystemExit as exc:  # argparse usage errors
+            rc = exc.code if isinstance(exc.code, int) else 1
+    return rc, out.getvalue(), err.getvalue()

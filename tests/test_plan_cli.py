@@ -7,8 +7,6 @@ processes through the console script and ``python -m linnaeus_accel``.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import itertools
 import json
 import math
@@ -21,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import run_cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -64,19 +63,6 @@ EVENT_KEYS = (
     "checkpoint",
     "exhaustive_validation",
 )
-
-
-def run_cli(*args: str) -> tuple[int, str, str]:
-    """Run ``linnaeus-accel ARGS`` in-process; (exit status, stdout, stderr).
-
-    Works inside hypothesis tests too (no function-scoped fixture needed)."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            rc = main(list(args))
-        except SystemExit as exc:  # argparse usage errors
-            rc = exc.code if isinstance(exc.code, int) else 1
-    return rc, out.getvalue(), err.getvalue()
 
 
 def plan_json(*args: str) -> dict[str, Any]:

@@ -7,18 +7,17 @@ global steps hold different numbers of tokens is a config error naming the key; 
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import math
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import run_cli
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from linnaeus_accel.cli import main, plan_for
+from linnaeus_accel.cli import plan_for
 from linnaeus_accel.config import Config, ConfigError, validate_config
 from linnaeus_accel.data import register_dataset
 from linnaeus_accel.schedule import OpsSchedule, ResolvedPlan, batches_per_process, resolve_plan
@@ -52,16 +51,6 @@ def plan_of(
     size = 3200 if dataset_size is None else dataset_size  # a stand-in when the size is not known
     batches = batches_per_process(size, config.DATA.BATCH_SIZE, world, config.DATA.DROP_LAST)
     return resolve_plan(config, batches, world, dataset_size, tokens_per_sample)
-
-
-def run_cli(*args: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            rc = main(list(args))
-        except SystemExit as exc:  # argparse usage errors
-            rc = exc.code if isinstance(exc.code, int) else 1
-    return rc, out.getvalue(), err.getvalue()
 
 
 # ---------------------------------------------------------------------------------------------
