@@ -1,4 +1,4 @@
-"""Checkpoint store: atomic commit, verification and fallback, kill -9 safety, retention (issue 4).
+"""Checkpoint store: atomic commit, verification and fallback, kill -9 safety, retention.
 
 Everything runs on the real filesystem under tmp_path; nothing is mocked. A crash between commit
 steps is simulated by calling the commit's internal steps (_seal, _publish, _mark) one at a time,

@@ -1,6 +1,6 @@
 """Multi-process training on the CPU (gloo), as real subprocesses: `accelerate launch` and `torchrun`.
 
-- The equivalence of issues 3 and 7: 2 processes x accumulation 2 and 1 process x accumulation 4
+- Factorisation equivalence: 2 processes x accumulation 2 and 1 process x accumulation 4
   (same per-process batch, same effective batch, the default data that neither divides evenly,
   masking and mixup on) log the same global steps, LRs, losses and validation epochs and end with
   the same weights (within 1e-5; measured 2.4e-7).

@@ -1,4 +1,4 @@
-"""Crash and resume, end to end (issue 4, SPEC §5-6): real ``python -m linnaeus_accel train``
+"""Crash and resume, end to end (SPEC §5-6): real ``python -m linnaeus_accel train``
 subprocesses are killed at chosen moments and rerun with the same command; the resumed run must end
 exactly where an uninterrupted run ends.
 
@@ -634,7 +634,7 @@ sys.exit(main(sys.argv[1:]))
 
 
 def test_sigterm_during_validation_is_a_clean_preemption(ref_epoch: Result, tmp_path: Path) -> None:
-    """Issue 4 item 6: on SIGTERM, checkpoint, write ``status: preempted`` and exit 0, wherever
+    """On SIGTERM, checkpoint, write ``status: preempted`` and exit 0, wherever
     the signal lands; here, inside the 3rd validation pass (2nd of the epoch-2 boundary)."""
     run = TrainRun(tmp_path, EPOCH_CKPT)
     preempted = run.run(python_code=SIGTERM_IN_PASS.replace("{n}", "3"))

@@ -89,7 +89,7 @@ def pad(items: list[dict[str, Tensor]]) -> dict[str, Tensor]:
     return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
 
 
-def lm_config(out: Path, name: str, **sections: Any) -> Config:
+def run_config(out: Path, name: str, **sections: Any) -> Config:
     base: dict[str, Any] = {
         "EXPERIMENT": {"NAME": name, "SEED": 3},
         "ENV": {"OUTPUT": {"BASE_DIR": str(out)}},
@@ -104,7 +104,7 @@ def lm_config(out: Path, name: str, **sections: Any) -> Config:
 
 
 def train_lm(out: Path, name: str, batch: int, accumulation: int) -> Path:
-    config = lm_config(out, name, DATA={"BATCH_SIZE": batch}, TRAIN={"ACCUMULATION_STEPS": accumulation})
+    config = run_config(out, name, DATA={"BATCH_SIZE": batch}, TRAIN={"ACCUMULATION_STEPS": accumulation})
     torch.manual_seed(0)
     Trainer(config, CausalBag(), Sequences(60, 1), Sequences(20, 2), collate_fn=pad).fit()
     return out / name
@@ -143,7 +143,7 @@ def test_target_tokens_stops_where_plan_says_mid_epoch(tmp_path: Path) -> None:
     val = PackedTokens(torch.randint(1, 16, (8 * 20 + 1,), generator=gen), seq_len=9)
     # 20 batches of 5 per epoch, 2 per step: 10 steps of 80 tokens; two epochs and half of a third.
     target = 80 * 25
-    config = lm_config(
+    config = run_config(
         tmp_path,
         "tokens",
         DATA={"BATCH_SIZE": 5, "DROP_LAST": True},
@@ -167,7 +167,7 @@ def test_target_tokens_stops_where_plan_says_mid_epoch(tmp_path: Path) -> None:
 
 def test_throughput_and_mfu_are_counted_in_tokens(tmp_path: Path) -> None:
     peak = 1e9  # ENV.PEAK_FLOPS: on a CPU, MFU is reported only when the peak is given
-    config = lm_config(
+    config = run_config(
         tmp_path,
         "mfu",
         DATA={"BATCH_SIZE": 8},
@@ -240,7 +240,7 @@ def test_a_task_of_ones_own_trains_and_stops_on_its_metric(tmp_path: Path) -> No
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(100, 3, generator=gen)
     y = x @ torch.tensor([1.0, -2.0, 0.5]) + 0.1 * torch.randn(100, generator=gen)
-    config = lm_config(
+    config = run_config(
         tmp_path,
         "regression",
         TASK={"NAME": "regression"},  # a name for the record; the instance given is what runs
@@ -272,11 +272,11 @@ def resume_case(case: str, out: Path) -> tuple[Config, Any, Any, Any, Any]:
     """(config, model factory, training data, validation data, collate) of a user's own run."""
     checkpoints = {"CHECKPOINT": {"INTERVAL_STEPS": 5, "MID_EPOCH": True, "KEEP_LAST_N": 0, "KEEP_TOP_N": 0}}
     if case == "causal_lm":
-        config = lm_config(out, "run", DATA={"BATCH_SIZE": 4}, SCHEDULE=checkpoints)
+        config = run_config(out, "run", DATA={"BATCH_SIZE": 4}, SCHEDULE=checkpoints)
         return config, CausalBag, Sequences(60, 1), Sequences(20, 2), pad
     gen = torch.Generator().manual_seed(0)
     x, y = torch.randn(200, 8, generator=gen), torch.randint(0, 3, (200,), generator=gen)
-    config = lm_config(
+    config = run_config(
         out, "run", TASK={"NAME": "classification"}, DATA={"BATCH_SIZE": 16}, SCHEDULE=checkpoints
     )
     loader = torch.utils.data.DataLoader(
@@ -354,7 +354,7 @@ def test_a_mismatch_is_one_clear_error_at_construction(
 ) -> None:
     sections: dict[str, Any] = {"TASK": {"NAME": task}, **extra}
     sections["DATA"] = {"BATCH_SIZE": 4, **extra.get("DATA", {})}
-    config = lm_config(tmp_path, "mismatch", **sections)
+    config = run_config(tmp_path, "mismatch", **sections)
     train = data()
     with pytest.raises(ConfigError) as error:
         Trainer(config, model(), train, None, collate_fn=pad if isinstance(train, Sequences) else None)

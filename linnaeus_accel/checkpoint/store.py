@@ -1,4 +1,4 @@
-"""Crash-safe checkpoint directories on the local filesystem (issue 4, items 1-3 and 7).
+"""Crash-safe checkpoint directories on the local filesystem: atomic commit, verification, retention.
 
 Layout under ``root = <output_dir>/checkpoints``::
 

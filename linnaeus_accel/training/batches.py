@@ -51,9 +51,6 @@ class BatchSource:
         self.generator: torch.Generator | None = getattr(loader, "generator", None)
         self.rank, self.world = accelerator.process_index, accelerator.num_processes
 
-    def __len__(self) -> int:
-        return len(self.loader)
-
     def set_epoch(self, epoch: int) -> None:
         """Training: the epoch's data order. Validation passes call it with 0 before each pass."""
         target = self.loader.dataset if self.stream else self.loader

@@ -64,7 +64,7 @@ class Loader(NamedTuple):
     collate: Any  # how its samples become a batch
     size: int  # samples per pass, all processes together
     batch_size: int  # per process
-    batches_per_epoch: int  # per process
+    batches_per_epoch: int | None  # per process, for a stream; map-style: the prepared loader's length
     stream: bool
 
 
@@ -115,7 +115,7 @@ def as_loader(
         # Else creating its iterator would draw from the global RNG and shift a resumed run's dropout.
         data.generator = torch.Generator()
     size = len(data.sampler)  # type: ignore[arg-type]
-    return Loader(data, dataset, data.collate_fn, size, expected, len(data), stream=False)
+    return Loader(data, dataset, data.collate_fn, size, expected, None, stream=False)
 
 
 def shared_parameters(model: nn.Module) -> list[nn.Parameter]:

@@ -129,7 +129,7 @@ class Trainer:
         )
         self.plan: ResolvedPlan = resolve_plan(
             config,
-            train.batches_per_epoch if train.stream else len(train_loader),
+            train.batches_per_epoch if train.batches_per_epoch is not None else len(train_loader),
             world,
             train.size,
             tokens_per_sample=getattr(train.dataset, "tokens_per_sample", None),
@@ -230,7 +230,7 @@ class Trainer:
             progress.complete_step(len(window), samples)
             if stop := self._after_optimizer_step(epoch):
                 return stop
-            if progress.global_step == plan.total_steps:
+            if self.ops.should_end_epoch(epoch, progress.global_step):
                 break  # TRAIN.TARGET_TOKENS: the last epoch ends where the target is reached
         return None
 
