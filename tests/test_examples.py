@@ -13,6 +13,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import psutil  # type: ignore[import-untyped]  # an Accelerate dependency
 import pytest
 from conftest import DEFAULT_CONFIG, REPO
 
@@ -66,6 +67,25 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def run_to_end(command: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Run a launch to its end; past ``timeout``, kill it with every worker it started (a launcher
+    killed alone leaves its workers running) and fail showing what it printed."""
+    proc = subprocess.Popen(
+        command, cwd=cwd, env=launch_env(cwd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            child.kill()
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(
+            f"{command[:4]} ran past {timeout} s\n--- stdout ---\n{out[-3000:]}\n--- stderr ---\n{err[-3000:]}"
+        )
+    return subprocess.CompletedProcess(command, proc.returncode, out, err)
+
+
 def train_lm_example(tmp_path: Path, out: str, processes: int, accumulation: int) -> dict[str, Any]:
     args = [str(REPO / "examples" / "train_lm.py"), "--output", str(tmp_path / out), "--epochs", "2"]
     args += ["--batch-size", "8", "--accumulation", str(accumulation), "--limit", "96", "--log-every", "1"]
@@ -74,14 +94,7 @@ def train_lm_example(tmp_path: Path, out: str, processes: int, accumulation: int
         launcher += ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes)]
         launcher += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
         launcher += ["--main_process_port", str(free_port())]
-    done = subprocess.run(
-        [*launcher, *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-        env=launch_env(tmp_path),
-    )
+    done = run_to_end([*launcher, *args], tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     run = tmp_path / out / "train_lm_example"
     lines = (run / "metrics.jsonl").read_text().splitlines()

@@ -466,6 +466,10 @@ class Trainer:
         }
         summary["remote_sync_errors"] = self.checkpointer.close()
         self.out.write_json("summary.json", summary)
+        # Every process tears the process group down together (PyTorch's advice for
+        # destroy_process_group): one destroying it while process 0 still writes, and hosts the
+        # rendezvous store, was seen to hang at exit with 2 gloo processes.
+        acc.wait_for_everyone()
         acc.end_training()
         self.out.close()
         return summary
