@@ -9,10 +9,13 @@ import sys
 from collections.abc import Sequence
 
 from . import __version__
-from .config import Config, ConfigError, load_config
+from .config import Config, ConfigError, load_config, output_dir_problem
 from .schedule import ResolvedPlan, batches_per_process, resolve_plan
+from .training.failures import RunFailed
 
-EXIT_CONFIG_ERROR = 2
+EXIT_FAILED = 1  # the run stopped (summary.json: status failed): non-finite loss, disk full, a hung process
+EXIT_CONFIG_ERROR = 2  # config, arguments or output directory refused: nothing was trained
+EXIT_NOT_SYNCED = 3  # trained to the end, but checkpoints did not all reach ENV.OUTPUT.BUCKET
 
 
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
@@ -78,6 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="start fresh, deleting what an earlier run wrote to the output directory (checkpoints included)",
     )
+    train.add_argument(
+        "--allow-config-change",
+        action="store_true",
+        help="resume even though the config changed in a way that rewrites the steps already trained "
+        "(data, seed, model, loss, a schedule's past values); each change is listed",
+    )
     return parser
 
 
@@ -132,6 +141,10 @@ def run_train(args: argparse.Namespace) -> int:
     from .training.trainer import Trainer
 
     config = load_config(args.cfg, args.opts)
+    # Every process checks (the same answer on a shared file system), before anything is built.
+    problem = output_dir_problem(config)
+    if problem is not None:
+        raise ConfigError([problem])
     train_data, val_data = build_dataset(config, "train"), build_dataset(config, "val")
     problems = dataset_problems(config, train_data)
     if problems:
@@ -139,9 +152,15 @@ def run_train(args: argparse.Namespace) -> int:
     set_seed(config.EXPERIMENT.SEED)  # the same initial weights on every process and every run
     model = build_model(config, train_data)
     summary = Trainer(config, model, train_data, val_data).fit(
-        resume_from=args.resume, overwrite=args.overwrite
+        resume_from=args.resume, overwrite=args.overwrite, allow_config_change=args.allow_config_change
     )
-    if _is_local_main():
+    if _is_local_main() and summary.get("already_finished"):
+        status = str(summary["status"]).replace("_", " ")
+        print(
+            f"{config.output_dir} already holds a run {status} at step {summary['global_step']}: nothing to "
+            "do (pass --overwrite to train it again from scratch, or choose another EXPERIMENT.NAME)"
+        )
+    elif _is_local_main():
         last = summary["last_validation"]
         shown = ", ".join(f"{k} {v:.4f}" for k, v in last.items() if k.startswith("val/"))
         tokens = f", {summary['tokens_seen']:,} tokens" if summary["tokens_seen"] else ""
@@ -149,6 +168,14 @@ def run_train(args: argparse.Namespace) -> int:
             f"{summary['status']} at step {summary['global_step']} (epoch {summary['epoch']}{tokens}): {shown}"
         )
         print(f"outputs in {config.output_dir}")
+    unsynced = summary.get("remote_sync_errors") or []
+    if unsynced:
+        if _is_local_main():
+            print(
+                f"linnaeus-accel: checkpoints not uploaded to the bucket: {'; '.join(unsynced)}",
+                file=sys.stderr,
+            )
+        return EXIT_NOT_SYNCED
     return 0
 
 
@@ -171,3 +198,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The reader went away (e.g. `| head`): not an error of ours, and no traceback.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+    except RunFailed as failed:
+        # Every process stops for the same reason; each says so once, naming itself when there are several.
+        rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE", "1")
+        where = f"process {rank}: " if rank is not None and world != "1" else ""
+        print(f"linnaeus-accel: {where}{failed}", file=sys.stderr)
+        return EXIT_FAILED

@@ -174,8 +174,8 @@ def test_digits_convnet_gives_logits_per_class() -> None:
     ("dataset", "options", "key", "match"),
     [
         ("digits_images", {"hidden": 64}, "MODEL.OPTIONS", "takes channels and dropout, not hidden"),
-        ("digits_images", {"channels": 0}, "MODEL.OPTIONS", "channels must be a positive integer"),
-        ("digits_images", {"dropout": 1.5}, "MODEL.OPTIONS", r"dropout must be a number in \[0, 1\)"),
+        ("digits_images", {"channels": 0}, "MODEL.OPTIONS.channels", "must be an integer from 1 to 4096"),
+        ("digits_images", {"dropout": 1.5}, "MODEL.OPTIONS.dropout", r"must be a probability in \[0, 1\)"),
         ("digits", {}, "MODEL.TYPE", "use DATA.DATASET.NAME digits_images"),  # two label levels
     ],
 )

@@ -118,7 +118,7 @@ def test_a_commit_interrupted_before_the_marker_is_ignored(tmp_path: Path) -> No
     assert store.newest_valid() == (final, [])
 
 
-def test_a_leftover_without_marker_is_replaced_and_a_committed_step_is_never_overwritten(
+def test_a_leftover_without_marker_is_moved_aside_and_a_committed_step_is_never_overwritten(
     tmp_path: Path,
 ) -> None:
     store = CheckpointStore(tmp_path / "checkpoints")
@@ -129,6 +129,11 @@ def test_a_leftover_without_marker_is_replaced_and_a_committed_step_is_never_ove
     final = save(store, 200)  # the resumed run reaches step 200 again
     assert store.verify(final) is None
     assert not (final / "stale.bin").exists()
+    # The leftover was a whole checkpoint but for its marker: moved aside, not deleted.
+    leftover = store.rejected_root / "step_00000200"
+    assert (leftover / "stale.bin").read_bytes() == b"from the killed run"
+    assert "COMMITTED.json missing" in (leftover / "REJECTED.txt").read_text()
+    assert store.rejected_checkpoints() == []  # it never had a marker
 
     stage(store, 200)
     with pytest.raises(FileExistsError):
@@ -143,9 +148,16 @@ def test_a_corrupt_checkpoint_that_resume_skipped_does_not_block_saving_that_ste
 ) -> None:
     store = CheckpointStore(tmp_path / "checkpoints")
     save(store, 100)
-    _flip_byte(save(store, 200))  # sizes still match: only the deep check sees it
+    corrupt = save(store, 200)
+    _flip_byte(corrupt)  # sizes still match: only the deep check sees it
+    damaged = (corrupt / "optimizer.bin").read_bytes()
     assert store.newest_valid()[0] == store.final_path(100)
     assert store.verify(save(store, 200)) is None
+    # The corrupt one is kept, byte for byte, with its marker: it may hold the only good weights.
+    kept = store.rejected_root / "step_00000200"
+    assert (kept / "optimizer.bin").read_bytes() == damaged
+    assert store.rejected_checkpoints() == [kept]
+    assert "optimizer.bin: checksum mismatch" in (kept / "REJECTED.txt").read_text()
 
 
 def test_what_a_crash_leaves_behind_is_removed(tmp_path: Path) -> None:
@@ -182,12 +194,99 @@ def test_commit_refuses_what_would_publish_a_broken_checkpoint(tmp_path: Path) -
     assert store.staging_path(100).is_dir()
 
 
-def test_files_added_after_the_commit_are_allowed(tmp_path: Path) -> None:
+def test_only_the_named_journal_may_be_added_after_the_commit(tmp_path: Path) -> None:
     # The validation journal is appended to the committed checkpoint; it is not in the manifest.
-    store = CheckpointStore(tmp_path / "checkpoints")
+    # Anything else that is not is never read: the checkpoint fails verification, naming it.
+    store = CheckpointStore(tmp_path / "checkpoints", journal="validation_journal.jsonl")
     final = save(store, 100)
     (final / "validation_journal.jsonl").write_text('{"pass": "standard"}\n')
     assert store.verify(final) is None
+    assert store.verify(final, deep=False) is None
+    assert CheckpointStore(store.root).verify(final) == (
+        "validation_journal.jsonl: not in COMMITTED.json (nothing but what was committed is read)"
+    )
+
+    (final / "custom_checkpoint_0.pkl").write_bytes(b"stray")
+    assert store.verify(final, deep=False) == (
+        "custom_checkpoint_0.pkl: not in COMMITTED.json (nothing but what was committed is read)"
+    )
+    (final / "custom_checkpoint_0.pkl").unlink()
+    (final / "sharded" / "extra.bin").write_bytes(b"stray")
+    assert store.verify(final).startswith("sharded/extra.bin: not in COMMITTED.json")  # type: ignore[union-attr]
+    (final / "sharded" / "extra.bin").unlink()
+    (final / "pytorch_model_fsdp_0").mkdir()  # an empty directory Accelerate would look into
+    assert store.verify(final).startswith("pytorch_model_fsdp_0/: not in COMMITTED.json")  # type: ignore[union-attr]
+    (final / "pytorch_model_fsdp_0").rmdir()
+    (final / "sub" / "validation_journal.jsonl").parent.mkdir()
+    (final / "sub" / "validation_journal.jsonl").write_text("")  # only at the top
+    assert store.verify(final).startswith("sub/: not in COMMITTED.json")  # type: ignore[union-attr]
+
+
+def test_the_owners_check_decides_too(tmp_path: Path) -> None:
+    def check(path: Path) -> str | None:
+        state = json.loads((path / "trainer_state.json").read_text())
+        return None if state["global_step"] == int(path.name[5:]) else "trainer_state.json: wrong step"
+
+    store = CheckpointStore(tmp_path / "checkpoints", check=check)
+    first = save(store, 100)
+    newest = save(store, 200)
+    state = newest / "trainer_state.json"
+    state.write_text(json.dumps({"global_step": 999}))
+    _reseal(newest)
+    assert CheckpointStore(store.root).verify(newest) is None  # the files are as sealed ...
+    assert store.verify(newest) == "trainer_state.json: wrong step"  # ... but the owner refuses them
+    assert store.verify(newest, deep=False) == "trainer_state.json: wrong step"
+    assert store.newest_valid() == (
+        first,
+        ["step_00000200: trainer_state.json: wrong step; using step_00000100"],
+    )
+    assert store.newest_verified() == (first, [(newest, "trainer_state.json: wrong step")])
+
+
+def _reseal(d: Path) -> None:
+    """Recompute COMMITTED.json for the files as they are now (as someone who edited them would)."""
+    marker = json.loads((d / MARKER).read_text())
+    for entry in marker["files"]:
+        data = (d / entry["path"]).read_bytes()
+        entry.update(size=len(data), sha256=hashlib.sha256(data).hexdigest())
+    (d / MARKER).write_text(json.dumps(marker))
+
+
+def test_reject_moves_a_checkpoint_aside_intact_and_says_why(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path / "checkpoints")
+    before = {}
+    for _ in range(2):
+        final = save(store, 100)
+        before = {p.relative_to(final): p.read_bytes() for p in final.rglob("*") if p.is_file()}
+        moved = store.reject(final, "optimizer.bin: checksum mismatch")
+        assert not final.exists()
+        after = {p.relative_to(moved): p.read_bytes() for p in moved.rglob("*") if p.is_file()}
+        note = after.pop(Path("REJECTED.txt")).decode()
+        assert after == before  # nothing changed, nothing lost
+        assert "optimizer.bin: checksum mismatch" in note
+        assert "step_00000100" in note
+    # The same step rejected twice: both kept.
+    assert sorted(p.name for p in store.rejected_root.iterdir()) == ["step_00000100", "step_00000100.2"]
+    assert store.rejected_checkpoints() == [
+        store.rejected_root / n for n in ("step_00000100", "step_00000100.2")
+    ]
+    assert store.complete_steps() == []
+    assert store.step_dirs() == []
+
+
+def test_retention_moves_a_checkpoint_that_fails_verification_aside(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path / "checkpoints")
+    for step in (100, 200, 300):
+        save(store, step)
+    _truncate(store.final_path(100))
+    messages: list[str] = []
+    assert store.apply_retention({}, keep_top=0, keep_last=1, mode="min", rejected=messages) == [100, 200]
+    assert store.complete_steps() == [300]
+    assert [p.name for p in store.rejected_checkpoints()] == ["step_00000100"]
+    assert len(messages) == 1
+    assert messages[0].startswith(
+        "step_00000100: model.safetensors: size 100 != 2048; retention moved it to "
+    )
 
 
 def test_delete_and_step_of_a_renamed_copy(tmp_path: Path) -> None:
@@ -318,8 +417,14 @@ def test_a_planted_pickle_is_never_loaded(tmp_path: Path) -> None:
     _flip_byte(second)  # the fallback path reads the same files
     stage(store, 300, names)  # a leftover staging directory full of pickles
 
+    planted = "planted_after_commit.pkl: not in COMMITTED.json (nothing but what was committed is read)"
+    assert store.verify(first) == planted
+    assert store.verify(first, deep=False) == planted
+    assert store.verify(second) == planted
+    assert store.newest_valid()[0] is None
+    (first / "planted_after_commit.pkl").unlink()
+    (second / "planted_after_commit.pkl").unlink()
     assert store.verify(first) is None
-    assert store.verify(first, deep=False) is None
     assert store.verify(second) == "optimizer.bin: checksum mismatch"
     assert store.newest_valid()[0] == first
     assert store.newest_valid(deep=False)[0] == second
@@ -396,7 +501,83 @@ def test_kill_9_while_committing_never_leaves_a_checkpoint_that_resume_would_pic
     assert store.complete_steps(), "no commit ever finished: the test did not exercise anything"
     store.remove_stale_staging()
     store.remove_incomplete()
-    assert sorted(p.name for p in root.iterdir()) == [f"step_{s:08d}" for s in store.complete_steps()]
+    names = sorted(p.name for p in root.iterdir() if p.name != "rejected")
+    assert names == [f"step_{s:08d}" for s in store.complete_steps()]
+    # A commit killed between rename and marker left a whole directory that the next run, reaching
+    # the same step, moved aside rather than deleting: never one that had a marker.
+    for moved in store.rejected_root.iterdir() if store.rejected_root.exists() else []:
+        assert not (moved / MARKER).exists()
+        assert "COMMITTED.json missing" in (moved / "REJECTED.txt").read_text()
+
+
+# -- a full disk while committing --------------------------------------------------------------------
+
+FULL_DISK_COMMIT = """
+import errno, json, os, sys
+from pathlib import Path
+from linnaeus_accel.checkpoint import CheckpointStore
+
+disk = Path(sys.argv[1])
+store = CheckpointStore(disk / "checkpoints")
+
+def stage(step):
+    staging = store.staging_dir(step)
+    (staging / "model.safetensors").write_bytes(os.urandom(100_000))
+    (staging / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+
+stage(100)
+store.commit(100, {})
+stage(200)
+fd = os.open(disk / "filler", os.O_WRONLY | os.O_CREAT)  # every page the staged files left free
+try:
+    while True:
+        os.write(fd, bytes(4096))
+except OSError as e:
+    assert e.errno == errno.ENOSPC, e
+try:
+    store.commit(200, {})
+    result = "committed"
+except OSError as e:
+    result = errno.errorcode[e.errno]
+print(json.dumps({
+    "result": result,
+    "left": sorted(p.name for p in store.root.iterdir()),
+    "previous": store.verify(store.final_path(100)),
+}))
+"""
+
+
+def in_tmpfs(tmp_path: Path, size: str, command: list[str]) -> subprocess.CompletedProcess[str]:
+    """Run ``command DISK`` in its own user and mount namespace, with a tmpfs of ``size`` mounted
+    at ``DISK`` (a real full disk: no mocks). CI runs as root on this image, where it works."""
+    probe = subprocess.run(["unshare", "-rm", "true"], capture_output=True, text=True)
+    assert probe.returncode == 0, (
+        f"`unshare -rm` is needed for the full-disk tests and failed here: {probe.stderr.strip()}"
+    )
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    script = 'mount -t tmpfs -o size="$1" tmpfs "$2" && shift 2 && exec "$@"'
+    return subprocess.run(
+        ["unshare", "-rm", "sh", "-c", script, "sh", size, str(disk), *command, str(disk)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=120,
+    )
+
+
+def test_a_commit_that_runs_out_of_space_for_its_marker_leaves_the_previous_checkpoint_alone(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "full_disk_commit.py"
+    script.write_text(FULL_DISK_COMMIT)
+    done = in_tmpfs(tmp_path, "1m", [sys.executable, str(script)])
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["result"] == "ENOSPC"
+    # Neither a staging directory nor an unmarked step_00000200 is left to take the space.
+    assert report["left"] == ["step_00000100"]
+    assert report["previous"] is None
 
 
 # -- retention ---------------------------------------------------------------------------------------

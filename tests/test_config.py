@@ -842,6 +842,8 @@ def test_base_cycle_is_a_config_error(tmp_path: Path) -> None:
         ("TRAIN:\n  EPOCHS: 3\n    BATCH: 2\n", "not valid YAML"),  # bad indentation
         ("- TRAIN\n- DATA\n", "mapping"),  # a list, not sections
         ("BASE: [missing.yaml]\n", "missing.yaml"),  # a BASE that does not exist
+        ("BASE: 5\n", "must be a file path or a list of them"),  # a BASE that is not a path
+        ("BASE: [5]\n", "must be a file path or a list of them"),  # a list holding a non-path
     ],
 )
 def test_unreadable_config_is_a_config_error(tmp_path: Path, text: str | None, says: str) -> None:
@@ -853,8 +855,26 @@ def test_unreadable_config_is_a_config_error(tmp_path: Path, text: str | None, s
     assert says in str(info.value)
 
 
-def test_empty_file_is_the_built_in_defaults(tmp_path: Path) -> None:
-    assert load_config(write(tmp_path / "empty.yaml", "")) == Config()
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",  # an empty file
+        "# only a comment\n",  # nothing but comments
+        "null\n",  # an explicit null document
+        "{}\n",  # an empty mapping
+        "BASE: []\n",  # inherits nothing and sets nothing
+    ],
+)
+def test_a_file_that_sets_nothing_is_a_config_error(tmp_path: Path, text: str) -> None:
+    # Every default on its own is never a real run: most likely the wrong or a truncated file.
+    with pytest.raises(ConfigError, match="sets nothing"):
+        load_config(write(tmp_path / "empty.yaml", text))
+
+
+def test_no_config_at_all_is_the_built_in_defaults() -> None:
+    # The Python API may still start from the built-in defaults, explicitly.
+    assert load_config() == Config()
+    assert load_config({}) == Config()
 
 
 @pytest.mark.parametrize(

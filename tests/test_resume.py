@@ -180,7 +180,7 @@ class TrainRun:
             "--opts", "ENV.OUTPUT.BASE_DIR", str(self.base), "EXPERIMENT.NAME", NAME, *self.opts,
         ]  # fmt: skip
 
-    def env(self, kill_at: str | None) -> dict[str, str]:
+    def env(self, kill_at: str | None, faults: dict[str, str] | None = None) -> dict[str, str]:
         env = {
             k: v
             for k, v in os.environ.items()
@@ -198,10 +198,15 @@ class TrainRun:
             env["ACCELERATE_USE_CPU"] = "true"
         if kill_at is not None:
             env["LINNAEUS_ACCEL_KILL_AT"] = kill_at
+        env.update(faults or {})  # other fault points (linnaeus_accel.training.faults)
         return env
 
     def start(
-        self, kill_at: str | None = None, args: Sequence[str] = (), python_code: str | None = None
+        self,
+        kill_at: str | None = None,
+        args: Sequence[str] = (),
+        python_code: str | None = None,
+        faults: dict[str, str] | None = None,
     ) -> Started:
         self._launches += 1
         log = self.root / f"launch{self._launches}{'-' + kill_at.replace(':', '') if kill_at else ''}.log"
@@ -209,7 +214,7 @@ class TrainRun:
             proc = subprocess.Popen(
                 self.command(args, python_code),
                 cwd=self.root,
-                env=self.env(kill_at),
+                env=self.env(kill_at, faults),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -218,9 +223,13 @@ class TrainRun:
         return Started(proc, log, self.dir, time.monotonic())
 
     def run(
-        self, kill_at: str | None = None, args: Sequence[str] = (), python_code: str | None = None
+        self,
+        kill_at: str | None = None,
+        args: Sequence[str] = (),
+        python_code: str | None = None,
+        faults: dict[str, str] | None = None,
     ) -> Result:
-        return self.start(kill_at, args, python_code).finish()
+        return self.start(kill_at, args, python_code, faults).finish()
 
     def clone(self, root: Path) -> TrainRun:
         """A copy of this output directory (e.g. of a killed run) to resume or damage separately."""
@@ -520,18 +529,17 @@ def test_planted_pickles_are_never_executed(
         "dl_state_dict.bin", "pytorch_model.bin", "trainer_state.pkl", "random_states_1.pkl",
     ):  # fmt: skip
         (newest / name).write_bytes(payload)
-    # ... and a listed file replaced under a manifest forged to match (a checkpoint from an
-    # untrusted bucket): it may be refused, never executed.
-    (newest / "random_states_0.pkl").write_bytes(payload)
-    forge_manifest(newest, "random_states_0.pkl")
-    # An older checkpoint with a replaced file and an honest manifest: fails verification.
+    # (a checkpoint holding files its manifest does not list is moved aside, unread) ... and, in the
+    # older checkpoint, a listed file replaced under a manifest forged to match (a checkpoint from
+    # an untrusted bucket): Accelerate loads it with torch's weights-only unpickler, which refuses it.
     older = run.dir / "checkpoints" / ckpt(46)
     (older / "random_states_0.pkl").write_bytes(payload)
+    forge_manifest(older, "random_states_0.pkl")
 
     resumed = run.run()
     assert not flag.exists(), f"a planted pickle was executed during resume\n{resumed.tail()}"
-    assert_resumed_from(resumed.output, 92)
-    # Nothing is trained after step 92, so the restored RNG state does not matter for the weights.
+    assert "not in COMMITTED.json" in resumed.output, resumed.tail()
+    assert_resumed_from(resumed.output, 46)
     assert_same_run(resumed, ref_epoch)
     assert not flag.exists()
 
@@ -589,13 +597,15 @@ def wait_for_record(started: Started, predicate: Any, timeout: float = RUN_TIMEO
     pytest.fail("timed out waiting for metrics")
 
 
-def assert_preempted(result: Result, total_steps: int, multiple_of: int = 1) -> int:
+def assert_preempted(result: Result, total_steps: int, checked_every: int = 1, epoch_steps: int = 1) -> int:
+    """The run stopped at a step where the processes agree on the flag: every ``checked_every``
+    steps and at every epoch's last step."""
     result.check_ok()
     data = summary(result.dir)
     assert data["status"] == "preempted", data
     step = data["global_step"]
     assert 0 < step < total_steps, data
-    assert step % multiple_of == 0, data
+    assert step % checked_every == 0 or step % epoch_steps == 0, data
     assert ckpt(step) in committed(result.dir), committed(result.dir)
     assert not (result.dir / "final").exists()  # a preempted run's weights are in its checkpoint
     return int(step)
@@ -658,7 +668,7 @@ def test_sigterm_preempts_two_processes_then_rerun_ends_identically(ref_two: Res
     run = TrainRun(tmp_path, TWO_PROC_OPTS, processes=2)
     started = run.start()
     try:
-        # The epoch-1 validation record (step 12): stops at the next agreed check, step 20 or 30.
+        # The epoch-1 validation record (step 12): stops at the next agreed check (step 20, 24 or 30).
         wait_for_record(started, lambda r: r["global_step"] == 12 and is_val(r))
         workers = worker_processes(started.proc)
         assert len(workers) == 2, workers
@@ -668,10 +678,58 @@ def test_sigterm_preempts_two_processes_then_rerun_ends_identically(ref_two: Res
     finally:
         if started.proc.poll() is None:
             kill_group(started.proc)
-    step = assert_preempted(preempted, total_steps=48, multiple_of=10)
+    step = assert_preempted(preempted, total_steps=48, checked_every=10, epoch_steps=12)
 
     resumed = run.run()
     assert_resumed_from(resumed.output, step)
+    assert_same_run(resumed, ref_two)
+
+
+@pytest.mark.parametrize(
+    "step",
+    [
+        46,  # the last step of epoch 2, whose boundary takes a checkpoint and four validation passes
+        92,  # the run's last step: the final boundary (checkpoint, the final passes)
+    ],
+)
+def test_sigterm_at_an_epochs_last_step_then_rerun_ends_identically(
+    ref_epoch: Result, tmp_path: Path, step: int
+) -> None:
+    """The preemption checkpoint of an epoch's last step is that boundary's checkpoint, with its
+    validation passes still due: the rerun runs them and goes on (it once committed the boundary
+    checkpoint a second time: FileExistsError on every rerun)."""
+    run = TrainRun(tmp_path, EPOCH_CKPT)
+    preempted = run.run(faults={"LINNAEUS_ACCEL_TERM_AT": f"optimizer_step:{step}"})
+    preempted.check_ok()
+    assert summary(run.dir)["status"] == "preempted", summary(run.dir)
+    assert summary(run.dir)["global_step"] == step
+    assert committed(run.dir)[-1] == ckpt(step)
+    assert journal(run.dir / "checkpoints" / ckpt(step)) == []  # no pass ran before the stop
+
+    resumed = run.run()
+    assert_resumed_from(resumed.output, step)
+    assert_same_run(resumed, ref_epoch)
+    assert journal(run.dir / "checkpoints" / ckpt(step))[0] == "val"
+
+
+def test_sigterm_before_a_boundary_with_two_processes_then_rerun_ends_identically(
+    ref_two: Result, tmp_path: Path
+) -> None:
+    """Both workers get SIGTERM at step 21; the flag is agreed every 10 steps and at every epoch's
+    last step, so both stop at the boundary of step 24 and checkpoint it with its passes due. The
+    rerun's first ``train/loss`` (step 40) averages steps 21-40, three of them from before the
+    stop: each process's share of that window comes back from its own file (assert_same_run
+    compares every logged float; it differed in 6 of 7 two-process resumes when one process's
+    share was loaded by both)."""
+    run = TrainRun(tmp_path, TWO_PROC_OPTS, processes=2)
+    preempted = run.run(faults={"LINNAEUS_ACCEL_TERM_AT": "optimizer_step:21"})
+    assert preempted.returncode == 0, preempted.tail()
+    assert summary(run.dir)["status"] == "preempted", summary(run.dir)
+    assert summary(run.dir)["global_step"] == 24
+    assert committed(run.dir) == [ckpt(24)]
+
+    resumed = run.run()
+    assert_resumed_from(resumed.output, 24)
     assert_same_run(resumed, ref_two)
 
 

@@ -722,19 +722,20 @@ def test_config_error_exits_2_and_writes_nothing(
     assert list(tmp_path.iterdir()) == []
 
 
-def test_second_train_into_finished_output_dir_exits_2(
+def test_rerunning_a_finished_run_does_nothing_and_exits_0(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """Schedulers requeue jobs: the command of a completed run, run again, changes nothing."""
     opts = ["ENV.OUTPUT.BASE_DIR", str(tmp_path / "out"), "TRAIN.EPOCHS", "1", "DATA.BATCH_SIZE", "256"]
     assert train(opts) == 0
     out = tmp_path / "out" / NAME
     assert read_summary(out)["status"] == "completed"
     before = {p: p.read_bytes() for p in files_under(tmp_path)}
     capsys.readouterr()
-    assert train(opts) == 2
-    err = capsys.readouterr().err
-    assert "EXPERIMENT.NAME" in err
-    assert str(out) in err
+    assert train(opts) == 0
+    said = capsys.readouterr().out
+    assert f"{out} already holds a run completed at step" in said, said
+    assert "nothing to do" in said, said
     assert {p: p.read_bytes() for p in files_under(tmp_path)} == before  # untouched
 
 
@@ -751,8 +752,8 @@ def test_interrupted_output_dir_is_refused_without_auto_resume(
     rc = train([*opts, "TRAIN.AUTO_RESUME", "false"])
     assert rc == 2
     assert "TRAIN.AUTO_RESUME" in capsys.readouterr().err
-    assert {p: p.read_bytes() for p in files_under(tmp_path)} == before
-    assert sorted(p.name for p in out.iterdir()) == ["metrics.jsonl"]
+    assert {p: p.read_bytes() for p in files_under(tmp_path) if p.name != ".lock"} == before
+    assert sorted(p.name for p in out.iterdir()) == [".lock", "metrics.jsonl"]  # the lock's (empty) file
 
 
 def test_run_killed_before_its_first_checkpoint_starts_over(tmp_path: Path) -> None:

@@ -6,11 +6,19 @@ Layout under ``root = <output_dir>/checkpoints``::
     .deleting-step_00001000/  being deleted (marker already gone)
     step_00001234/            published; complete only once COMMITTED.json exists and verifies
         COMMITTED.json        {"version": 1, "step": 1234, "files": [{path, size, sha256}], "info": {}}
+    rejected/step_00001100/   failed verification (or never got its marker): moved aside, never
+        REJECTED.txt          deleted by us; says why and when
 
 Named by global step, never by a save counter (accelerate issues #1601, #3306: counters restart
 or collide on resume). Commit: hash and fsync every staged file, rename staging to the final name,
 fsync the parent, then write the marker atomically, last. A kill -9 at any instant leaves no marker
 (ignored) or a marker whose files are all there. Deletion removes the marker first.
+
+Verification covers every byte a resume reads: each file the manifest lists (size, sha256), no
+file it does not list (except one journal file the owner names, appended after the commit and
+verified line by line by its owner), and whatever else the owner's ``check`` says of its own files.
+A checkpoint that fails is never deleted by the store (it may be the only copy of a run's weights):
+it is moved to ``rejected/``.
 
 Only JSON is ever read here: a checkpoint may come from an untrusted place (a bucket, a colleague)
 and must not execute code through us; manifest paths must stay inside the checkpoint.
@@ -25,7 +33,8 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Collection, Mapping
+import time
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -36,6 +45,8 @@ MARKER_VERSION = 1
 _MARKER_TMP = ".COMMITTED.json.tmp"
 _STAGING_PREFIX = ".staging-"
 _TRASH_PREFIX = ".deleting-"  # a checkpoint being deleted: renamed out of the way, then removed
+REJECTED_DIR = "rejected"
+REJECTED_NOTE = "REJECTED.txt"
 _NAME = re.compile(r"step_(\d{8,})")
 _CHUNK = 1 << 20
 
@@ -85,12 +96,26 @@ def read_marker(path: Path) -> dict[str, Any]:
 class CheckpointStore:
     """The checkpoints of one run, in ``root`` (``<output_dir>/checkpoints``).
 
-    ``staging_dir`` and ``commit``, ``delete``, ``apply_retention`` and ``remove_stale_staging``
-    change the directory and belong to the main process only; the readers are safe anywhere.
+    ``staging_dir`` and ``commit``, ``delete``, ``reject``, ``apply_retention`` and
+    ``remove_stale_staging`` change the directory and belong to the main process only; the readers
+    are safe anywhere.
+
+    ``journal``: the name of the one file allowed in a checkpoint beyond its manifest (its owner
+    appends to it after the commit and verifies it itself). ``check(path)``: the owner's own
+    validation of a checkpoint whose files verified (e.g. of the state it will read), None if fine,
+    else what is wrong.
     """
 
-    def __init__(self, root: Path | str) -> None:
+    def __init__(
+        self,
+        root: Path | str,
+        *,
+        journal: str | None = None,
+        check: Callable[[Path], str | None] | None = None,
+    ) -> None:
         self.root = Path(root)
+        self.journal = journal
+        self.check = check
 
     # -- paths ---------------------------------------------------------------------------------------
     def final_path(self, step: int) -> Path:
@@ -98,6 +123,10 @@ class CheckpointStore:
 
     def staging_path(self, step: int) -> Path:
         return self.root / f"{_STAGING_PREFIX}{step_name(step)}"
+
+    @property
+    def rejected_root(self) -> Path:
+        return self.root / REJECTED_DIR
 
     def step_of(self, path: Path | str) -> int | None:
         """The step of a checkpoint directory: from its name, else from its marker (``--resume``
@@ -131,7 +160,14 @@ class CheckpointStore:
         if replace:
             self.delete(step)
         self._publish(staging, final)
-        self._mark(final, step, manifest, info)
+        try:
+            self._mark(final, step, manifest, info)
+        except OSError:
+            # E.g. no space left for the marker: the directory would be an ignored leftover that
+            # takes the space the previous checkpoints need; it is this commit's own, and unmarked.
+            if not (final / MARKER).exists():
+                shutil.rmtree(final, ignore_errors=True)
+            raise
         return final
 
     def _seal(self, staging: Path) -> list[FileEntry]:
@@ -160,11 +196,12 @@ class CheckpointStore:
         """Rename the sealed staging directory to its final name (no marker yet: still ignored)."""
         if final.exists():
             # Deep: a corrupt checkpoint that resume skipped must not block the run re-saving it.
-            if self.verify(final, deep=True) is None:
+            problem = self.verify(final, deep=True)
+            if problem is None:
                 raise FileExistsError(f"{final} is already a committed checkpoint")
-            # A leftover without a valid marker (a crash between rename and marker), or corrupt.
-            (final / MARKER).unlink(missing_ok=True)
-            shutil.rmtree(final)
+            # A leftover without a valid marker (a crash between rename and marker), or corrupt:
+            # moved aside, not deleted.
+            self.reject(final, problem)
         os.replace(staging, final)
         _fsync_dir(self.root)
 
@@ -186,6 +223,35 @@ class CheckpointStore:
         os.replace(final, trash)
         shutil.rmtree(trash)
 
+    def reject(self, path: Path, reason: str) -> Path:
+        """Move the checkpoint directory ``path`` (under ``root``) to ``rejected/``, with a
+        ``REJECTED.txt`` saying why and when; where it now is. Nothing in it is changed or lost."""
+        self.rejected_root.mkdir(exist_ok=True)
+        target = self.rejected_root / path.name
+        n = 1
+        while target.exists() or target.is_symlink():
+            n += 1
+            target = self.rejected_root / f"{path.name}.{n}"
+        os.replace(path, target)
+        _fsync_dir(self.root)
+        _fsync_dir(self.rejected_root)
+        note = (
+            f"{path.name} was moved here from {self.root} on {time.strftime('%Y-%m-%d %H:%M:%S %z')}\n"
+            f"because it failed verification: {reason}\n\n"
+            "linnaeus-accel never resumes from it and never deletes it (--overwrite does). To use it\n"
+            f"again, repair what is wrong, delete this {REJECTED_NOTE} and pass the directory to --resume.\n"
+        )
+        with contextlib.suppress(OSError):  # the move is what matters; a full disk may refuse the note
+            (target / REJECTED_NOTE).write_text(note, encoding="utf-8")
+        return target
+
+    def rejected_checkpoints(self) -> list[Path]:
+        """The directories in ``rejected/`` that carry a marker: checkpoints of this run that
+        failed verification (not the leftovers of a commit cut before its marker)."""
+        if not self.rejected_root.is_dir():
+            return []
+        return sorted(p for p in self.rejected_root.iterdir() if p.is_dir() and (p / MARKER).is_file())
+
     def remove_stale_staging(self) -> list[Path]:
         """Delete the staging (and half-deleted) directories a crash left; call at start, on the
         main process, before any process saves. Returns what was removed."""
@@ -199,11 +265,16 @@ class CheckpointStore:
                 path.unlink()
         return stale
 
-    def remove_incomplete(self) -> list[Path]:
+    def remove_incomplete(self, before: int | None = None) -> list[Path]:
         """Delete ``step_*`` directories without a marker (a crash between rename and marker, or
-        early in a delete): they are never used and may be large. Call after ``newest_valid`` has
-        reported them, on the main process, while no commit runs. Returns what was removed."""
-        incomplete = [path for _, path in self._step_dirs() if not (path / MARKER).is_file()]
+        early in a delete) older than step ``before`` (default: all): never used, and may be large.
+        Call after ``newest_valid`` has reported them, on the main process, while no commit runs.
+        Returns what was removed."""
+        incomplete = [
+            path
+            for step, path in self._step_dirs()
+            if not (path / MARKER).is_file() and (before is None or step < before)
+        ]
         for path in incomplete:
             shutil.rmtree(path)
         return incomplete
@@ -215,17 +286,33 @@ class CheckpointStore:
         keep_last: int,
         mode: Mode,
         protect: Collection[int] = (),
+        rejected: list[str] | None = None,
     ) -> list[int]:
-        """Delete the committed checkpoints that ``retained`` does not keep; the deleted steps.
-        ``metrics``: step -> ranking metric (missing: not known yet). Only marked ones take part."""
+        """Delete the committed checkpoints that ``retained`` does not keep; the steps gone.
+        ``metrics``: step -> ranking metric (missing: not known yet). Only marked ones take part.
+        One that fails verification (size-only) is moved to ``rejected/`` instead of deleted, and
+        a message saying so is appended to ``rejected``."""
         steps = self.complete_steps()
         keep = retained([(s, metrics.get(s)) for s in steps], keep_top, keep_last, mode, protect)
-        deleted = [s for s in steps if s not in keep]
-        for step in deleted:
-            self.delete(step)
-        return deleted
+        gone = [s for s in steps if s not in keep]
+        for step in gone:
+            final = self.final_path(step)
+            problem = self.verify(final, deep=False)
+            if problem is None:
+                self.delete(step)
+                continue
+            moved = self.reject(final, problem)
+            if rejected is not None:
+                rejected.append(
+                    f"{final.name}: {problem}; retention moved it to {moved} instead of deleting it"
+                )
+        return gone
 
     # -- reading -------------------------------------------------------------------------------------
+    def step_dirs(self) -> list[tuple[int, Path]]:
+        """``(step, path)`` of every ``step_*`` directory, marked or not, ascending."""
+        return self._step_dirs()
+
     def _step_dirs(self) -> list[tuple[int, Path]]:
         paths = self.root.iterdir() if self.root.is_dir() else iter(())
         matches = ((_NAME.fullmatch(p.name), p) for p in paths)
@@ -237,8 +324,8 @@ class CheckpointStore:
 
     def verify(self, path: Path | str, *, deep: bool = True) -> str | None:
         """None if ``path`` is a complete checkpoint, else what is wrong with it: every manifest file
-        exists with its size and, with ``deep`` (reads everything), its sha256. Files not in the
-        manifest (the validation journal, appended after the commit) are allowed."""
+        exists with its size and, with ``deep`` (reads everything), its sha256; no other file is
+        there but the journal; and the owner's ``check`` passes."""
         path = Path(path)
         try:
             marker = read_marker(path)
@@ -247,6 +334,9 @@ class CheckpointStore:
         match = _NAME.fullmatch(path.name)
         if match and int(match.group(1)) != marker["step"]:
             return f"{MARKER} is for step {marker['step']}, not {int(match.group(1))}"
+        problem = self._unlisted(path, marker)
+        if problem is not None:
+            return problem
         inside = path.resolve()
         for entry in marker["files"]:
             file = path / entry["path"]
@@ -259,22 +349,46 @@ class CheckpointStore:
                 return f"{entry['path']}: size {size} != {entry['size']}"
             if deep and _hash_file(file, sync=False)[1] != entry["sha256"]:
                 return f"{entry['path']}: checksum mismatch"
+        return self.check(path) if self.check is not None else None
+
+    def _unlisted(self, path: Path, marker: Mapping[str, Any]) -> str | None:
+        """The first entry of ``path`` that its manifest does not account for: a resume must read
+        nothing the commit did not seal (Accelerate would load a stray ``custom_checkpoint_0.pkl``,
+        or refuse to)."""
+        listed = {str(entry["path"]) for entry in marker["files"]}
+        files = listed | {MARKER} | ({self.journal} if self.journal else set())
+        dirs = {parent.as_posix() for rel in listed for parent in PurePosixPath(rel).parents}
+        for dirpath, dirnames, filenames in os.walk(path):
+            dirnames.sort()
+            here = Path(dirpath).relative_to(path)
+            for name in dirnames:
+                rel = (here / name).as_posix()
+                if rel not in dirs or (Path(dirpath) / name).is_symlink():
+                    return f"{rel}/: not in {MARKER} (nothing but what was committed is read)"
+            for name in sorted(filenames):
+                rel = (here / name).as_posix()
+                if rel not in files:
+                    return f"{rel}: not in {MARKER} (nothing but what was committed is read)"
         return None
 
     def newest_valid(self, *, deep: bool = True) -> tuple[Path | None, list[str]]:
         """The newest checkpoint that verifies, and one message per newer directory skipped."""
-        problems: list[tuple[str, str]] = []
-        chosen: Path | None = None
+        chosen, failed = self.newest_verified(deep=deep)
+        using = f"using {chosen.name}" if chosen is not None else "no older valid checkpoint"
+        return chosen, [f"{path.name}: {problem}; {using}" for path, problem in failed]
+
+    def newest_verified(self, *, deep: bool = True) -> tuple[Path | None, list[tuple[Path, str]]]:
+        """The newest checkpoint that verifies, and ``(path, problem)`` of each newer directory
+        that does not (newest first). Reads only; see ``reject``."""
+        failed: list[tuple[Path, str]] = []
         for _, path in reversed(self._step_dirs()):
             problem = self.verify(path, deep=deep)
             if problem is None:
-                chosen = path
-                break
+                return path, failed
             if problem == f"{MARKER} missing":
                 problem += " (incomplete write?)"
-            problems.append((path.name, problem))
-        using = f"using {chosen.name}" if chosen is not None else "no older valid checkpoint"
-        return chosen, [f"{name}: {problem}; {using}" for name, problem in problems]
+            failed.append((path, problem))
+        return None, failed
 
 
 def _hash_file(file: Path, *, sync: bool) -> tuple[int, str]:

@@ -156,6 +156,18 @@ def _check_non_negative_int(value: int) -> int:
     return value
 
 
+def at_most(limit: int, why: str) -> AfterValidator:
+    """An upper bound for a count where a larger value can only be a mistake (a typo, a value in
+    the wrong unit); ``why`` tells the user what the bound protects."""
+
+    def check(value: int) -> int:
+        if value > limit:
+            raise ValueError(f"must be at most {limit:,} (got {value:,}): {why}")
+        return value
+
+    return AfterValidator(check)
+
+
 Fraction = Annotated[float, AfterValidator(_check_fraction)]
 Probability = Annotated[float, AfterValidator(_check_probability)]
 NonNegativeFloat = Annotated[float, AfterValidator(_check_non_negative)]

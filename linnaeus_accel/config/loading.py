@@ -57,19 +57,52 @@ def read_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
             data = parse_yaml(f.read())
     except OSError as exc:
         raise ConfigError([("", f"cannot read {path}: {exc.strerror}")], source="--cfg") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            [("", f"{path} is not UTF-8 text (byte {exc.start}): save the config as UTF-8")], source="--cfg"
+        ) from None
     except yaml.YAMLError as exc:
         raise ConfigError([("", f"{path} is not valid YAML: {exc}")], source="--cfg") from None
-    data = data or {}
-    if not isinstance(data, dict):
+    if data is not None and not isinstance(data, dict):
         raise ConfigError([("", f"{path} must hold a mapping of UPPERCASE sections")], source="--cfg")
-    bases = data.pop("BASE", None) or []
-    if isinstance(bases, str):
-        bases = [bases]
+    data = data or {}
     merged: dict[str, Any] = {}
-    for base in bases:
-        if base:
-            merged = deep_merge(merged, read_yaml(path.parent / base, (*_seen, path)))
-    return deep_merge(merged, data)
+    for base in _base_paths(data.pop("BASE", None), path):
+        merged = deep_merge(merged, read_yaml(path.parent / base, (*_seen, path)))
+    merged = deep_merge(merged, data)
+    if not merged:
+        # Every default on its own is never a real run: most likely the wrong file, or one whose
+        # content was lost.
+        raise ConfigError(
+            [
+                (
+                    "",
+                    f"{path} sets nothing (it is empty, holds only comments or an empty BASE): give at "
+                    "least one section, e.g. BASE: [default.yaml] and the keys that differ",
+                )
+            ],
+            source="--cfg",
+        )
+    return merged
+
+
+def _base_paths(bases: Any, source: str | Path) -> list[str]:
+    """The files a ``BASE`` names: one path or a list of them (null, "" or [] for none)."""
+    if bases is None or bases == "":
+        return []
+    items = [bases] if isinstance(bases, (str, Path)) else bases
+    if not isinstance(items, list) or not all(isinstance(b, (str, Path)) for b in items):
+        raise ConfigError(
+            [
+                (
+                    "BASE",
+                    f"must be a file path or a list of them, relative to the config (got {bases!r}), "
+                    "e.g. BASE: [default.yaml]",
+                )
+            ],
+            source=str(source),
+        )
+    return [str(b) for b in items if str(b)]
 
 
 def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
@@ -115,9 +148,8 @@ def load_config(cfg: str | Path | Mapping[str, Any] | None = None, opts: Sequenc
         data: dict[str, Any] = {}
     elif isinstance(cfg, Mapping):
         data = copy.deepcopy(dict(cfg))
-        bases = data.pop("BASE", None) or []
         merged: dict[str, Any] = {}
-        for base in [bases] if isinstance(bases, (str, Path)) else bases:
+        for base in _base_paths(data.pop("BASE", None), "config"):
             merged = deep_merge(merged, read_yaml(base))
         data = deep_merge(merged, data)
     else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -70,3 +71,26 @@ class Config(Section):
     @property
     def output_dir(self) -> Path:
         return Path(self.ENV.OUTPUT.BASE_DIR) / self.EXPERIMENT.NAME
+
+
+def output_dir_problem(config: Config) -> tuple[str, str] | None:
+    """Why the run directory ``<ENV.OUTPUT.BASE_DIR>/<EXPERIMENT.NAME>`` cannot be created or written,
+    or None. Checked before anything is built, so that a BASE_DIR that is a file (or lies under
+    one) is a config error, not a traceback from the first write after minutes of set-up."""
+    out = config.output_dir
+    # The nearest path that exists (or is a dangling link): the run directory is created below it.
+    existing = next(p for p in (out, *out.parents) if os.path.lexists(p))
+    key = "EXPERIMENT.NAME" if existing == out else "ENV.OUTPUT.BASE_DIR"
+    if not existing.exists():
+        return (
+            key,
+            f"{existing} is a broken symbolic link, so {out} cannot be created: fix the link or choose another {key}",
+        )
+    if not existing.is_dir():
+        return key, f"{existing} is a file, not a directory, so {out} cannot be created: choose another {key}"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return (
+            key,
+            f"{existing} is not writable by this user, so {out} cannot be created there: choose another {key}",
+        )
+    return None

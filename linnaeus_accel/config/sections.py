@@ -17,8 +17,26 @@ from .base import (
     Problem,
     Section,
     StepsOrOff,
+    at_most,
     canonical_metric_name,
 )
+
+MAX_BATCH_SIZE = 2**20
+MAX_ACCUMULATION_STEPS = 2**16
+MAX_NUM_WORKERS = 128
+MAX_SEED = 2**32 - 1
+MAX_DIST_TIMEOUT_S = 7 * 24 * 3600
+
+BatchSize = Annotated[
+    PositiveInt,
+    at_most(
+        MAX_BATCH_SIZE,
+        "the batch is per process and more samples than that cannot fit in one batch on a device; "
+        "reach a larger effective batch with more processes or TRAIN.ACCUMULATION_STEPS",
+    ),
+]
+
+Seed = Annotated[NonNegativeInt, at_most(MAX_SEED, "numpy and torch take seeds from 0 to 2**32 - 1")]
 
 
 class EarlyStopConfig(Section):
@@ -81,12 +99,23 @@ class TrainConfig(Section):
         "training dataset whose every sample holds the same number of target tokens (packed "
         "fixed-length sequences).",
     )
-    ACCUMULATION_STEPS: NonNegativeInt = Field(
-        1, description="Micro-batches per optimizer step (0 is read as 1)."
-    )
+    ACCUMULATION_STEPS: Annotated[
+        NonNegativeInt,
+        at_most(
+            MAX_ACCUMULATION_STEPS,
+            "more micro-batches than that in one optimizer step is not a usable run; raise "
+            "DATA.BATCH_SIZE or the number of processes instead",
+        ),
+    ] = Field(1, description="Micro-batches per optimizer step (0 is read as 1).")
     CLIP_GRAD: PositiveFloat | None = Field(5.0, description="Max gradient norm (null: no clipping).")
     AUTO_RESUME: bool = Field(
         True, description="Resume from the newest complete checkpoint in the output directory."
+    )
+    NONFINITE: Literal["stop", "skip"] = Field(
+        "stop",
+        description="When the training loss or gradient norm is NaN/inf: stop ends the run with status "
+        "failed (the last good checkpoint stays the resume point); skip drops that optimizer step, counts "
+        "it in train/nonfinite_skipped and goes on (costs one host sync per step).",
     )
     EARLY_STOP: EarlyStopConfig = Field(default_factory=EarlyStopConfig)
 
@@ -133,12 +162,21 @@ class DatasetConfig(Section):
 
 
 class DataConfig(Section):
-    BATCH_SIZE: PositiveInt = Field(64, description="Per-process training batch size.")
-    BATCH_SIZE_VAL: PositiveInt | None = Field(
+    BATCH_SIZE: BatchSize = Field(64, description="Per-process training batch size.")
+    BATCH_SIZE_VAL: BatchSize | None = Field(
         None, description="Per-process validation batch size; default BATCH_SIZE."
     )
     DROP_LAST: bool = Field(False, description="Drop the last incomplete batch of each epoch.")
-    NUM_WORKERS: NonNegativeInt = Field(0, description="DataLoader worker processes.")
+    NUM_WORKERS: Annotated[
+        NonNegativeInt,
+        at_most(
+            MAX_NUM_WORKERS,
+            "every worker is a separate process (per training process) holding its own copy of the "
+            "dataset; past a few per CPU core they only cost memory and start-up time",
+        ),
+    ] = Field(
+        0, description="DataLoader worker processes (per training process; 0: load in the main process)."
+    )
     DATASET: DatasetConfig = Field(default_factory=DatasetConfig)
 
 
@@ -211,6 +249,22 @@ class LossConfig(Section):
     )
     GRAD_WEIGHTING: GradWeightingConfig = Field(default_factory=GradWeightingConfig)
 
+    def problems(self) -> list[Problem]:
+        weights = self.TASK_WEIGHTS
+        if not weights:  # unset, or empty: the length is checked against the task's components
+            return []
+        if self.GRAD_WEIGHTING.TASK.GRADNORM_ENABLED and min(weights) <= 0:
+            return [
+                Problem(
+                    ("TASK_WEIGHTS", "GRAD_WEIGHTING.TASK.GRADNORM_ENABLED"),
+                    f"{{0}} ({weights}) has a weight of 0 while {{1}} is true: GradNorm rescales the "
+                    "weights multiplicatively, so each must be > 0",
+                )
+            ]
+        if sum(weights) <= 0:
+            return [Problem(("TASK_WEIGHTS",), "{0} are all 0: nothing would be trained; give a weight > 0")]
+        return []
+
 
 class BucketConfig(Section):
     ENABLED: bool = False
@@ -237,6 +291,18 @@ class EnvConfig(Section):
         description="Peak FLOP/s of one device, for MFU; default: looked up by GPU name (dense bf16). "
         "On a CPU, MFU is reported only when this is set.",
     )
+    DIST_TIMEOUT_S: Annotated[
+        PositiveInt,
+        at_most(
+            MAX_DIST_TIMEOUT_S,
+            "that is a week, and a collective waiting longer means a process is gone: the run should "
+            "fail and free its devices",
+        ),
+    ] = Field(
+        600,
+        description="Seconds a collective operation (all-reduce, barrier) waits for the other processes "
+        "before every process exits with an error (torch's default is 30 minutes).",
+    )
 
 
 class WandbConfig(Section):
@@ -251,9 +317,7 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 class ExperimentConfig(Section):
     NAME: str = Field("default", description="Run directory name under ENV.OUTPUT.BASE_DIR.")
-    SEED: NonNegativeInt = Field(
-        0, description="Seeds data order, masking and mixup draws (keyed by sample)."
-    )
+    SEED: Seed = Field(0, description="Seeds data order, masking and mixup draws (keyed by sample).")
     TAGS: list[str] = Field(default_factory=list)
     NOTES: str = ""
     WANDB: WandbConfig = Field(default_factory=WandbConfig)

@@ -49,21 +49,55 @@ class DigitsMLP(nn.Module):
         return [head(features) for head in self.heads]
 
 
+KEY = "MODEL.OPTIONS"
+# Widths past these only cost memory on 8x8 digits (the MLP's trunk alone is 1.5 x hidden**2 weights:
+# 400 M at 16384); a larger value is a typo or a value meant for another model.
+# hidden >= 2: the metadata branch is hidden // 2 wide.
+MAX_HIDDEN = 16384
+MAX_CHANNELS = 4096
+
+
+def _width(value: Any, low: int, high: int) -> tuple[int, str | None]:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        return 0, f"must be an integer from {low} to {high} (got {value!r})"
+    return value, None
+
+
+def _dropout(value: Any) -> tuple[float, str | None]:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value < 1.0:
+        return 0.0, f"must be a probability in [0, 1) (got {value!r})"
+    return float(value), None
+
+
+def _check_options(
+    model: str, options: dict[str, Any], width: str, default: int, bounds: tuple[int, int]
+) -> tuple[int, float]:
+    """(width, dropout) from MODEL.OPTIONS; every bad option at once, each named by its full key."""
+    problems: list[tuple[str, str]] = []
+    unknown = sorted(set(options) - {width, "dropout"})
+    if unknown:
+        problems.append((KEY, f"{model} takes {width} and dropout, not {', '.join(map(str, unknown))}"))
+    size, problem = _width(options.get(width, default), *bounds)
+    if problem:
+        problems.append((f"{KEY}.{width}", problem))
+    dropout, problem = _dropout(options.get("dropout", 0.0))
+    if problem:
+        problems.append((f"{KEY}.dropout", problem))
+    if problems:
+        raise ConfigError(problems)
+    return size, dropout
+
+
 @register_model("digits_mlp")
 def build_digits_mlp(config: Config, dataset: Any) -> DigitsMLP:
-    options = dict(config.MODEL.OPTIONS)
-    unknown = set(options) - {"hidden", "dropout"}
-    if unknown:
-        raise ConfigError(
-            [("MODEL.OPTIONS", f"digits_mlp takes hidden and dropout, not {', '.join(sorted(unknown))}")]
-        )
+    hidden, dropout = _check_options("digits_mlp", dict(config.MODEL.OPTIONS), "hidden", 128, (2, MAX_HIDDEN))
     sample = dataset[0]
     return DigitsMLP(
         image_size=sample["image"].numel(),
         meta_dims={name: t.numel() for name, t in sample["meta"].items()},
         num_classes=[dataset.num_classes[level] for level in dataset.levels],
-        hidden=int(options.get("hidden", 128)),
-        dropout=float(options.get("dropout", 0.0)),
+        hidden=hidden,
+        dropout=dropout,
     )
 
 
@@ -88,27 +122,10 @@ class DigitsConvNet(nn.Module):
         return logits
 
 
-def _convnet_options(options: dict[str, Any]) -> tuple[int, float]:
-    problems: list[tuple[str, str]] = []
-    unknown = set(options) - {"channels", "dropout"}
-    if unknown:
-        problems.append(
-            ("MODEL.OPTIONS", f"digits_convnet takes channels and dropout, not {', '.join(sorted(unknown))}")
-        )
-    channels = options.get("channels", 32)
-    if isinstance(channels, bool) or not isinstance(channels, int) or channels < 1:
-        problems.append(("MODEL.OPTIONS", f"channels must be a positive integer, got {channels!r}"))
-    dropout = options.get("dropout", 0.0)
-    if isinstance(dropout, bool) or not isinstance(dropout, int | float) or not 0.0 <= dropout < 1.0:
-        problems.append(("MODEL.OPTIONS", f"dropout must be a number in [0, 1), got {dropout!r}"))
-    if problems:
-        raise ConfigError(problems)
-    return channels, float(dropout)
-
-
 @register_model("digits_convnet")
 def build_digits_convnet(config: Config, dataset: Any) -> DigitsConvNet:
-    channels, dropout = _convnet_options(dict(config.MODEL.OPTIONS))
+    options = dict(config.MODEL.OPTIONS)
+    channels, dropout = _check_options("digits_convnet", options, "channels", 32, (1, MAX_CHANNELS))
     num_classes = getattr(dataset, "num_classes", None)
     if isinstance(num_classes, bool) or not isinstance(num_classes, int):
         raise ConfigError(

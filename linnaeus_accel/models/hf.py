@@ -12,6 +12,7 @@ transformers is imported only when this model is built, so ``plan`` stays fast w
 from __future__ import annotations
 
 import inspect
+import re
 from typing import Any
 
 from torch import nn
@@ -48,6 +49,26 @@ def _known_fields(config_class: Any, base_class: Any) -> set[str] | None:
     return fields - {"self", "model_type"}
 
 
+# Sizes (hidden_size, n_embd, num_attention_heads, ...) must be >= 1; other counts (layers,
+# experts, ...) may be 0.
+_SIZE_NAME = re.compile(r"(_size$|_heads?$|^n_embd$|^n_head$|^n_inner$)")
+_COUNT_NAME = re.compile(r"(^num_|^n_|_layers?$|_embeddings$|_positions$)")
+
+
+def _bad_counts(options: dict[str, Any]) -> list[tuple[str, str]]:
+    """Sizes and counts given as integers below their minimum: transformers takes them without a
+    word and torch then fails deep inside the model's construction with a traceback."""
+    problems = []
+    for name, value in options.items():
+        if not isinstance(value, int) or isinstance(value, bool):
+            continue  # other types are for transformers to judge
+        low = 1 if _SIZE_NAME.search(str(name)) else 0 if _COUNT_NAME.search(str(name)) else None
+        if low is not None and value < low:
+            what = "a size" if low else "a count"
+            problems.append((f"{OPTIONS_KEY}.{name}", f"is {what}, so it must be >= {low} (got {value})"))
+    return problems
+
+
 @register_model("hf_causal_lm")
 def build_hf_causal_lm(config: Config, dataset: Any) -> nn.Module:
     try:
@@ -70,6 +91,9 @@ def build_hf_causal_lm(config: Config, dataset: Any) -> nn.Module:
         raise ConfigError(
             [(OPTIONS_KEY, f"{config_class.__name__} ({model_type}) has no field {', '.join(unknown)}")]
         )
+    bad = _bad_counts(options)
+    if bad:
+        raise ConfigError(bad)
     if "vocab_size" not in options:
         vocab_size = getattr(dataset, "vocab_size", None)
         if not isinstance(vocab_size, int):
@@ -87,7 +111,9 @@ def build_hf_causal_lm(config: Config, dataset: Any) -> nn.Module:
     try:
         # from_config is unannotated in transformers; it returns a PreTrainedModel (an nn.Module).
         model: nn.Module = transformers.AutoModelForCausalLM.from_config(hf_config)  # type: ignore[no-untyped-call]
-    except (ValueError, TypeError) as exc:  # no causal-LM head for this type, or inconsistent sizes
+    # ValueError, TypeError: no causal-LM head for this type, or inconsistent sizes; the others:
+    # torch failing on sizes transformers let through (a zero dimension, more memory than there is).
+    except (ValueError, TypeError, RuntimeError, ArithmeticError, MemoryError) as exc:
         raise ConfigError(
             [(OPTIONS_KEY, f"transformers cannot build a causal LM from them: {_reason(exc)}")]
         ) from None

@@ -21,6 +21,9 @@ from .ramps import DISABLED, PartialMasking, Ramp
 from .sanity import sanity_warnings
 from .steps import ceil_div, floor_fraction_of, optimizer_steps_per_epoch, resolve_steps, steps_from_fraction
 
+# Steps are ints, but the LR curve and the ramps divide them as floats, exact up to 2**53.
+MAX_TOTAL_STEPS = 2**53
+
 
 @dataclass(frozen=True)
 class ResolvedPlan:
@@ -120,6 +123,19 @@ def resolve_plan(
         )
         epochs = ceil_div(total, ope)  # the last epoch may be partial
         total_tokens = total * tokens_per_step
+    if total > MAX_TOTAL_STEPS:
+        key = "TRAIN.EPOCHS" if config.TRAIN.TARGET_TOKENS is None else "TRAIN.TARGET_TOKENS"
+        raise ConfigError(
+            [
+                (
+                    key,
+                    f"resolves to {total:,} optimizer steps, more than 2**53 = {MAX_TOTAL_STEPS:,}: the "
+                    "schedules' step arithmetic is exact only up to there (and at 10,000 steps a second such "
+                    "a run would take 28,000 years); lower it",
+                )
+            ],
+            source="plan",
+        )
     scale = effective / lrc.REFERENCE_BS if lrc.REFERENCE_BS else 1.0
 
     def steps(block: Any, stem: str) -> int | None:

@@ -5,12 +5,13 @@ The same text is written to ``<output dir>/assets/schedule_summary.txt`` when tr
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ..config import Config
 from .lr import LRCurve
-from .ops import OpsSchedule
+from .ops import EventEpochs, OpsSchedule
 from .plan import ResolvedPlan
 
 SERIES_FULL_LIMIT = 100_000
@@ -48,20 +49,20 @@ def describe_lr(curve: LRCurve) -> str:
     return "; ".join(parts) + "."
 
 
-def _epochs_text(epochs: list[int]) -> str:
-    if not epochs:
+def _epochs_text(epochs: EventEpochs) -> str:
+    first = epochs.first(13)
+    if not first:
         return "never"
     shown = (
-        ", ".join(map(str, epochs))
-        if len(epochs) <= 12
-        else (", ".join(map(str, epochs[:6])) + ", ..., " + ", ".join(map(str, epochs[-3:])))
+        ", ".join(map(str, first))
+        if len(first) <= 12
+        else (", ".join(map(str, first[:6])) + ", ..., " + ", ".join(map(str, epochs.last(3))))
     )
-    return f"after epoch{'s' if len(epochs) > 1 else ''} {shown}"
+    return f"after epoch{'s' if len(first) > 1 else ''} {shown}"
 
 
 def summary_text(config: Config, plan: ResolvedPlan) -> str:
-    ops = OpsSchedule(plan)
-    events = ops.event_epochs()
+    events = OpsSchedule(plan).events()
     lines = ["Schedule summary", "================"]
     data = f"{plan.dataset_size} training samples -> " if plan.dataset_size is not None else ""
     procs = f"{plan.world_size} process{'es' if plan.world_size > 1 else ''}"
@@ -88,7 +89,9 @@ def summary_text(config: Config, plan: ResolvedPlan) -> str:
     lines.append(f"Mask-meta validation:  {_epochs_text(events['mask_meta_validation'])}")
     partial = events["partial_mask_meta_validation"]
     combos = "; ".join("+".join(c) for c in plan.partial_validation_whitelist)
-    lines.append(f"Partial-mask validation: {_epochs_text(partial)}" + (f" ({combos})" if partial else ""))
+    lines.append(
+        f"Partial-mask validation: {_epochs_text(partial)}" + (f" ({combos})" if partial.first(1) else "")
+    )
     if plan.exhaustive_combinations:
         lines.append(
             f"Exhaustive validation: {len(plan.exhaustive_combinations)} passes at the final epoch: "
@@ -193,7 +196,7 @@ def _spark(values: list[float], lo: float, hi: float, bars: str = BARS) -> str:
     return "".join(bars[level(v)] for v in values)
 
 
-def timeline(plan: ResolvedPlan, events: dict[str, list[int]]) -> list[str]:
+def timeline(plan: ResolvedPlan, events: dict[str, EventEpochs]) -> list[str]:
     """A text timeline, one column per ``T / width`` steps."""
     t = plan.total_steps
     width = min(TIMELINE_WIDTH, t)
@@ -220,21 +223,34 @@ def timeline(plan: ResolvedPlan, events: dict[str, list[int]]) -> list[str]:
                 phases[c] = phase_char[name]
     lrs = [curve(k) for k in mids]
 
-    def marks(epochs: list[int], char: str) -> str:
+    def marks(after: Callable[[int], int | None], char: str) -> str:
+        """One mark per column holding an event; ``after(e)``: the first event epoch >= e. Each
+        column is visited once, so long runs cost the width, not their number of epochs."""
         row = [" "] * width
-        for e in epochs:
-            row[column(plan.boundary_step(e) - 1)] = char
+        epoch = after(1)
+        while epoch is not None:
+            c = column(plan.boundary_step(epoch) - 1)
+            row[c] = char
+            # The first epoch whose mark falls in a later column: its boundary is past this column.
+            next_column_step = -(-(c + 1) * t // width)
+            epoch = after(max(epoch + 1, -(-(next_column_step + 1) // plan.optimizer_steps_per_epoch)))
         return "".join(row)
+
+    def every_epoch(e: int) -> int | None:
+        return e if e <= plan.epochs else None
+
+    def either(a: EventEpochs, b: EventEpochs) -> Callable[[int], int | None]:
+        return lambda e: min((x for x in (a.after(e), b.after(e)) if x is not None), default=None)
 
     rows = [
         f"Timeline: {t} steps, one column = {t / width:.4g} steps; lr {min(lrs):.3g}..{max(lrs):.3g}",
         f"  LR phase   |{''.join(phases)}|  w=warmup S=stable d=decay _=MIN_LR c/l/s=cosine/linear/step",
         f"  LR         |{_spark(lrs, min(lrs), max(lrs), BARS[1:])}|",
-        f"  epochs     |{marks(list(range(1, plan.epochs + 1)), '|')}|",
-        f"  validation |{marks(events['validation'], 'V')}|",
-        f"  mask-meta  |{marks(events['mask_meta_validation'], 'M')}|",
-        f"  partial    |{marks(events['partial_mask_meta_validation'] + events['exhaustive_validation'], 'P')}|",
-        f"  checkpoint |{marks(events['checkpoint'], 'C')}|",
+        f"  epochs     |{marks(every_epoch, '|')}|",
+        f"  validation |{marks(events['validation'].after, 'V')}|",
+        f"  mask-meta  |{marks(events['mask_meta_validation'].after, 'M')}|",
+        f"  partial    |{marks(either(events['partial_mask_meta_validation'], events['exhaustive_validation']), 'P')}|",
+        f"  checkpoint |{marks(events['checkpoint'].after, 'C')}|",
     ]
     for label, fn in (("meta mask", plan.meta_mask), ("partial", plan.partial_mask), ("mixup", plan.mixup)):
         rows.append(f"  {label:<11}|{_spark([fn(k) for k in mids], 0.0, 1.0)}|  probability 0..1")

@@ -1,27 +1,65 @@
-"""Named fault points, for tests that must kill a run at an exact moment (a training step, inside
+"""Named fault points, for tests that must hit a run at an exact moment (a training step, inside
 a validation pass, inside a checkpoint write) rather than at a random time.
 
 ``LINNAEUS_ACCEL_KILL_AT=validation_pass:3`` makes the process SIGKILL itself the third time it
-reaches the point ``validation_pass``. Unset (always, outside tests), a point costs one comparison.
+reaches the point ``validation_pass``; ``LINNAEUS_ACCEL_TERM_AT`` sends it SIGTERM instead (a
+preemption notice arriving at that instant) and ``LINNAEUS_ACCEL_HANG_AT`` makes it stop answering
+(sleep forever). ``LINNAEUS_ACCEL_FAULT_RANK=1`` limits them to the process of that rank. Unset
+(always, outside tests), a point costs one comparison.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 from collections import Counter
+from collections.abc import Callable
 
-_SPEC = os.environ.get("LINNAEUS_ACCEL_KILL_AT", "")
-_NAME, _, _COUNT = _SPEC.partition(":")
-_AT = int(_COUNT or 1) if _NAME else 0
+
+def _kill() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _term() -> None:
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _hang() -> None:
+    while True:
+        time.sleep(3600)
+
+
+_ACTIONS: dict[str, Callable[[], None]] = {
+    "LINNAEUS_ACCEL_KILL_AT": _kill,
+    "LINNAEUS_ACCEL_TERM_AT": _term,
+    "LINNAEUS_ACCEL_HANG_AT": _hang,
+}
+
+
+def _armed() -> dict[str, tuple[int, Callable[[], None]]]:
+    """point name -> (the n-th time it is reached, what happens then), for this process."""
+    rank = os.environ.get("LINNAEUS_ACCEL_FAULT_RANK")
+    if rank is not None and rank != os.environ.get("RANK", "0"):
+        return {}
+    armed = {}
+    for variable, action in _ACTIONS.items():
+        name, _, count = os.environ.get(variable, "").partition(":")
+        if name:
+            armed[name] = (int(count or 1), action)
+    return armed
+
+
+_ARMED = _armed()
 _seen: Counter[str] = Counter()
 
 POINTS = ("optimizer_step", "validation_pass", "checkpoint_staged", "checkpoint_committed")
 
 
 def fault_point(name: str) -> None:
-    if name != _NAME:
+    if name not in _ARMED:
         return
     _seen[name] += 1
-    if _seen[name] == _AT:
-        os.kill(os.getpid(), signal.SIGKILL)
+    at, action = _ARMED[name]
+    if _seen[name] == at:
+        action()

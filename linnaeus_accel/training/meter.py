@@ -1,11 +1,13 @@
 """Training metrics kept on the device between logging steps.
 
-The per-step path only adds tensors (no ``.item()``, no host sync); ``flush`` reduces over the
-log window and all processes once, on logging steps.
+The per-step path only writes tensors (no ``.item()``, no host sync): each optimizer step's loss
+goes into its own row of the open window, so that ``flush`` (on logging steps: one collective,
+one host read) can say at which step a loss first became NaN or infinite.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -31,6 +33,15 @@ def peak_flops(accelerator: Accelerator) -> float | None:
     return next((flops for key, flops in PEAK_FLOPS.items() if key in name), None)
 
 
+class NonFiniteLoss(ArithmeticError):
+    """A step's training loss was NaN or infinite: the ``steps_ago``-th optimizer step before the
+    last one of the window (0: the last one)."""
+
+    def __init__(self, steps_ago: int, value: float) -> None:
+        super().__init__(f"training loss {value} {steps_ago} steps before the last one")
+        self.steps_ago, self.value = steps_ago, value
+
+
 class TrainMeter:
     """The open log window: this process's share of each step's loss (a step's loss is split over
     processes, so the shares add up), gradient norm and GradNorm weights, throughput."""
@@ -44,19 +55,23 @@ class TrainMeter:
         flops_per_unit: float | None = None,
         mfu_per_token: bool = False,
         peak: float | None = None,
+        window: int = 1,
     ) -> None:
         """``flops_per_unit``: FLOPs per token when ``mfu_per_token``, else per sample (MFU);
-        ``peak``: one device's peak FLOP/s (default: looked up by GPU name)."""
+        ``peak``: one device's peak FLOP/s (default: looked up by GPU name); ``window``: the most
+        optimizer steps between two flushes (the logging interval)."""
         self.accelerator = accelerator
         self.components = components
         self.per_token = counts_tokens
         self.mfu_per_token = mfu_per_token
         self.flops_per_unit = flops_per_unit
         self.peak = (peak or peak_flops(accelerator)) if flops_per_unit else None
-        self._sums = torch.zeros(
-            len(components) + 1, device=accelerator.device
-        )  # step loss, then each component
+        # Row 0: what a resumed window carried over; row i: the window's i-th step. Columns: the
+        # step's loss, then each component's. Grown (rarely) when a window runs longer.
+        self._rows = torch.zeros(window + 1, len(components) + 1, device=accelerator.device)
+        self._filled = 1
         self._steps = 0
+        self.nonfinite_skipped = 0  # optimizer steps dropped by TRAIN.NONFINITE: skip, in the run
         self.grad_norm: torch.Tensor | None = None
         self.gradnorm_weights: torch.Tensor | None = None  # GradNorm task weights, when enabled
         self._wait = 0.0
@@ -80,26 +95,54 @@ class TrainMeter:
 
     def add_step(self, loss: torch.Tensor, losses: torch.Tensor) -> None:
         """This process's share of one optimizer step's loss and component losses (detached)."""
-        self._sums[0] += loss
+        if self._filled == len(self._rows):
+            self._rows = torch.cat([self._rows, torch.zeros_like(self._rows)])
+        row = self._rows[self._filled]
+        row[0] = loss
         if len(self.components) > 1:
-            self._sums[1:] += losses
+            row[1:] = losses
+        self._filled += 1
         self._steps += 1
+
+    def skip_step(self) -> None:
+        """An optimizer step dropped by TRAIN.NONFINITE: skip: an empty row, so rows still map
+        to steps, and not in the window's average."""
+        if self._filled == len(self._rows):
+            self._rows = torch.cat([self._rows, torch.zeros_like(self._rows)])
+        self._filled += 1
+        self.nonfinite_skipped += 1
+
+    def _window_sums(self) -> torch.Tensor:
+        # Added in step order, as a running sum would: a window split by a resume (its first part
+        # carried in row 0) adds up to exactly the uninterrupted window's sums.
+        sums = self._rows[0].clone()
+        for row in self._rows[1 : self._filled]:
+            sums += row
+        return sums
+
+    def window_is_finite(self) -> bool:
+        """Whether every loss of this process's open window is finite (a host read)."""
+        return bool(torch.isfinite(self._rows[: self._filled]).all())
 
     def state_dict(self) -> dict[str, Any]:
         """The open log window, so that a resumed run's first logged average covers the same
         steps as the uninterrupted run's (checkpoint time: reading back is fine here)."""
         return {
-            "sums": self._sums.tolist(),
+            "sums": self._window_sums().tolist(),
             "steps": self._steps,
+            "nonfinite_skipped": self.nonfinite_skipped,
             "samples_at_last_flush": self._samples_at_last_flush,
             "tokens_at_last_flush": self._tokens_at_last_flush,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         sums = state.get("sums")
-        if sums is not None and len(sums) == self._sums.numel():
-            self._sums = torch.tensor(sums, dtype=self._sums.dtype, device=self._sums.device)
+        self._rows.zero_()
+        self._filled = 1
+        if sums is not None and len(sums) == self._rows.shape[1]:
+            self._rows[0] = torch.tensor(sums, dtype=self._rows.dtype, device=self._rows.device)
         self._steps = int(state.get("steps", 0))
+        self.nonfinite_skipped = int(state.get("nonfinite_skipped", 0))
         self._samples_at_last_flush = int(state.get("samples_at_last_flush", 0))
         self._tokens_at_last_flush = int(state.get("tokens_at_last_flush", 0))
 
@@ -117,9 +160,14 @@ class TrainMeter:
     def flush(self, samples_seen: int, tokens_seen: int, lrs: dict[str, float]) -> dict[str, float]:
         """Averages over the window's steps, shares added over processes (one collective, one host
         sync). ``tokens_seen``: before the tokens still pending here; the total is returned as
-        ``tokens_seen`` when the task counts tokens."""
+        ``tokens_seen`` when the task counts tokens. Raises ``NonFiniteLoss`` (on every process
+        alike: the rows are added over processes first) naming the window's first bad step."""
         tokens_seen += self.take_tokens()
-        totals = self.accelerator.reduce(self._sums, reduction="sum").tolist()
+        window = torch.cat([self._window_sums()[None], self._rows[1 : self._filled]])
+        totals, *steps = self.accelerator.reduce(window, reduction="sum").tolist()
+        for offset, row in enumerate(steps):
+            if not math.isfinite(row[0]):
+                raise NonFiniteLoss(len(steps) - 1 - offset, row[0])
         steps = max(1, self._steps)
         now = time.perf_counter()
         elapsed = max(1e-9, now - self._since)
@@ -148,7 +196,10 @@ class TrainMeter:
         metrics["samples_seen"] = float(samples_seen)
         if self.per_token:
             metrics["tokens_seen"] = float(tokens_seen)
-        self._sums.zero_()
+        if self.nonfinite_skipped:
+            metrics["train/nonfinite_skipped"] = float(self.nonfinite_skipped)
+        self._rows.zero_()
+        self._filled = 1
         self._steps = 0
         self._wait = 0.0
         self._since = now

@@ -5,8 +5,11 @@ trackers or draws the progress bar; the other processes get a silent stand-in (S
 from __future__ import annotations
 
 import json
+import logging
 import math
+import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +17,10 @@ import yaml
 from accelerate import Accelerator
 from tqdm.auto import tqdm
 
-from ..config import Config
+from ..config import Config, output_dir_problem
 from ..schedule.summary import write_schedule_summary
+
+log = logging.getLogger(__name__)
 
 
 class RunOutputs:
@@ -33,18 +38,27 @@ class RunOutputs:
     def truncate_metrics(self, after_step: int) -> None:
         """Forget what a killed run logged after its checkpoint at ``after_step`` (and that
         checkpoint's validation, which the resumed run logs again), so metrics.jsonl reads as one
-        uninterrupted history with no step logged twice."""
+        uninterrupted history with no step logged twice. Lines that are not a metrics record (a
+        line cut by a kill, or damage) are dropped."""
         self._metrics.close()
-        kept = []
-        if self._metrics_path.exists():
-            for line in self._metrics_path.read_text(encoding="utf-8").splitlines():
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # a line cut by the kill
-                step = record.get("global_step", 0)
-                if step < after_step or (step == after_step and not any(k.startswith("val") for k in record)):
-                    kept.append(line + "\n")
+        kept: list[str] = []
+        dropped: list[int] = []
+        lines = self._metrics_path.read_bytes().splitlines() if self._metrics_path.exists() else []
+        for number, raw in enumerate(lines, 1):
+            record = _metrics_record(raw)
+            if record is None:
+                if raw.strip():
+                    dropped.append(number)
+                continue
+            step = record["global_step"]
+            if step < after_step or (step == after_step and not any(k.startswith("val") for k in record)):
+                kept.append(raw.decode("utf-8") + "\n")
+        if dropped and dropped != [len(lines)]:  # the last line alone: one a kill cut, as expected
+            log.warning(
+                "%s: dropped line(s) %s: not metrics records",
+                self._metrics_path,
+                ", ".join(map(str, dropped)),
+            )
         tmp = self._metrics_path.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(kept), encoding="utf-8")
         tmp.replace(self._metrics_path)
@@ -123,6 +137,17 @@ def run_outputs(accelerator: Accelerator, config: Config, total_steps: int) -> R
     return cls(accelerator, config, total_steps)
 
 
+def _metrics_record(raw: bytes) -> dict[str, Any] | None:
+    """A line of metrics.jsonl as a record (an object with an integer ``global_step``), else None."""
+    try:
+        record = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    if not isinstance(record, dict) or type(record.get("global_step")) is not int:
+        return None
+    return record
+
+
 def _json_number(value: float) -> float | str | None:
     # JSON has no NaN/Infinity; keep the information as a string rather than writing invalid JSON.
     return value if math.isfinite(value) else str(value)
@@ -132,15 +157,22 @@ def clear_run(out: Path) -> None:
     """``--overwrite``: remove what a previous run wrote here (and nothing else)."""
     for name in ("checkpoints", "final", "assets", "wandb"):
         shutil.rmtree(out / name, ignore_errors=True)
-    for name in ("metrics.jsonl", "summary.json"):
+    for name in ("metrics.jsonl", "metrics.jsonl.tmp", "summary.json", "summary.json.tmp"):
         (out / name).unlink(missing_ok=True)
+    for corrupt in out.glob("summary.json.corrupt*"):
+        corrupt.unlink(missing_ok=True)
+
+
+FINISHED = ("completed", "early_stopped")
 
 
 def output_problem(config: Config, resume_from: str | Path | None) -> tuple[str, str] | None:
     """A finished run is never overwritten; an unfinished one is resumed only when asked to."""
+    if (unusable := output_dir_problem(config)) is not None:  # a file in the way, not writable
+        return unusable
     out = config.output_dir
-    summary = out / "summary.json"
-    if summary.exists() and json.loads(summary.read_text(encoding="utf-8")).get("status") != "preempted":
+    status = _summary_status(out / "summary.json")
+    if status in FINISHED:  # preempted or failed (e.g. a full disk): resumable
         return (
             "EXPERIMENT.NAME",
             f"{out} already holds a finished run: choose another EXPERIMENT.NAME or ENV.OUTPUT.BASE_DIR",
@@ -152,4 +184,46 @@ def output_problem(config: Config, resume_from: str | Path | None) -> tuple[str,
             f"is false but {out} already holds a run: set it true to resume, pass --resume or --overwrite, "
             "or choose another EXPERIMENT.NAME",
         )
+    return None
+
+
+def _summary_status(path: Path) -> str | None:
+    """The status in ``summary.json`` (None: no file). One that cannot be read is moved aside to
+    ``summary.json.corrupt`` (kept for whoever investigates) and counts as absent: it must not stop
+    every rerun with a traceback."""
+    try:
+        summary = json.loads(path.read_bytes().decode("utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        problem = f"unreadable ({type(exc).__name__}: {str(exc)[:100]})"
+    else:
+        if isinstance(summary, dict) and isinstance(summary.get("status"), str):
+            return str(summary["status"])
+        problem = "not an object with a status"
+    aside = path.with_name(path.name + ".corrupt")
+    n = 1
+    while aside.exists():
+        n += 1
+        aside = path.with_name(f"{path.name}.corrupt.{n}")
+    os.replace(path, aside)
+    log.warning(
+        "%s is %s: moved it to %s (%s) and treat the run as unfinished",
+        path,
+        problem,
+        aside.name,
+        time.strftime("%Y-%m-%d %H:%M:%S"),
+    )
+    return None
+
+
+def finished_run(out: Path) -> dict[str, Any] | None:
+    """The summary of the finished run in ``out`` (status completed or early_stopped), else None
+    (no run, an unfinished one, or a summary that cannot be read)."""
+    try:
+        summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    if isinstance(summary, dict) and summary.get("status") in FINISHED:
+        return summary
     return None

@@ -20,17 +20,21 @@ def plan_identity(plan: ResolvedPlan) -> dict[str, int]:
         "world_size": plan.world_size,
         "accumulation": plan.accumulation,
         "batch_size": plan.batch_size,
+        "batches_per_epoch": plan.batches_per_epoch,
     }
 
 
-def compatible_position(saved: dict[str, int] | None, now: dict[str, int], batches_seen: int) -> int:
-    """This run's batches already seen in the epoch, checking that the checkpoint's schedule is
-    this run's."""
+def compatible_position(
+    saved: dict[str, int] | None, now: dict[str, int], batches_seen: int, same_length: bool = True
+) -> int:
+    """This run's batches already seen in the epoch, checking that the checkpoint's effective
+    batch is this run's (and, with ``same_length``, its total steps: for checkpoints that do not
+    store their config, whose changes ``config_changes`` reviews otherwise)."""
     saved = saved or now
     effective = {
         k: v["batch_size"] * v["world_size"] * v["accumulation"] for k, v in (("saved", saved), ("now", now))
     }
-    if saved["total_steps"] != now["total_steps"] or effective["saved"] != effective["now"]:
+    if (same_length and saved["total_steps"] != now["total_steps"]) or effective["saved"] != effective["now"]:
         raise ConfigError(
             [
                 (

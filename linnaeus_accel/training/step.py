@@ -41,7 +41,10 @@ class OptimizerStep:
         clip_grad: float | None,
         gradnorm: GradNorm | None = None,
         shared_parameters: list[nn.Parameter] | None = None,
+        skip_nonfinite: bool = False,
     ) -> None:
+        """``skip_nonfinite`` (TRAIN.NONFINITE: skip): a step whose gradient norm is NaN or
+        infinite is dropped (one host read per step, as a gradient scaler does)."""
         self.accelerator, self.model, self.optimizer = accelerator, model, optimizer
         self.task, self.plan, self.meter = task, plan, meter
         self.ops = OpsSchedule(plan)
@@ -50,6 +53,7 @@ class OptimizerStep:
         self.gradnorm = gradnorm
         self.shared_parameters = shared_parameters or []
         self.world = accelerator.num_processes
+        self.skip_nonfinite = skip_nonfinite
         # DDP averages gradients over processes and Accelerate divides each loss by the accumulation
         # steps; the totals already divide by every unit of the step, so both are undone here.
         self.scale = float(accelerator.gradient_accumulation_steps * self.world)
@@ -84,8 +88,17 @@ class OptimizerStep:
             step_losses = losses if step_losses is None else step_losses + losses
         assert step_loss is not None
         assert step_losses is not None
+        norm = self._clip(k)
+        if self.skip_nonfinite and norm is not None and not bool(torch.isfinite(norm)):
+            # The norm is the same on every process (gradients are all-reduced before it), so all
+            # drop the same step; the step still counts: the schedule follows the data.
+            self.optimizer.zero_grad(set_to_none=True)
+            self.meter.skip_step()
+            return
         self.meter.add_step(step_loss, step_losses)
-        self.meter.grad_norm = self._optimizer_step(k)
+        self.meter.grad_norm = norm
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
 
     def _update_gradnorm(self, means: Tensor) -> None:
         """SPEC §8: new weights from this micro-batch's per-component mean losses (every process
@@ -98,10 +111,8 @@ class OptimizerStep:
     def _mean_over_processes(self, t: Tensor) -> Tensor:
         return self.accelerator.reduce(t, reduction="mean")  # type: ignore[no-any-return]
 
-    def _optimizer_step(self, k: int) -> Tensor | None:
+    def _clip(self, k: int) -> Tensor | None:
+        """Set this step's LRs and clip; the gradient norm (before clipping)."""
         for i, group in enumerate(self.optimizer.param_groups):
             group["lr"] = self.plan.lr(k, i)
-        norm = self.accelerator.clip_grad_norm_(self.model.parameters(), self.clip)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return norm  # type: ignore[no-any-return]
+        return self.accelerator.clip_grad_norm_(self.model.parameters(), self.clip)  # type: ignore[no-any-return]

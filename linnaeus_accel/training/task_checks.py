@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils.data import IterableDataset, default_collate
 
 from ..config import Config, ConfigError
-from ..schedule import ResolvedPlan
+from ..schedule import OpsSchedule, ResolvedPlan
 from ..tasks import Task
 
 Problem = tuple[str, str]
@@ -30,15 +30,17 @@ def check_task(
     """Every problem at once as one ConfigError; else whether the early-stopping metric and the
     checkpoint-ranking metric are better lower or higher."""
     early = config.TRAIN.EARLY_STOP
+    ranking = config.SCHEDULE.CHECKPOINT.METRIC
     problems = task_problems(config, task, plan)
-    mode, problem = metric_mode(task, early.METRIC, "TRAIN.EARLY_STOP.METRIC", early.MODE)
-    # An unknown metric matters when it stops the run or ranks the checkpoints.
-    if problem is not None and (early.ACTIVE or config.SCHEDULE.CHECKPOINT.METRIC is None):
+    passes = validation_prefixes(task, plan)
+    mode, problem = metric_mode(task, early.METRIC, "TRAIN.EARLY_STOP.METRIC", early.MODE, passes)
+    # A metric matters when it stops the run or ranks the checkpoints (by default, the early-stop one).
+    if problem is not None and (early.ACTIVE or ranking is None):
         problems.append(problem)
     ranking_mode = mode
-    ranking = config.SCHEDULE.CHECKPOINT.METRIC
-    if ranking is not None and ranking != early.METRIC:
-        ranking_mode, problem = metric_mode(task, ranking, "SCHEDULE.CHECKPOINT.METRIC", None)
+    if ranking is not None:
+        configured = early.MODE if ranking == early.METRIC else None
+        ranking_mode, problem = metric_mode(task, ranking, "SCHEDULE.CHECKPOINT.METRIC", configured, passes)
         problems += [problem] if problem is not None else []
     if not problems:  # the model runs only on a config that is otherwise right
         probe = probe_problem(task, model, batch, device)
@@ -46,6 +48,18 @@ def check_task(
     if problems:
         raise ConfigError(problems)
     return mode, ranking_mode
+
+
+def validation_prefixes(task: Task, plan: ResolvedPlan) -> set[str]:
+    """The metric prefixes (``val``, ``val_mask_meta``, ...) of every validation pass this run makes:
+    the passes due at the first epoch of each boundary event and at the final boundary (an early
+    stop's included) cover every kind the schedule has."""
+    ops = OpsSchedule(plan)
+    epochs = {e for events in ops.events().values() if (e := events.after(1)) is not None}
+    prefixes = {p.prefix for p in task.validation_passes(ops, plan.epochs, True)}
+    for epoch in epochs:
+        prefixes |= {p.prefix for p in task.validation_passes(ops, epoch, epoch == plan.epochs)}
+    return prefixes
 
 
 def task_problems(config: Config, task: Task, plan: ResolvedPlan) -> list[Problem]:
@@ -81,20 +95,35 @@ def task_problems(config: Config, task: Task, plan: ResolvedPlan) -> list[Proble
     return problems
 
 
-def metric_mode(task: Task, metric: str, key: str, configured: Mode | None) -> tuple[Mode, Problem | None]:
-    """Whether ``metric`` is better lower or higher: the config's MODE, else what the task says;
-    a metric the task does not report is a problem unless MODE is given."""
-    if configured is not None:
-        return configured, None
-    mode = task.direction(metric)
-    if mode is None:
-        known = ", ".join(f"val/{m}" for m in task.metric_directions)
-        return "min", (
-            key,
-            f"{metric} is not a validation metric of the {task.name} task ({known}); "
-            "name one of those, or set TRAIN.EARLY_STOP.MODE for a metric of your own",
+def metric_mode(
+    task: Task, metric: str, key: str, configured: Mode | None, prefixes: set[str] | None = None
+) -> tuple[Mode, Problem | None]:
+    """Whether ``metric`` is better lower or higher: the config's MODE, else what the task says.
+
+    A metric is ``<pass>/<name>``: a name the task does not declare, or a pass this run never makes
+    (``prefixes``; None: not checked), is a problem, since nothing would ever report it: the run
+    would not stop early and its checkpoints would not be ranked. A run without any validation
+    pass reports no metric at all; its sanity warnings say so, so its names are not judged here.
+    """
+    direction = task.direction(metric)
+    prefix = metric.rsplit("/", 1)[0] if "/" in metric else ""
+    if prefixes is not None and not prefixes:
+        return configured or direction or "min", None
+    if direction is not None and (prefixes is None or prefix in prefixes):
+        return configured or direction, None
+    names = ", ".join(task.metric_directions)
+    passes = ", ".join(sorted(prefixes or {"val"}, key=lambda p: (p != "val", p)))
+    if direction is None:
+        why = (
+            f"the {task.name} task reports no metric named {metric.rsplit('/', 1)[-1]!r} (it reports {names})"
         )
-    return mode, None
+    else:
+        why = f"this run makes no validation pass {prefix!r} (its passes: {passes})"
+    return configured or direction or "min", (
+        key,
+        f"{metric} is never reported: {why}; name one as <pass>/<metric>, e.g. val/{next(iter(task.metric_directions))} "
+        "(a task of your own declares its metrics in metric_directions)",
+    )
 
 
 def first_batch(dataset: Any, collate: Any, rows: int = 2) -> Any:

@@ -8,14 +8,21 @@ optimizer step; no LR scheduler is prepared (Accelerate would step it once per p
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DataLoaderConfiguration, broadcast_object_list, set_seed
+from accelerate.utils import (
+    DataLoaderConfiguration,
+    InitProcessGroupKwargs,
+    broadcast_object_list,
+    set_seed,
+)
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
@@ -27,12 +34,15 @@ from ..schedule.summary import summary_text
 from ..tasks import Task, TaskContext, ValidationPass, build_task
 from .batches import BatchSource, windows
 from .checkpointing import Checkpointer
+from .config_changes import review_changes
+from .failures import RunFailed, collective_timeout, parameters_finite
 from .faults import fault_point
 from .loss import GradNorm
-from .meter import TrainMeter
-from .outputs import clear_run, output_problem, run_outputs
+from .meter import NonFiniteLoss, TrainMeter
+from .outputs import clear_run, finished_run, output_problem, run_outputs
 from .preemption import PreemptionWatch
 from .resume import compatible_position, own_rank_state, plan_identity
+from .run_lock import RunLock, RunLocked
 from .setup import OptimizerFactory, as_loader, build_optimizer, default_optimizer, shared_parameters
 from .step import OptimizerStep
 from .task_checks import check_task, first_batch
@@ -85,6 +95,8 @@ class Trainer:
             dataloader_config=DataLoaderConfiguration(
                 use_seedable_sampler=True, data_seed=config.EXPERIMENT.SEED
             ),
+            # A process that stops answering must not hold the others for torch's 30 minutes.
+            kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=config.ENV.DIST_TIMEOUT_S))],
         )
         if acc.num_processes != launched:
             raise RuntimeError(
@@ -163,10 +175,14 @@ class Trainer:
             clip_grad=config.TRAIN.CLIP_GRAD,
             gradnorm=self.gradnorm,
             shared_parameters=shared_parameters(acc.unwrap_model(self.model)) if self.gradnorm else None,
+            skip_nonfinite=config.TRAIN.NONFINITE == "skip",
         )
         self.last_validation: dict[str, float] = {}
         self.checkpointer = Checkpointer(acc, config, remote, mode=self.ranking_mode)
         self.preemption = PreemptionWatch(acc)
+        self.lock = RunLock(config.output_dir)  # taken by the main process in fit()
+        self.allow_config_change = False
+        self.out: Any = None
         self.resumed_boundary: dict[str, Any] | None = None
         self.resumed_wandb_id: str | None = None
         self.resumed_data_state: dict[str, Any] | None = None
@@ -186,29 +202,61 @@ class Trainer:
             flops_per_unit=flops,
             mfu_per_token=per_token,
             peak=self.config.ENV.PEAK_FLOPS,
+            window=self.plan.metrics_interval,
         )
 
     # -- the run ---------------------------------------------------------------------------------
-    def fit(self, resume_from: str | Path | None = None, overwrite: bool = False) -> dict[str, Any]:
+    def fit(
+        self,
+        resume_from: str | Path | None = None,
+        overwrite: bool = False,
+        allow_config_change: bool = False,
+    ) -> dict[str, Any]:
         """Run to the end; resumes from ``resume_from`` or, with TRAIN.AUTO_RESUME, from the newest
-        complete checkpoint in the output directory."""
-        out = self._start(resume_from, overwrite)
-        with self.preemption:  # from here on, SIGTERM/SIGUSR1 ask for a clean stop
-            stop = self._finish_interrupted_boundary()
-            for epoch in range(self.progress.current_epoch, self.plan.epochs + 1):
-                if stop is not None or self.final_boundary_done:
-                    break
-                stop = self._train_epoch(epoch)
-                if stop is not None and stop.reason == "preempted":
-                    break
-                if stop is None:  # a MAX_STEPS cut-off leaves the epoch incomplete
-                    self.progress.end_epoch()
-                stop = (
-                    self._epoch_boundary(epoch, final=stop is not None or epoch == self.plan.epochs) or stop
-                )
-        if stop is not None:
-            out.say(f"stopping early: {stop.message}")
-        return self._finish(stop)
+        complete checkpoint in the output directory (refusing config changes that would rewrite
+        the steps already trained unless ``allow_config_change``). Raises ``RunFailed`` when the
+        run cannot go on (``summary.json`` then says ``status: failed``)."""
+        self.allow_config_change = allow_config_change
+        try:
+            finished = self._start(resume_from, overwrite)
+            if finished is not None:
+                return {**finished, "already_finished": True}
+            with self.preemption:  # from here on, SIGTERM/SIGUSR1 ask for a clean stop
+                stop = self._run()
+            if stop is not None:
+                self.out.say(f"stopping early: {stop.message}")
+            return self._finish(stop)
+        except ConfigError:
+            raise  # found before anything ran: nothing to record
+        except RunFailed as failure:
+            self._record_failure(str(failure), agreed=True)
+            raise
+        except Exception as exc:
+            timed_out = collective_timeout(exc, self.config.ENV.DIST_TIMEOUT_S)
+            self._record_failure(timed_out or f"{type(exc).__name__}: {exc}", agreed=False)
+            if timed_out is not None:
+                raise RunFailed(timed_out) from exc
+            raise
+        finally:
+            self.lock.release()
+
+    def _run(self) -> StopDecision | None:
+        stop = self._finish_interrupted_boundary()
+        for epoch in range(self.progress.current_epoch, self.plan.epochs + 1):
+            if stop is not None or self.final_boundary_done:
+                break
+            stop = self._train_epoch(epoch)
+            preempted = stop is not None and stop.reason == "preempted"
+            epoch_done = self.ops.should_end_epoch(epoch, self.progress.global_step)
+            if preempted and not epoch_done:
+                break  # its checkpoint is taken: the rerun continues inside the epoch
+            if stop is None or preempted:  # a MAX_STEPS cut-off leaves the epoch incomplete
+                self.progress.end_epoch()
+            final = (stop is not None and not preempted) or epoch == self.plan.epochs
+            # Preempted on the epoch's last step: its checkpoint is this boundary's, taken with the
+            # validation passes still due (the flag is still up), so a rerun runs them and goes on.
+            stop = self._epoch_boundary(epoch, final=final, preempted=preempted) or stop
+        return stop
 
     def _train_epoch(self, epoch: int) -> StopDecision | None:
         progress, plan, batches = self.progress, self.plan, self.train_batches
@@ -241,8 +289,11 @@ class Trainer:
         fault_point("optimizer_step")
         stop = self.early_stopping.reached_max_steps(step)
         self._log_train_metrics(epoch, last=stop is not None)
-        if stop is None and self.preemption.should_stop(step):
-            self._save_checkpoint(boundary=None)
+        epoch_ends = self.ops.should_end_epoch(epoch, step)
+        # At an epoch's last step every process agrees at once: the boundary comes next.
+        if stop is None and self.preemption.should_stop(step, now=epoch_ends):
+            if not epoch_ends:  # else the boundary checkpoints it, with the passes still due
+                self._save_checkpoint(boundary=None)
             stop = StopDecision("preempted", f"preempted by a signal: checkpointed step {step}")
         elif stop is None and self.ops.should_save_mid_epoch_checkpoint(step):
             self._save_checkpoint(boundary=None)
@@ -254,19 +305,25 @@ class Trainer:
             self.out.advance(1, epoch)
             return
         lrs = {c.label: self.plan.lr(step - 1, i) for i, c in enumerate(self.plan.lr_curves)}
-        metrics = self.meter.flush(self.progress.samples_seen, self.progress.tokens_seen, lrs)
+        try:
+            metrics = self.meter.flush(self.progress.samples_seen, self.progress.tokens_seen, lrs)
+        except NonFiniteLoss as bad:
+            raise self._nonfinite(
+                f"the training loss was {bad.value} at step {step - bad.steps_ago}"
+            ) from None
         self.progress.tokens_seen = int(metrics.get("tokens_seen", self.progress.tokens_seen))
         self.out.log(metrics, step)
         shown = {"loss": f"{metrics['train/loss']:.4f}", "lr": f"{metrics['lr/default']:.2e}"}
         self.out.advance(1, epoch, {**shown, "samples/s": f"{metrics['perf/samples_per_s']:.0f}"})
 
-    def _epoch_boundary(self, epoch: int, final: bool) -> StopDecision | None:
+    def _epoch_boundary(self, epoch: int, final: bool, preempted: bool = False) -> StopDecision | None:
         """SPEC §5 order: checkpoint (recording the passes still due), then the standard, mask-meta
-        and partial passes, then early stopping."""
+        and partial passes, then early stopping. ``preempted``: checkpoint whatever the schedule
+        says; the first pass then sees the flag and stops."""
         passes = self.task.validation_passes(self.ops, epoch, final) if self.val_batches is not None else []
         for vpass in passes:
             self.progress.schedule_validation(vpass.stage, vpass.partial_index)
-        if self.ops.should_save_checkpoint(epoch, final):
+        if preempted or self.ops.should_save_checkpoint(epoch, final):
             self._save_checkpoint(boundary={"epoch": epoch, "final": final})
         self.final_boundary_done = final
         return self._validate({"epoch": epoch, "final": final}, passes, done={})
@@ -345,7 +402,32 @@ class Trainer:
         return shared[0]  # type: ignore[no-any-return]
 
     # -- checkpoints ---------------------------------------------------------------------------------
+    def _ensure_finite(self, what: str) -> None:
+        """Before ``what`` is written: every process's open loss window and parameters are finite
+        (a collective, so that all stop or none). A non-finite state is never committed."""
+        acc = self.accelerator
+        finite = self.meter.window_is_finite() and parameters_finite(self.model.parameters())
+        bad = acc.reduce(torch.tensor([0.0 if finite else 1.0], device=acc.device), reduction="sum")
+        if bad.item() > 0:
+            raise self._nonfinite(
+                f"the training loss or the model's parameters became NaN or infinite by step "
+                f"{self.progress.global_step} (found before writing {what})"
+            )
+
+    def _nonfinite(self, what: str) -> RunFailed:
+        current = self.checkpointer.current
+        kept = (
+            f"the last good checkpoint, {current}, stays the resume point"
+            if current is not None
+            else "no checkpoint was written before it"
+        )
+        return RunFailed(
+            f"{what}; TRAIN.NONFINITE is stop, so the run stops without saving that state: {kept}. "
+            "Lower the learning rate, set TRAIN.CLIP_GRAD, or set TRAIN.NONFINITE: skip to drop such steps"
+        )
+
     def _save_checkpoint(self, boundary: dict[str, Any] | None) -> None:
+        self._ensure_finite(f"the checkpoint of step {self.progress.global_step}")
         self.progress.tokens_seen += self.meter.take_tokens()
         state = {
             "progress": self.progress.state_dict(),
@@ -354,6 +436,7 @@ class Trainer:
             "boundary": boundary,
             "wandb_run_id": self._wandb_run_id(),
             "plan": plan_identity(self.plan),
+            "config": self.config.model_dump(mode="json"),
         }
         mid_epoch = self.progress.batches_seen_in_epoch > 0
         rank_state = {
@@ -364,8 +447,7 @@ class Trainer:
 
     def _resume(self, resume_from: str | Path | None) -> None:
         acc = self.accelerator
-        found = self.checkpointer.find(resume_from) if acc.is_main_process else (None, [])
-        path, skipped = broadcast_object_list([found], from_process=0)[0]
+        path, skipped = self.checkpointer.find_everywhere(resume_from)  # a refusal stops every process
         for message in skipped:
             self.out.say(f"skipping checkpoint {message}")
         resume_step = self.checkpointer.store.step_of(path) if path is not None else 0
@@ -378,10 +460,15 @@ class Trainer:
             self.out.truncate_metrics(after_step=0)  # killed before its first checkpoint: start over
             return
         saved = self.checkpointer.read_state(Path(path))
-        batches_seen = compatible_position(
+        batches_seen = compatible_position(  # first: another effective batch cannot resume at all
             saved.get("plan"),
             plan_identity(self.plan),
             int(saved["progress"].get("batches_seen_in_epoch", 0)),
+            same_length=saved.get("config") is None,
+        )
+        done = int(saved["progress"]["global_step"])
+        changes = review_changes(
+            saved.get("config"), saved.get("plan"), self.config, self.plan, done, self.allow_config_change
         )
         state = self.checkpointer.load(Path(path))
         self.progress.load_state_dict(state["progress"])
@@ -395,9 +482,16 @@ class Trainer:
         self.resumed_data_state = own.get("data")
         self.resumed_boundary = state.get("boundary")
         self.resumed_wandb_id = state.get("wandb_run_id")
+        # The run's length is this config's (more epochs may have been asked for).
+        self.progress.total_epochs, self.progress.expected_total_steps = (
+            self.plan.epochs,
+            self.plan.total_steps,
+        )
         step = self.progress.global_step
         self.out.truncate_metrics(after_step=step)
         self.out.say(f"resumed from {path} (global step {step}, epoch {self.progress.current_epoch})")
+        for line in changes:
+            self.out.say(f"config changed since the checkpoint, applied: {line}")
 
     def _wandb_run_id(self) -> str | None:
         if not self.config.EXPERIMENT.WANDB.ENABLED or not self.accelerator.is_main_process:
@@ -406,17 +500,19 @@ class Trainer:
         return str(run) if run else None
 
     # -- start and end ---------------------------------------------------------------------------
-    def _start(self, resume_from: str | Path | None, overwrite: bool) -> Any:
+    def _start(self, resume_from: str | Path | None, overwrite: bool) -> dict[str, Any] | None:
+        """Claim the output directory, resume, write the assets; the summary of the finished run
+        already there instead (rerunning a finished run's command does nothing: schedulers
+        requeue jobs)."""
         config, acc = self.config, self.accelerator
         # Decided on the main process and shared, so that every process stops with the same error
         # instead of waiting at a barrier for a process that has exited.
-        if overwrite and acc.is_main_process:
-            clear_run(config.output_dir)
-        acc.wait_for_everyone()
-        problem = output_problem(config, resume_from) if acc.is_main_process else None
-        problem = broadcast_object_list([problem], from_process=0)[0]
+        claim = self._claim_output_dir(resume_from, overwrite) if acc.is_main_process else None
+        problem, finished = broadcast_object_list([claim or (None, None)], from_process=0)[0]
         if problem is not None:
             raise ConfigError([problem])
+        if finished is not None:
+            return finished  # type: ignore[no-any-return]
         if acc.is_main_process:
             self.checkpointer.store.remove_stale_staging()
         self.out = run_outputs(acc, config, self.plan.total_steps)
@@ -441,7 +537,46 @@ class Trainer:
                 init_kwargs={"wandb": run},
             )
         self.model.train()
-        return self.out
+        return None
+
+    def _claim_output_dir(
+        self, resume_from: str | Path | None, overwrite: bool
+    ) -> tuple[tuple[str, str] | None, dict[str, Any] | None]:
+        """Main process: take the directory's lock (held until the run ends), then clear it for
+        ``overwrite``, or find a finished run there, or check that it may be resumed. Returns
+        (the problem, the finished run's summary)."""
+        # Every outcome is returned, never raised: the other processes wait for it.
+        try:
+            self.lock.acquire()
+            if overwrite:
+                clear_run(self.config.output_dir)
+            elif resume_from is None and (finished := finished_run(self.config.output_dir)) is not None:
+                return None, finished
+            return output_problem(self.config, resume_from), None
+        except RunLocked as locked:
+            return ("EXPERIMENT.NAME", str(locked)), None
+        except OSError as e:
+            return (
+                "ENV.OUTPUT.BASE_DIR",
+                f"cannot use the run directory {self.config.output_dir}: {e}",
+            ), None
+
+    def _summary(
+        self, status: str, stop: StopDecision | None = None, error: str | None = None
+    ) -> dict[str, Any]:
+        progress = self.progress
+        return {
+            "global_step": progress.global_step,
+            "epoch": progress.epoch,
+            "samples_seen": progress.samples_seen,
+            "tokens_seen": progress.tokens_seen,
+            "status": status,
+            "stop_reason": stop.reason if stop else None,
+            "error": error,
+            "best_metric": progress.best_metric,
+            "expected_total_steps": self.plan.total_steps,
+            "last_validation": self.last_validation,
+        }
 
     def _finish(self, stop: StopDecision | None) -> dict[str, Any]:
         acc, progress = self.accelerator, self.progress
@@ -449,21 +584,12 @@ class Trainer:
         progress.tokens_seen += self.meter.take_tokens()
         acc.wait_for_everyone()
         if not preempted:  # a preempted run's weights are in its last checkpoint
+            self._ensure_finite("the final weights")
             acc.save_model(
                 self.model, self.config.output_dir / "final", safe_serialization=True
             )  # collective
         status = "preempted" if preempted else ("early_stopped" if stop is not None else "completed")
-        summary = {
-            "global_step": progress.global_step,
-            "epoch": progress.epoch,
-            "samples_seen": progress.samples_seen,
-            "tokens_seen": progress.tokens_seen,
-            "status": status,
-            "stop_reason": stop.reason if stop else None,
-            "best_metric": progress.best_metric,
-            "expected_total_steps": self.plan.total_steps,
-            "last_validation": self.last_validation,
-        }
+        summary = self._summary(status, stop)
         summary["remote_sync_errors"] = self.checkpointer.close()
         self.out.write_json("summary.json", summary)
         # Every process tears the process group down together (PyTorch's advice for
@@ -473,3 +599,18 @@ class Trainer:
         acc.end_training()
         self.out.close()
         return summary
+
+    def _record_failure(self, message: str, agreed: bool) -> None:
+        """``summary.json`` says ``status: failed`` (when it can still be written: the disk may be
+        full). ``agreed``: every process is here, so the process group is torn down together."""
+        if self.out is None:
+            return
+        with contextlib.suppress(Exception):
+            self.checkpointer.close(timeout=60.0)
+        with contextlib.suppress(OSError):
+            self.out.write_json("summary.json", self._summary("failed", error=message))
+        if agreed:
+            with contextlib.suppress(Exception):
+                self.accelerator.wait_for_everyone()
+                self.accelerator.end_training()
+        self.out.close()

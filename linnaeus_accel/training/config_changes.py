@@ -1,0 +1,151 @@
+"""What a resumed run may change in its config.
+
+A checkpoint stores the resolved config it was trained with. On resume, a change that only acts
+on the steps still to come (more epochs, logging, validation and checkpoint intervals, early
+stopping, output and tracker settings) is applied and listed. A change that would make the steps
+already trained a different run (data, seed, model, loss, optimizer, a schedule's values before the
+current step) is refused, naming each key, unless the user passes ``--allow-config-change``.
+Schedules are compared by their values, not their keys: more epochs under a warmup-stable-decay
+LR whose decay has not started change nothing already trained; under cosine they do.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from ..config import Config, ConfigError, load_config
+from ..schedule import ResolvedPlan, resolve_plan
+
+# Keys (or key prefixes, ending in ".") that act only on steps still to come.
+FORWARD_ONLY = (
+    "SCHEDULE.METRICS.",
+    "SCHEDULE.VALIDATION.",
+    "SCHEDULE.CHECKPOINT.",
+    "TRAIN.EPOCHS",
+    "TRAIN.TARGET_TOKENS",
+    "TRAIN.EARLY_STOP.",
+    "TRAIN.AUTO_RESUME",
+    "TRAIN.NONFINITE",
+    "ENV.",
+    "EXPERIMENT.NAME",  # the output directory: a checkpoint may be resumed into another
+    "EXPERIMENT.WANDB.",
+    "EXPERIMENT.TAGS",
+    "DATA.NUM_WORKERS",
+    "DATA.BATCH_SIZE_VAL",
+    "TASK.FLOPS_PER_TOKEN",
+    "TASK.FLOPS_PER_SAMPLE",
+)
+# The split of the effective batch over processes and accumulation: elastic resume converts the
+# position when the product is the same (checked by ``resume.compatible_position``).
+ELASTIC = ("DATA.BATCH_SIZE", "TRAIN.ACCUMULATION_STEPS")
+_SAMPLED_STEPS = 20_000  # schedule values compared at most at this many past steps
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def differing_keys(saved: Mapping[str, Any], now: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """key -> (the checkpoint's value, this run's value), for every key that differs."""
+    old, new = flatten(saved), flatten(now)
+    missing = object()
+    return {
+        key: (old.get(key), new.get(key))
+        for key in sorted(old.keys() | new.keys())
+        if old.get(key, missing) != new.get(key, missing)
+    }
+
+
+def _forward_only(key: str) -> bool:
+    return any(key == p or (p.endswith(".") and key.startswith(p)) for p in FORWARD_ONLY)
+
+
+def _past_steps(done: int) -> range | list[int]:
+    if done <= _SAMPLED_STEPS:
+        return range(done)
+    stride = done / _SAMPLED_STEPS
+    return sorted({int(i * stride) for i in range(_SAMPLED_STEPS)} | {done - 1})
+
+
+def past_schedule_change(before: ResolvedPlan, after: ResolvedPlan, done: int) -> str | None:
+    """How the schedules' values differ on the ``done`` steps already trained, or None."""
+    if len(before.lr_curves) != len(after.lr_curves):
+        return f"the number of parameter groups changed ({len(before.lr_curves)} -> {len(after.lr_curves)})"
+    curves: list[tuple[str, Any, Any]] = [
+        (f"the LR of group {c.label}", before.lr_curves[i], after.lr_curves[i])
+        for i, c in enumerate(after.lr_curves)
+    ]
+    curves += [
+        ("the meta-mask probability", before.meta_mask, after.meta_mask),
+        ("the partial-mask probability", before.partial_mask, after.partial_mask),
+        ("the mixup probability", before.mixup, after.mixup),
+    ]
+    for name, old, new in curves:
+        for k in _past_steps(done):
+            if not math.isclose(old(k), new(k), rel_tol=1e-9, abs_tol=1e-15):
+                return f"{name} at step {k} would be {new(k):.6g}, not {old(k):.6g}"
+    return None
+
+
+def review_changes(
+    saved_config: Mapping[str, Any] | None,
+    saved_plan: Mapping[str, int] | None,
+    config: Config,
+    plan: ResolvedPlan,
+    done: int,
+    allow: bool,
+) -> list[str]:
+    """The changes this resumed run applies, one line each; ``ConfigError`` for changes that
+    rewrite the ``done`` steps already trained (unless ``allow``). A checkpoint written before
+    configs were stored in it (``saved_config`` None) is not reviewed."""
+    if saved_config is None:
+        return []
+    changed = differing_keys(saved_config, config.model_dump(mode="json"))
+    if not changed:
+        return []
+    lines = [f"{key}: {old!r} -> {new!r}" for key, (old, new) in changed.items()]
+    refused = [key for key in changed if not _forward_only(key) and key not in ELASTIC]
+    problems = [
+        (key, f"was {changed[key][0]!r} in the checkpoint, is {changed[key][1]!r} now") for key in refused
+    ]
+    if not refused and saved_plan is not None and "batches_per_epoch" in saved_plan:
+        before = _saved_plan(saved_config, saved_plan, plan)
+        difference = past_schedule_change(before, plan, done) if before is not None else None
+        if difference is not None:
+            keys = ", ".join(changed)
+            problems.append((keys, f"changes the {done} steps already trained: {difference}"))
+    if problems and not allow:
+        hint = (
+            "these change the steps already trained: resume with the checkpoint's values, start a new run "
+            "(EXPERIMENT.NAME or --overwrite), or pass --allow-config-change to resume anyway"
+        )
+        raise ConfigError([*problems, ("--allow-config-change", hint)], source="resume")
+    return lines
+
+
+def _saved_plan(
+    saved_config: Mapping[str, Any], saved_plan: Mapping[str, int], plan: ResolvedPlan
+) -> ResolvedPlan | None:
+    """The plan the checkpoint was trained under, resolved again from its stored config."""
+    try:
+        old = load_config(dict(saved_config))
+        batches = int(saved_plan["batches_per_epoch"])
+        return resolve_plan(
+            old, batches, int(saved_plan["world_size"]), plan.dataset_size, _tokens_per_sample(plan)
+        )
+    except (ConfigError, KeyError, TypeError, ValueError):
+        return None
+
+
+def _tokens_per_sample(plan: ResolvedPlan) -> int | None:
+    if plan.tokens_per_step is None:
+        return None
+    return plan.tokens_per_step // plan.effective_batch_size

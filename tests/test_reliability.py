@@ -1,0 +1,154 @@
+"""Reliability end to end, with real ``linnaeus-accel train`` processes (issue: no crash loops, one
+writer per run, no silent NaN, no hangs, idempotent reruns):
+
+- two ``train`` commands on one output directory: the second exits 2 at once naming the directory
+  and the process holding it; the first completes with every metrics row;
+- a loss that becomes NaN at step 50 under ``TRAIN.NONFINITE: stop`` (status failed naming the
+  step, exit 1, no NaN checkpoint, the last good checkpoint stays the resume point) and ``skip``
+  (the bad steps are dropped and counted, the run completes with finite weights);
+- a process that stops answering with ``ENV.DIST_TIMEOUT_S 20``: every process exits non-zero
+  within the timeout (plus the launcher's grace for the hung one), and the message says so;
+- rerunning a completed run is a no-op that says so and exits 0.
+
+A ``kill -9`` leaves no stale lock (the kernel drops it): every kill-and-rerun test of
+test_resume.py reruns in the same directory at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from test_resume import (
+    TrainRun,
+    ckpt,
+    committed,
+    is_train,
+    metrics,
+    summary,
+    wait_for_file,
+)
+
+pytestmark = pytest.mark.slow
+
+SHORT = ["TRAIN.EPOCHS", "3", "DATA.BATCH_SIZE", "64"]  # 23 steps per epoch, 69 in all
+
+# A user's model (registered from their own script, as the README shows) whose forward returns NaN
+# logits from its 50th training forward on: one per optimizer step here (no accumulation, 1 process).
+NAN_FROM_STEP_50 = """
+import sys
+import torch
+from linnaeus_accel.cli import main
+from linnaeus_accel.models import register_model
+from linnaeus_accel.models.digits import build_digits_mlp
+
+class NanAfter(torch.nn.Module):
+    def __init__(self, inner, after):
+        super().__init__()
+        self.inner, self.after, self.calls = inner, after, 0
+    def forward(self, batch):
+        out = self.inner(batch)
+        if self.training and torch.is_grad_enabled():
+            self.calls += 1
+            if self.calls >= self.after:
+                out = [o * float("nan") for o in out]
+        return out
+
+@register_model("nan_from_50")
+def build(config, dataset):
+    return NanAfter(build_digits_mlp(config, dataset), 50)
+
+sys.exit(main(sys.argv[1:]))
+"""
+NAN_OPTS = [
+    *SHORT,
+    "MODEL.TYPE", "nan_from_50",
+    "SCHEDULE.CHECKPOINT.INTERVAL_EPOCHS", "1",  # checkpoints at steps 23 and 46, both before the NaN
+]  # fmt: skip
+
+
+def test_a_second_train_on_a_live_directory_exits_2_naming_the_holder(tmp_path: Path) -> None:
+    first = TrainRun(tmp_path, [*SHORT, "TRAIN.EPOCHS", "6"])
+    started = first.start()
+    wait_for_file(started, first.dir / "metrics.jsonl")  # past start-up: the lock is held
+    os.killpg(started.proc.pid, signal.SIGSTOP)  # frozen mid-run, so the second surely meets it live
+    try:
+        before = (first.dir / "metrics.jsonl").read_bytes()
+        second = first.run()
+    finally:
+        os.killpg(started.proc.pid, signal.SIGCONT)
+    assert second.returncode == 2, second.tail()
+    assert "in use by another run" in second.output, second.tail()
+    assert str(first.dir) in second.output, second.tail()
+    assert f"process {started.proc.pid} " in second.output, second.tail()
+    assert "Traceback" not in second.output
+    assert (first.dir / "metrics.jsonl").read_bytes()[: len(before)] == before  # the second touched nothing
+
+    done = started.finish().check_ok()
+    assert summary(done.dir)["status"] == "completed"
+    train_steps = [r["global_step"] for r in metrics(done.dir) if is_train(r)]
+    assert train_steps == [20, 40, 60, 80, 100, 120, 138], train_steps  # not one row lost
+
+    # Rerunning a completed run (a scheduler requeueing the job) changes nothing and exits 0.
+    weights = (done.dir / "final" / "model.safetensors").read_bytes()
+    again = first.run()
+    assert again.returncode == 0, again.tail()
+    assert "already holds a run completed at step 138: nothing to do" in again.output, again.tail()
+    assert (done.dir / "final" / "model.safetensors").read_bytes() == weights
+    assert summary(done.dir)["status"] == "completed"
+    assert [r["global_step"] for r in metrics(done.dir) if is_train(r)] == train_steps
+
+
+def test_nan_loss_stops_the_run_keeping_the_last_good_checkpoint(tmp_path: Path) -> None:
+    run = TrainRun(tmp_path, NAN_OPTS)
+    failed = run.run(python_code=NAN_FROM_STEP_50)
+    assert failed.returncode == 1, failed.tail()
+    assert "Traceback" not in failed.output, failed.tail()
+    assert "nan at step 50" in failed.output, failed.tail()  # the logging step 60 names the step
+    data = summary(run.dir)
+    assert data["status"] == "failed", data
+    assert "step 50" in data["error"], data
+    assert committed(run.dir) == [ckpt(23), ckpt(46)], committed(run.dir)  # nothing after the NaN
+    assert not (run.dir / "final").exists()
+    assert not any(r for r in metrics(run.dir) if r["global_step"] > 46 and is_train(r))
+
+    # The rerun resumes from the last good checkpoint (the model's call count starts again at 0,
+    # so its 50th call is past the run's end: this time it completes).
+    rerun = run.run(python_code=NAN_FROM_STEP_50)
+    assert f"resumed from {run.dir / 'checkpoints' / ckpt(46)}" in rerun.output, rerun.tail()
+    assert rerun.returncode == 0, rerun.tail()
+    assert summary(run.dir)["status"] == "completed"
+
+
+def test_nan_loss_under_skip_drops_and_counts_the_steps(tmp_path: Path) -> None:
+    run = TrainRun(tmp_path, [*NAN_OPTS, "TRAIN.NONFINITE", "skip"])
+    done = run.run(python_code=NAN_FROM_STEP_50).check_ok()
+    assert summary(done.dir)["status"] == "completed"
+    last = [r for r in metrics(done.dir) if is_train(r)][-1]
+    assert last["global_step"] == 69
+    assert last["train/nonfinite_skipped"] == 20, last  # steps 50..69
+    weights = load_file(done.dir / "final" / "model.safetensors")
+    assert all(torch.isfinite(w).all() for w in weights.values())
+
+
+def test_a_process_that_stops_answering_ends_the_run_within_the_timeout(tmp_path: Path) -> None:
+    """Rank 1 sleeps forever at its 5th optimizer step; rank 0 waits in the next collective for
+    ENV.DIST_TIMEOUT_S (20 s, not torch's 30 minutes), then exits 1 saying why; the launcher
+    then ends rank 1 (after its own grace period for a process that ignores SIGTERM)."""
+    run = TrainRun(tmp_path, [*SHORT, "ENV.DIST_TIMEOUT_S", "20"], processes=2)
+    started = run.start(
+        faults={"LINNAEUS_ACCEL_HANG_AT": "optimizer_step:5", "LINNAEUS_ACCEL_FAULT_RANK": "1"}
+    )
+    result = started.finish(timeout=120)
+    assert result.returncode != 0, result.tail()
+    assert "ENV.DIST_TIMEOUT_S" in result.output, result.tail()
+    assert "stopped answering" in result.output, result.tail()
+    data = json.loads((run.dir / "summary.json").read_text(encoding="utf-8"))
+    assert data["status"] == "failed", data
+    # Start-up (~10 s) + the 20 s timeout + torchelastic's 30 s before it SIGKILLs the hung worker.
+    assert result.seconds < 75, result.seconds
