@@ -168,15 +168,17 @@ def run_train(args: argparse.Namespace) -> int:
             f"{summary['status']} at step {summary['global_step']} (epoch {summary['epoch']}{tokens}): {shown}"
         )
         print(f"outputs in {config.output_dir}")
-    unsynced = summary.get("remote_sync_errors") or []
-    if unsynced:
-        if _is_local_main():
-            print(
-                f"linnaeus-accel: checkpoints not uploaded to the bucket: {'; '.join(unsynced)}",
-                file=sys.stderr,
-            )
-        return EXIT_NOT_SYNCED
-    return 0
+    code = exit_status(summary)
+    if code == EXIT_NOT_SYNCED and _is_local_main():
+        unsynced = "; ".join(summary["remote_sync_errors"])
+        print(f"linnaeus-accel: checkpoints not uploaded to the bucket: {unsynced}", file=sys.stderr)
+    return code
+
+
+def exit_status(summary: dict[str, object]) -> int:
+    """0, or EXIT_NOT_SYNCED when some checkpoints never reached the bucket: the run must not end
+    looking clean while its off-machine copy is missing."""
+    return EXIT_NOT_SYNCED if summary.get("remote_sync_errors") else 0
 
 
 def _is_local_main() -> bool:

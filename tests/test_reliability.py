@@ -8,7 +8,9 @@ writer per run, no silent NaN, no hangs, idempotent reruns):
   (the bad steps are dropped and counted, the run completes with finite weights);
 - a process that stops answering with ``ENV.DIST_TIMEOUT_S 20``: every process exits non-zero
   within the timeout (plus the launcher's grace for the hung one), and the message says so;
-- rerunning a completed run is a no-op that says so and exits 0.
+- rerunning a completed run is a no-op that says so and exits 0;
+- a config changed between a kill and the rerun: refused when it rewrites the steps already
+  trained (naming the key), applied and listed when it does not, or with --allow-config-change.
 
 A ``kill -9`` leaves no stale lock (the kernel drops it): every kill-and-rerun test of
 test_resume.py reruns in the same directory at once.
@@ -152,3 +154,39 @@ def test_a_process_that_stops_answering_ends_the_run_within_the_timeout(tmp_path
     assert data["status"] == "failed", data
     # Start-up (~10 s) + the 20 s timeout + torchelastic's 30 s before it SIGKILLs the hung worker.
     assert result.seconds < 75, result.seconds
+
+
+def test_a_config_change_that_rewrites_the_past_is_refused_and_one_that_does_not_is_applied(
+    tmp_path: Path,
+) -> None:
+    """Killed at step 30 (checkpoint at 23), rerun with a changed config: more epochs stretch the
+    default run's warmup (a fraction of the run) over steps already trained, so they are refused,
+    naming the key, with nothing touched; a logging interval is applied and listed; with
+    --allow-config-change the first change is applied too."""
+    run = TrainRun(tmp_path, [*SHORT, "SCHEDULE.CHECKPOINT.INTERVAL_EPOCHS", "1"])
+    run.run(kill_at="optimizer_step:30").check_killed()
+    before = committed(run.dir)
+
+    run.opts += ["TRAIN.EPOCHS", "4"]
+    refused = run.run()
+    assert refused.returncode == 2, refused.tail()
+    assert "TRAIN.EPOCHS: changes the 23 steps already trained" in refused.output, refused.tail()
+    assert "--allow-config-change" in refused.output
+    assert committed(run.dir) == before
+
+    run.opts[-1] = "3"
+    run.opts += ["SCHEDULE.METRICS.STEP_INTERVAL", "10"]
+    applied = run.run().check_ok()
+    assert (
+        "config changed since the checkpoint, applied: SCHEDULE.METRICS.STEP_INTERVAL: 20 -> 10"
+        in applied.output
+    )
+    assert [r["global_step"] for r in metrics(run.dir) if is_train(r)] == [20, 30, 40, 50, 60, 69]
+
+    (tmp_path / "forced").mkdir()
+    forced = TrainRun(tmp_path / "forced", [*SHORT, "SCHEDULE.CHECKPOINT.INTERVAL_EPOCHS", "1"])
+    forced.run(kill_at="optimizer_step:30").check_killed()
+    forced.opts += ["TRAIN.EPOCHS", "4"]
+    done = forced.run(args=["--allow-config-change"]).check_ok()
+    assert "applied: TRAIN.EPOCHS: 3 -> 4" in done.output, done.tail()
+    assert summary(forced.dir)["global_step"] == 92

@@ -4,6 +4,7 @@ resumes from the bucket. Credentials never reach any file of the run."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from accelerate.state import AcceleratorState, GradientState
 from b2sdk.v2 import B2Api, B2HttpApiConfig, InMemoryAccountInfo, RawSimulator
 
 from linnaeus_accel.checkpoint.remote import KEY_ID_VAR, KEY_VAR, RemoteCheckpoints, RetryPolicy
+from linnaeus_accel.cli import EXIT_NOT_SYNCED, exit_status
 from linnaeus_accel.config import load_config
 from linnaeus_accel.data import build_dataset
 from linnaeus_accel.models import build_model
@@ -42,7 +44,7 @@ def _remote(api: B2Api) -> RemoteCheckpoints:
     )
 
 
-def _train(base: Path, api: B2Api) -> dict[str, Any]:
+def _train(base: Path, api: B2Api, remote: RemoteCheckpoints | None = None) -> dict[str, Any]:
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
     config = load_config(
@@ -64,7 +66,8 @@ def _train(base: Path, api: B2Api) -> dict[str, Any]:
     )
     train, val = build_dataset(config, "train"), build_dataset(config, "val")
     torch.manual_seed(0)
-    return Trainer(config, build_model(config, train), train, val, remote=_remote(api)).fit()
+    remote = remote or _remote(api)
+    return Trainer(config, build_model(config, train), train, val, remote=remote).fit()
 
 
 @pytest.mark.slow
@@ -92,3 +95,22 @@ def test_checkpoints_reach_the_bucket_and_a_fresh_machine_resumes_from_it(
             data = path.read_bytes()
             assert key.encode() not in data, path
             assert key_id.encode() not in data, path
+
+
+@pytest.mark.slow
+def test_a_run_whose_checkpoints_never_reach_the_bucket_does_not_end_looking_clean(
+    tmp_path: Path, bucket_api: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A key that may not write (b2sdk's simulator refuses every upload): training completes, and
+    summary.json lists the failed uploads; the command line exits 3 for it (cli.exit_status)."""
+    api, _, _ = bucket_api
+    read_only = api.create_key(["listBuckets", "listFiles", "readFiles"], "read-only")
+    monkeypatch.setenv(KEY_ID_VAR, read_only.id_)
+    monkeypatch.setenv(KEY_VAR, read_only.application_key)
+    summary = _train(tmp_path, api)
+    assert summary["status"] == "completed"
+    assert summary["remote_sync_errors"], summary
+    on_disk = json.loads((tmp_path / "digits_default" / "summary.json").read_text(encoding="utf-8"))
+    assert on_disk["remote_sync_errors"] == summary["remote_sync_errors"]
+    assert exit_status(summary) == EXIT_NOT_SYNCED == 3
+    assert exit_status({**summary, "remote_sync_errors": []}) == 0

@@ -18,15 +18,13 @@ checkpoint that cannot be written (a full or read-only disk) stops every process
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import hashlib
 import json
 import logging
 import math
 import os
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +43,7 @@ from .checkpoint_state import (
     rank_state_problem,
     state_problem,
 )
-from .failures import RunFailed
+from .failures import RunFailed, attempt_write
 from .faults import fault_point
 
 __all__ = [
@@ -63,8 +61,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 # Errors that mean "the disk (or the quota) cannot take this checkpoint", named in messages.
-_DISK_ERRORS = (errno.ENOSPC, errno.EROFS, errno.EDQUOT)
-_PROBE_BYTES = 1 << 20
 
 
 class CheckpointWriteError(RunFailed):
@@ -181,7 +177,7 @@ class Checkpointer:
         directory and every process raises ``CheckpointWriteError``."""
         acc = self.accelerator
         staging = self.store.staging_path(step)
-        error = _attempt(lambda: self.store.staging_dir(step), staging) if acc.is_main_process else None
+        error = attempt_write(lambda: self.store.staging_dir(step), staging) if acc.is_main_process else None
         self._agree(step, staging, error)
 
         def write() -> None:
@@ -196,12 +192,12 @@ class Checkpointer:
                 }
                 (staging / STATE_FILE).write_text(json.dumps(saved), encoding="utf-8")
 
-        self._agree(step, staging, _attempt(write, staging))
+        self._agree(step, staging, attempt_write(write, staging))
         fault_point("checkpoint_staged")
         final = self.store.final_path(step)
         error = None
         if acc.is_main_process:
-            error = _attempt(lambda: self.store.commit(step, {"global_step": step}), staging)
+            error = attempt_write(lambda: self.store.commit(step, {"global_step": step}), staging)
         self._agree(step, staging, error)
         if acc.is_main_process:
             fault_point("checkpoint_committed")
@@ -454,52 +450,6 @@ class Checkpointer:
             except OSError as exc:
                 log.warning("could not keep the dropped journal lines in %s: %s", keep, exc)
         os.truncate(journal, valid)
-
-
-def _attempt(action: Callable[[], Any], staging: Path) -> tuple[str, BaseException] | None:
-    """Run ``action``; None if it worked, else what went wrong in words (naming ENOSPC, EROFS or
-    EDQUOT when the disk is the cause) and the exception."""
-    try:
-        action()
-    except Exception as exc:
-        return _describe(exc, staging), exc
-    return None
-
-
-def _describe(exc: BaseException, staging: Path) -> str:
-    """``exc`` in words. torch's zip writer reports a full disk as ``RuntimeError: [enforce fail at
-    inline_container.cc:672] . unexpected pos`` without an errno: the filesystem is then asked."""
-    code = exc.errno if isinstance(exc, OSError) and exc.errno in _DISK_ERRORS else _diagnose(staging)
-    where = exc.filename if isinstance(exc, OSError) and exc.filename else staging
-    if code is not None:
-        return f"{errno.errorcode[code]} ({os.strerror(code)}) writing {where}"
-    return f"{type(exc).__name__}: {str(exc).strip() or '(no message)'} (writing {where})"
-
-
-def _diagnose(staging: Path) -> int | None:
-    """ENOSPC, EROFS or EDQUOT if the filesystem of ``staging`` cannot take more data, else None:
-    ``statvfs``, then a probe write (a quota or root's reserved blocks do not show in statvfs)."""
-    where = staging
-    while not where.is_dir() and where != where.parent:
-        where = where.parent
-    try:
-        info = os.statvfs(where)
-    except OSError:
-        return None
-    if info.f_flag & os.ST_RDONLY:
-        return errno.EROFS
-    probe = where / f".probe-{os.getpid()}"
-    try:
-        with probe.open("wb") as f:
-            f.write(b"\0" * _PROBE_BYTES)
-            f.flush()
-            os.fsync(f.fileno())
-    except OSError as exc:
-        return exc.errno if exc.errno in _DISK_ERRORS else None
-    finally:
-        with contextlib.suppress(OSError):
-            probe.unlink()
-    return None
 
 
 def _json_metrics(metric_at: dict[int, float | None]) -> dict[str, float | None]:

@@ -6,12 +6,21 @@ that could not be written); ``summary.json`` says ``status: failed`` and the com
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import math
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the command line imports this module; torch loads only when training
     import torch
+    from torch import nn
+
+
+_DISK_ERRORS = (errno.ENOSPC, errno.EROFS, errno.EDQUOT)
+_PROBE_BYTES = 1 << 20
 
 
 class RunFailed(RuntimeError):
@@ -26,6 +35,44 @@ def parameters_finite(parameters: Iterable[torch.Tensor]) -> bool:
     return bool(torch.stack(checks).all()) if checks else True
 
 
+class NonFiniteGuard:
+    """A NaN or infinite training state is never committed (``TRAIN.NONFINITE``): each step's loss
+    stays on the device (``TrainMeter``), read at the logging interval and, with the parameters,
+    before every checkpoint and the final weights. Found, the run fails naming the step, and the
+    last good checkpoint stays the resume point."""
+
+    def __init__(self, accelerator: Any, meter: Any, model: nn.Module, policy: str) -> None:
+        self.accelerator, self.meter, self.model, self.policy = accelerator, meter, model, policy
+
+    def check(self, step: int, what: str, resume_point: Path | None) -> None:
+        """Before ``what`` is written (a collective, so that every process stops or none)."""
+        import torch
+
+        acc = self.accelerator
+        finite = self.meter.window_is_finite() and parameters_finite(self.model.parameters())
+        bad = acc.reduce(torch.tensor([0.0 if finite else 1.0], device=acc.device), reduction="sum")
+        if bad.item() > 0:
+            raise self.failure(
+                f"the training loss or the model's parameters became NaN or infinite by step {step} "
+                f"(found before writing {what})",
+                resume_point,
+            )
+
+    def failure(self, what: str, resume_point: Path | None) -> RunFailed:
+        kept = (
+            f"the last good checkpoint, {resume_point}, stays the resume point"
+            if resume_point is not None
+            else "no checkpoint was written before it"
+        )
+        if self.policy == "skip":  # only a non-finite gradient norm is skipped
+            why = "TRAIN.NONFINITE: skip drops steps whose gradient norm is not finite, and this was not one"
+            fix = "Look for a loss that is infinite while its gradient is not"
+        else:
+            why = "TRAIN.NONFINITE is stop"
+            fix = "Lower the learning rate, set TRAIN.CLIP_GRAD, or set TRAIN.NONFINITE: skip to drop such steps"
+        return RunFailed(f"{what}; {why}, so the run stops without saving that state: {kept}. {fix}")
+
+
 def collective_timeout(exc: BaseException, timeout_s: float | None) -> str | None:
     """The message for a collective operation that timed out (another process stopped
     answering), or None when ``exc`` is something else."""
@@ -38,3 +85,49 @@ def collective_timeout(exc: BaseException, timeout_s: float | None) -> str | Non
         f"waited{waited} for another process that stopped answering or died; this process stops too. "
         f"torch: {first}"
     )
+
+
+def attempt_write(action: Callable[[], Any], staging: Path) -> tuple[str, BaseException] | None:
+    """Run ``action``; None if it worked, else what went wrong in words (naming ENOSPC, EROFS or
+    EDQUOT when the disk is the cause) and the exception."""
+    try:
+        action()
+    except Exception as exc:
+        return _describe(exc, staging), exc
+    return None
+
+
+def _describe(exc: BaseException, staging: Path) -> str:
+    """``exc`` in words. torch's zip writer reports a full disk as ``RuntimeError: [enforce fail at
+    inline_container.cc:672] . unexpected pos`` without an errno: the filesystem is then asked."""
+    code = exc.errno if isinstance(exc, OSError) and exc.errno in _DISK_ERRORS else _diagnose(staging)
+    where = exc.filename if isinstance(exc, OSError) and exc.filename else staging
+    if code is not None:
+        return f"{errno.errorcode[code]} ({os.strerror(code)}) writing {where}"
+    return f"{type(exc).__name__}: {str(exc).strip() or '(no message)'} (writing {where})"
+
+
+def _diagnose(staging: Path) -> int | None:
+    """ENOSPC, EROFS or EDQUOT if the filesystem of ``staging`` cannot take more data, else None:
+    ``statvfs``, then a probe write (a quota or root's reserved blocks do not show in statvfs)."""
+    where = staging
+    while not where.is_dir() and where != where.parent:
+        where = where.parent
+    try:
+        info = os.statvfs(where)
+    except OSError:
+        return None
+    if info.f_flag & os.ST_RDONLY:
+        return errno.EROFS
+    probe = where / f".probe-{os.getpid()}"
+    try:
+        with probe.open("wb") as f:
+            f.write(b"\0" * _PROBE_BYTES)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as exc:
+        return exc.errno if exc.errno in _DISK_ERRORS else None
+    finally:
+        with contextlib.suppress(OSError):
+            probe.unlink()
+    return None

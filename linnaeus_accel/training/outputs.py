@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 
 from ..config import Config, output_dir_problem
 from ..schedule.summary import write_schedule_summary
+from .run_lock import RunLock, RunLocked
 
 log = logging.getLogger(__name__)
 
@@ -227,3 +228,40 @@ def finished_run(out: Path) -> dict[str, Any] | None:
     if isinstance(summary, dict) and summary.get("status") in FINISHED:
         return summary
     return None
+
+
+def claim_output_dir(
+    config: Config, lock: RunLock, resume_from: str | Path | None, overwrite: bool
+) -> tuple[tuple[str, str] | None, dict[str, Any] | None]:
+    """Main process: take the directory's lock (held until the run ends), then clear it for
+    ``overwrite``, or find a finished run there, or check that it may be resumed. Returns (the
+    problem, the finished run's summary); never raises: the other processes wait for the answer."""
+    try:
+        lock.acquire()
+        if overwrite:
+            clear_run(config.output_dir)
+        elif resume_from is None and (finished := finished_run(config.output_dir)) is not None:
+            return None, finished
+        return output_problem(config, resume_from), None
+    except RunLocked as locked:
+        return ("EXPERIMENT.NAME", str(locked)), None
+    except OSError as e:
+        return ("ENV.OUTPUT.BASE_DIR", f"cannot use the run directory {config.output_dir}: {e}"), None
+
+
+def init_trackers(accelerator: Accelerator, config: Config, resumed_run_id: str | None) -> None:
+    """Start the configured trackers (W&B); a resumed run continues its W&B run."""
+    wandb = config.EXPERIMENT.WANDB
+    if not wandb.ENABLED:
+        return
+    run: dict[str, Any] = {
+        "name": config.EXPERIMENT.NAME,
+        "dir": str(config.output_dir),
+        "tags": wandb.TAGS or None,
+        "entity": wandb.ENTITY,
+    }
+    if resumed_run_id:
+        run.update(id=resumed_run_id, resume="allow")
+    accelerator.init_trackers(
+        wandb.PROJECT or "linnaeus-accel", config=config.model_dump(mode="json"), init_kwargs={"wandb": run}
+    )

@@ -35,14 +35,14 @@ from ..tasks import Task, TaskContext, ValidationPass, build_task
 from .batches import BatchSource, windows
 from .checkpointing import Checkpointer
 from .config_changes import review_changes
-from .failures import RunFailed, collective_timeout, parameters_finite
+from .failures import NonFiniteGuard, RunFailed, collective_timeout
 from .faults import fault_point
 from .loss import GradNorm
 from .meter import NonFiniteLoss, TrainMeter
-from .outputs import clear_run, finished_run, output_problem, run_outputs
+from .outputs import claim_output_dir, init_trackers, run_outputs
 from .preemption import PreemptionWatch
 from .resume import compatible_position, own_rank_state, plan_identity
-from .run_lock import RunLock, RunLocked
+from .run_lock import RunLock
 from .setup import OptimizerFactory, as_loader, build_optimizer, default_optimizer, shared_parameters
 from .step import OptimizerStep
 from .task_checks import check_task, first_batch
@@ -179,6 +179,7 @@ class Trainer:
         )
         self.last_validation: dict[str, float] = {}
         self.checkpointer = Checkpointer(acc, config, remote, mode=self.ranking_mode)
+        self.nonfinite = NonFiniteGuard(acc, self.meter, self.model, config.TRAIN.NONFINITE)
         self.preemption = PreemptionWatch(acc)
         self.lock = RunLock(config.output_dir)  # taken by the main process in fit()
         self.allow_config_change = False
@@ -308,9 +309,8 @@ class Trainer:
         try:
             metrics = self.meter.flush(self.progress.samples_seen, self.progress.tokens_seen, lrs)
         except NonFiniteLoss as bad:
-            raise self._nonfinite(
-                f"the training loss was {bad.value} at step {step - bad.steps_ago}"
-            ) from None
+            what = f"the training loss was {bad.value} at step {step - bad.steps_ago}"
+            raise self.nonfinite.failure(what, self.checkpointer.current) from None
         self.progress.tokens_seen = int(metrics.get("tokens_seen", self.progress.tokens_seen))
         self.out.log(metrics, step)
         shown = {"loss": f"{metrics['train/loss']:.4f}", "lr": f"{metrics['lr/default']:.2e}"}
@@ -402,32 +402,9 @@ class Trainer:
         return shared[0]  # type: ignore[no-any-return]
 
     # -- checkpoints ---------------------------------------------------------------------------------
-    def _ensure_finite(self, what: str) -> None:
-        """Before ``what`` is written: every process's open loss window and parameters are finite
-        (a collective, so that all stop or none). A non-finite state is never committed."""
-        acc = self.accelerator
-        finite = self.meter.window_is_finite() and parameters_finite(self.model.parameters())
-        bad = acc.reduce(torch.tensor([0.0 if finite else 1.0], device=acc.device), reduction="sum")
-        if bad.item() > 0:
-            raise self._nonfinite(
-                f"the training loss or the model's parameters became NaN or infinite by step "
-                f"{self.progress.global_step} (found before writing {what})"
-            )
-
-    def _nonfinite(self, what: str) -> RunFailed:
-        current = self.checkpointer.current
-        kept = (
-            f"the last good checkpoint, {current}, stays the resume point"
-            if current is not None
-            else "no checkpoint was written before it"
-        )
-        return RunFailed(
-            f"{what}; TRAIN.NONFINITE is stop, so the run stops without saving that state: {kept}. "
-            "Lower the learning rate, set TRAIN.CLIP_GRAD, or set TRAIN.NONFINITE: skip to drop such steps"
-        )
-
     def _save_checkpoint(self, boundary: dict[str, Any] | None) -> None:
-        self._ensure_finite(f"the checkpoint of step {self.progress.global_step}")
+        step = self.progress.global_step
+        self.nonfinite.check(step, f"the checkpoint of step {step}", self.checkpointer.current)
         self.progress.tokens_seen += self.meter.take_tokens()
         state = {
             "progress": self.progress.state_dict(),
@@ -507,7 +484,7 @@ class Trainer:
         config, acc = self.config, self.accelerator
         # Decided on the main process and shared, so that every process stops with the same error
         # instead of waiting at a barrier for a process that has exited.
-        claim = self._claim_output_dir(resume_from, overwrite) if acc.is_main_process else None
+        claim = claim_output_dir(config, self.lock, resume_from, overwrite) if acc.is_main_process else None
         problem, finished = broadcast_object_list([claim or (None, None)], from_process=0)[0]
         if problem is not None:
             raise ConfigError([problem])
@@ -521,45 +498,9 @@ class Trainer:
         text = summary_text(config, self.plan)
         self.out.write_assets(config, text)
         self.out.say(text)
-        wandb = config.EXPERIMENT.WANDB
-        if wandb.ENABLED:
-            run = {
-                "name": config.EXPERIMENT.NAME,
-                "dir": str(config.output_dir),
-                "tags": wandb.TAGS or None,
-                "entity": wandb.ENTITY,
-            }
-            if self.resumed_wandb_id:
-                run.update(id=self.resumed_wandb_id, resume="allow")
-            acc.init_trackers(
-                wandb.PROJECT or "linnaeus-accel",
-                config=config.model_dump(mode="json"),
-                init_kwargs={"wandb": run},
-            )
+        init_trackers(acc, config, self.resumed_wandb_id)
         self.model.train()
         return None
-
-    def _claim_output_dir(
-        self, resume_from: str | Path | None, overwrite: bool
-    ) -> tuple[tuple[str, str] | None, dict[str, Any] | None]:
-        """Main process: take the directory's lock (held until the run ends), then clear it for
-        ``overwrite``, or find a finished run there, or check that it may be resumed. Returns
-        (the problem, the finished run's summary)."""
-        # Every outcome is returned, never raised: the other processes wait for it.
-        try:
-            self.lock.acquire()
-            if overwrite:
-                clear_run(self.config.output_dir)
-            elif resume_from is None and (finished := finished_run(self.config.output_dir)) is not None:
-                return None, finished
-            return output_problem(self.config, resume_from), None
-        except RunLocked as locked:
-            return ("EXPERIMENT.NAME", str(locked)), None
-        except OSError as e:
-            return (
-                "ENV.OUTPUT.BASE_DIR",
-                f"cannot use the run directory {self.config.output_dir}: {e}",
-            ), None
 
     def _summary(
         self, status: str, stop: StopDecision | None = None, error: str | None = None
@@ -584,7 +525,7 @@ class Trainer:
         progress.tokens_seen += self.meter.take_tokens()
         acc.wait_for_everyone()
         if not preempted:  # a preempted run's weights are in its last checkpoint
-            self._ensure_finite("the final weights")
+            self.nonfinite.check(progress.global_step, "the final weights", self.checkpointer.current)
             acc.save_model(
                 self.model, self.config.output_dir / "final", safe_serialization=True
             )  # collective
