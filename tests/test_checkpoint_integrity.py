@@ -144,6 +144,9 @@ STATE_PROBLEMS = [
     ("boundary epoch", changed("boundary.epoch", 1.5), "boundary.epoch must be an integer >= 0"),
     ("plan batch 0", changed("plan.batch_size", 0), "plan.batch_size must be an integer >= 1"),
     ("wandb id", changed("wandb_run_id", 5), "wandb_run_id must be a string or null"),
+    # The stored config is reviewed against the new one on resume: it must be an object.
+    ("config", changed("config", [1]), "config must be an object or null"),
+    ("plan length", changed("plan.batches_per_epoch", 0), "plan.batches_per_epoch must be an integer >= 1"),
     ("metrics keys", changed("checkpoint_metrics", {"x": 1.0}), "checkpoint_metrics must map steps to numbers"),
     ("metrics values", changed("checkpoint_metrics", {"12": "low"}), "checkpoint_metrics must map steps to numbers"),
 ]  # fmt: skip

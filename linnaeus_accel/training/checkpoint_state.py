@@ -134,6 +134,9 @@ _PLAN = {
     **{key: ("an integer >= 1", lambda v: _is_int(v) and v >= 1) for key in ("world_size", "accumulation")},
     "batch_size": ("an integer >= 1", lambda v: _is_int(v) and v >= 1),
 }
+_PLAN_OPTIONAL = {  # written since configs are stored in checkpoints
+    "batches_per_epoch": ("an integer >= 1", lambda v: _is_int(v) and v >= 1),
+}
 _METER = {
     "sums": ("a list of numbers or null", lambda v: v is None or _number_list(v)),
     "steps": ("an integer >= 0", _count),
@@ -185,9 +188,12 @@ def state_problem(state: Any, step: int) -> str | None:
     if plan is not None:
         if not isinstance(plan, dict):
             return f"{where}: plan must be an object or null, got {_shown(plan)}"
-        problem = _fields(plan, f"{where}: plan", _PLAN, required=tuple(_PLAN))
+        problem = _fields(plan, f"{where}: plan", {**_PLAN, **_PLAN_OPTIONAL}, required=tuple(_PLAN))
         if problem is not None:
             return problem
+    config = state.get("config")  # the resolved config it was trained with (reviewed on resume)
+    if config is not None and not isinstance(config, dict):
+        return f"{where}: config must be an object or null, got {_shown(config)}"
     run_id = state.get("wandb_run_id")
     if run_id is not None and not isinstance(run_id, str):
         return f"{where}: wandb_run_id must be a string or null, got {_shown(run_id)}"
