@@ -324,6 +324,9 @@ def test_two_process_run_reaches_plan_and_counts_each_sample_once(tmp_path: Path
     assert summary["epoch"] == epochs
     assert summary["status"] == "completed"
     assert summary["samples_seen"] == epochs * DIGITS_TRAIN
+    # What it ran on, for whoever reads the result later.
+    info = summary["run_info"]
+    assert (info["world_size"], info["machines"], info["distributed_type"]) == (2, 1, "MULTI_CPU"), info
 
     records = run.metrics()
     assert all("global_step" in r for r in records)

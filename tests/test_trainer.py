@@ -18,10 +18,12 @@ import io
 import json
 import math
 import struct
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import accelerate
 import pytest
 import torch
 import torch.nn.functional as F
@@ -787,3 +789,28 @@ def test_overwrite_starts_a_finished_run_again_from_scratch(tmp_path: Path) -> N
     steps = [r["global_step"] for r in train_records(read_metrics(out))]
     assert len(steps) == len(set(steps))
     assert read_summary(out)["status"] == "completed"
+
+
+def test_bf16_autocast_through_accelerate_on_cpu_and_run_info(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Mixed precision the Accelerate way (``accelerate launch --mixed_precision bf16`` sets this
+    variable): the run trains under bf16 autocast on the CPU, its losses stay finite, and
+    ``assets/run_info.json`` and ``summary.json`` record the precision, processes, versions and
+    the git commit of the working directory."""
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    opts = ["ENV.OUTPUT.BASE_DIR", str(tmp_path / "out"), "TRAIN.EPOCHS", "2", "DATA.BATCH_SIZE", "128"]
+    assert train(opts) == 0
+    out = tmp_path / "out" / NAME
+    summary = read_summary(out)
+    assert summary["status"] == "completed"
+    assert all(math.isfinite(r["train/loss"]) for r in train_records(read_metrics(out)))
+    info = json.loads((out / "assets" / "run_info.json").read_text(encoding="utf-8"))
+    assert summary["run_info"] == info
+    assert (info["mixed_precision"], info["world_size"], info["distributed_type"]) == ("bf16", 1, "NO")
+    assert info["versions"]["torch"] == torch.__version__
+    assert info["versions"]["accelerate"] == accelerate.__version__
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False)
+    assert info["git"] == (
+        None if head.returncode else {"commit": head.stdout.strip(), "dirty": info["git"]["dirty"]}
+    )

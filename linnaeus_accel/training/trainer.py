@@ -42,6 +42,7 @@ from .meter import NonFiniteLoss, TrainMeter
 from .outputs import claim_output_dir, init_trackers, run_outputs
 from .preemption import PreemptionWatch
 from .resume import compatible_position, own_rank_state, plan_identity
+from .run_info import run_info
 from .run_lock import RunLock
 from .setup import OptimizerFactory, as_loader, build_optimizer, default_optimizer, shared_parameters
 from .step import OptimizerStep
@@ -183,6 +184,7 @@ class Trainer:
         self.preemption = PreemptionWatch(acc)
         self.lock = RunLock(config.output_dir)  # taken by the main process in fit()
         self.allow_config_change = False
+        self.run_info: dict[str, Any] = {}  # what the run ran on (main process)
         self.out: Any = None
         self.resumed_boundary: dict[str, Any] | None = None
         self.resumed_wandb_id: str | None = None
@@ -493,6 +495,9 @@ class Trainer:
         if acc.is_main_process:
             self.checkpointer.store.remove_stale_staging()
         self.out = run_outputs(acc, config, self.plan.total_steps)
+        if acc.is_main_process:
+            self.run_info = run_info(acc)
+            self.out.write_json("assets/run_info.json", self.run_info)
         self._resume(resume_from)
         self.out.advance(self.progress.global_step, self.progress.current_epoch)
         text = summary_text(config, self.plan)
@@ -517,6 +522,7 @@ class Trainer:
             "best_metric": progress.best_metric,
             "expected_total_steps": self.plan.total_steps,
             "last_validation": self.last_validation,
+            "run_info": self.run_info,
         }
 
     def _finish(self, stop: StopDecision | None) -> dict[str, Any]:
