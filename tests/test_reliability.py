@@ -10,7 +10,9 @@ writer per run, no silent NaN, no hangs, idempotent reruns):
   within the timeout (plus the launcher's grace for the hung one), and the message says so;
 - rerunning a completed run is a no-op that says so and exits 0;
 - a config changed between a kill and the rerun: refused when it rewrites the steps already
-  trained (naming the key), applied and listed when it does not, or with --allow-config-change.
+  trained (naming the key), applied and listed when it does not, or with --allow-config-change;
+- a model compiled through Accelerate's dynamo setting, killed and resumed: byte-identical, and
+  ``final/`` under the model's own parameter names.
 
 A ``kill -9`` leaves no stale lock (the kernel drops it): every kill-and-rerun test of
 test_resume.py reruns in the same directory at once.
@@ -144,7 +146,7 @@ def test_a_process_that_stops_answering_ends_the_run_within_the_timeout(tmp_path
     then ends rank 1 (after its own grace period for a process that ignores SIGTERM)."""
     run = TrainRun(tmp_path, [*SHORT, "ENV.DIST_TIMEOUT_S", "20"], processes=2)
     started = run.start(
-        faults={"LINNAEUS_ACCEL_HANG_AT": "optimizer_step:5", "LINNAEUS_ACCEL_FAULT_RANK": "1"}
+        extra_env={"LINNAEUS_ACCEL_HANG_AT": "optimizer_step:5", "LINNAEUS_ACCEL_FAULT_RANK": "1"}
     )
     result = started.finish(timeout=120)
     assert result.returncode != 0, result.tail()
@@ -190,3 +192,25 @@ def test_a_config_change_that_rewrites_the_past_is_refused_and_one_that_does_not
     done = forced.run(args=["--allow-config-change"]).check_ok()
     assert "applied: TRAIN.EPOCHS: 3 -> 4" in done.output, done.tail()
     assert summary(forced.dir)["global_step"] == 92
+
+
+def test_a_compiled_model_through_save_resume_and_final(tmp_path: Path) -> None:
+    """torch.compile the Accelerate way (``accelerate launch --dynamo_backend`` sets this variable;
+    aot_eager runs on the CPU without a C compiler): killed after its first checkpoint, rerun, it
+    ends byte-identical to an uninterrupted compiled run, and ``final/model.safetensors`` holds the
+    model's own parameter names (no ``_orig_mod.`` prefix)."""
+    compiled = {"ACCELERATE_DYNAMO_BACKEND": "aot_eager"}
+    opts = [*SHORT, "TRAIN.EPOCHS", "2", "SCHEDULE.CHECKPOINT.INTERVAL_EPOCHS", "1"]
+    (tmp_path / "ref").mkdir()
+    reference = TrainRun(tmp_path / "ref", opts)
+    reference.run(extra_env=compiled).check_ok()
+    run = TrainRun(tmp_path, opts)
+    run.run(kill_at="optimizer_step:30", extra_env=compiled).check_killed()
+    resumed = run.run(extra_env=compiled).check_ok()
+    assert f"resumed from {run.dir / 'checkpoints' / ckpt(23)}" in resumed.output, resumed.tail()
+    assert json.loads((run.dir / "assets" / "run_info.json").read_text())["dynamo_backend"] == "AOT_EAGER"
+    final = run.dir / "final" / "model.safetensors"
+    assert final.read_bytes() == (reference.dir / "final" / "model.safetensors").read_bytes()
+    names = list(load_file(final))
+    assert names, names
+    assert not [n for n in names if n.startswith("_orig_mod.")], names

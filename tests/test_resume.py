@@ -180,7 +180,7 @@ class TrainRun:
             "--opts", "ENV.OUTPUT.BASE_DIR", str(self.base), "EXPERIMENT.NAME", NAME, *self.opts,
         ]  # fmt: skip
 
-    def env(self, kill_at: str | None, faults: dict[str, str] | None = None) -> dict[str, str]:
+    def env(self, kill_at: str | None, extra_env: dict[str, str] | None = None) -> dict[str, str]:
         env = {
             k: v
             for k, v in os.environ.items()
@@ -198,7 +198,7 @@ class TrainRun:
             env["ACCELERATE_USE_CPU"] = "true"
         if kill_at is not None:
             env["LINNAEUS_ACCEL_KILL_AT"] = kill_at
-        env.update(faults or {})  # other fault points (linnaeus_accel.training.faults)
+        env.update(extra_env or {})  # other fault points, settings of Accelerate's own
         return env
 
     def start(
@@ -206,7 +206,7 @@ class TrainRun:
         kill_at: str | None = None,
         args: Sequence[str] = (),
         python_code: str | None = None,
-        faults: dict[str, str] | None = None,
+        extra_env: dict[str, str] | None = None,
     ) -> Started:
         self._launches += 1
         log = self.root / f"launch{self._launches}{'-' + kill_at.replace(':', '') if kill_at else ''}.log"
@@ -214,7 +214,7 @@ class TrainRun:
             proc = subprocess.Popen(
                 self.command(args, python_code),
                 cwd=self.root,
-                env=self.env(kill_at, faults),
+                env=self.env(kill_at, extra_env),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -227,9 +227,9 @@ class TrainRun:
         kill_at: str | None = None,
         args: Sequence[str] = (),
         python_code: str | None = None,
-        faults: dict[str, str] | None = None,
+        extra_env: dict[str, str] | None = None,
     ) -> Result:
-        return self.start(kill_at, args, python_code, faults).finish()
+        return self.start(kill_at, args, python_code, extra_env).finish()
 
     def clone(self, root: Path) -> TrainRun:
         """A copy of this output directory (e.g. of a killed run) to resume or damage separately."""
@@ -699,7 +699,7 @@ def test_sigterm_at_an_epochs_last_step_then_rerun_ends_identically(
     validation passes still due: the rerun runs them and goes on (it once committed the boundary
     checkpoint a second time: FileExistsError on every rerun)."""
     run = TrainRun(tmp_path, EPOCH_CKPT)
-    preempted = run.run(faults={"LINNAEUS_ACCEL_TERM_AT": f"optimizer_step:{step}"})
+    preempted = run.run(extra_env={"LINNAEUS_ACCEL_TERM_AT": f"optimizer_step:{step}"})
     preempted.check_ok()
     assert summary(run.dir)["status"] == "preempted", summary(run.dir)
     assert summary(run.dir)["global_step"] == step
@@ -722,7 +722,7 @@ def test_sigterm_before_a_boundary_with_two_processes_then_rerun_ends_identicall
     compares every logged float; it differed in 6 of 7 two-process resumes when one process's
     share was loaded by both)."""
     run = TrainRun(tmp_path, TWO_PROC_OPTS, processes=2)
-    preempted = run.run(faults={"LINNAEUS_ACCEL_TERM_AT": "optimizer_step:21"})
+    preempted = run.run(extra_env={"LINNAEUS_ACCEL_TERM_AT": "optimizer_step:21"})
     assert preempted.returncode == 0, preempted.tail()
     assert summary(run.dir)["status"] == "preempted", summary(run.dir)
     assert summary(run.dir)["global_step"] == 24

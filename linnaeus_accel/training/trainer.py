@@ -21,6 +21,7 @@ from accelerate.utils import (
     DataLoaderConfiguration,
     InitProcessGroupKwargs,
     broadcast_object_list,
+    is_compiled_module,
     set_seed,
 )
 from torch import nn
@@ -532,9 +533,10 @@ class Trainer:
         acc.wait_for_everyone()
         if not preempted:  # a preempted run's weights are in its last checkpoint
             self.nonfinite.check(progress.global_step, "the final weights", self.checkpointer.current)
-            acc.save_model(
-                self.model, self.config.output_dir / "final", safe_serialization=True
-            )  # collective
+            # A compiled model's weights under the model's own names (no "_orig_mod." prefix);
+            # Accelerate still gathers them from whatever wraps it (DDP, FSDP, DeepSpeed).
+            model = self.model._orig_mod if is_compiled_module(self.model) else self.model
+            acc.save_model(model, self.config.output_dir / "final", safe_serialization=True)  # collective
         status = "preempted" if preempted else ("early_stopped" if stop is not None else "completed")
         summary = self._summary(status, stop)
         summary["remote_sync_errors"] = self.checkpointer.close()
