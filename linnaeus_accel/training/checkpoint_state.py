@@ -142,6 +142,7 @@ _METER = {
     "steps": ("an integer >= 0", _count),
     "samples_at_last_flush": ("an integer >= 0", _count),
     "tokens_at_last_flush": ("an integer >= 0", _count),
+    "nonfinite_skipped": ("an integer >= 0", _count),
 }
 
 

@@ -53,7 +53,9 @@ class OptimizerStep:
         self.gradnorm = gradnorm
         self.shared_parameters = shared_parameters or []
         self.world = accelerator.num_processes
-        self.skip_nonfinite = skip_nonfinite
+        # Under fp16 the gradient scaler skips non-finite steps itself, and must see them to lower
+        # its scale: dropping them first would leave the scale too high for every later step.
+        self.skip_nonfinite = skip_nonfinite and accelerator.scaler is None
         # DDP averages gradients over processes and Accelerate divides each loss by the accumulation
         # steps; the totals already divide by every unit of the step, so both are undone here.
         self.scale = float(accelerator.gradient_accumulation_steps * self.world)
