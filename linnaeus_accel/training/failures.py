@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # the command line imports this module; torch loads only when
 
 _DISK_ERRORS = (errno.ENOSPC, errno.EROFS, errno.EDQUOT)
 _PROBE_BYTES = 1 << 20
+_COLLECTIVE_TIMEOUTS = ("timed out waiting", "collective operation timeout")
 
 
 class RunFailed(RuntimeError):
@@ -77,7 +78,10 @@ def collective_timeout(exc: BaseException, timeout_s: float | None) -> str | Non
     """The message for a collective operation that timed out (another process stopped
     answering), or None when ``exc`` is something else."""
     text = str(exc)
-    if "timed out" not in text.lower() and "timeout" not in text.lower():
+    # What torch's process groups raise (RuntimeError, or its DistBackendError subclass): gloo's
+    # "Timed out waiting ...ms for recv", NCCL's watchdog "collective operation timeout". A user's
+    # own TimeoutError (an OSError) is not one of them.
+    if not isinstance(exc, RuntimeError) or not any(p in text.lower() for p in _COLLECTIVE_TIMEOUTS):
         return None
     waited = f" for {timeout_s:g} s (ENV.DIST_TIMEOUT_S)" if timeout_s and math.isfinite(timeout_s) else ""
     first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__

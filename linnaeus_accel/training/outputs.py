@@ -172,8 +172,10 @@ def output_problem(config: Config, resume_from: str | Path | None) -> tuple[str,
     if (unusable := output_dir_problem(config)) is not None:  # a file in the way, not writable
         return unusable
     out = config.output_dir
-    status = _summary_status(out / "summary.json")
-    if status in FINISHED:  # preempted or failed (e.g. a full disk): resumable
+    summary = _read_summary(out / "summary.json")
+    if (
+        summary is not None and summary["status"] in FINISHED
+    ):  # preempted or failed (e.g. a full disk): resumable
         return (
             "EXPERIMENT.NAME",
             f"{out} already holds a finished run: choose another EXPERIMENT.NAME or ENV.OUTPUT.BASE_DIR",
@@ -188,10 +190,10 @@ def output_problem(config: Config, resume_from: str | Path | None) -> tuple[str,
     return None
 
 
-def _summary_status(path: Path) -> str | None:
-    """The status in ``summary.json`` (None: no file). One that cannot be read is moved aside to
-    ``summary.json.corrupt`` (kept for whoever investigates) and counts as absent: it must not stop
-    every rerun with a traceback."""
+def _read_summary(path: Path) -> dict[str, Any] | None:
+    """``summary.json`` (an object with a string status), or None: no file. One that cannot be read
+    is moved aside to ``summary.json.corrupt`` (kept for whoever investigates) and counts as absent:
+    it must not stop every rerun with a traceback."""
     try:
         summary = json.loads(path.read_bytes().decode("utf-8"))
     except FileNotFoundError:
@@ -200,7 +202,7 @@ def _summary_status(path: Path) -> str | None:
         problem = f"unreadable ({type(exc).__name__}: {str(exc)[:100]})"
     else:
         if isinstance(summary, dict) and isinstance(summary.get("status"), str):
-            return str(summary["status"])
+            return summary
         problem = "not an object with a status"
     aside = path.with_name(path.name + ".corrupt")
     n = 1
@@ -221,13 +223,8 @@ def _summary_status(path: Path) -> str | None:
 def finished_run(out: Path) -> dict[str, Any] | None:
     """The summary of the finished run in ``out`` (status completed or early_stopped), else None
     (no run, an unfinished one, or a summary that cannot be read)."""
-    try:
-        summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
-        return None
-    if isinstance(summary, dict) and summary.get("status") in FINISHED:
-        return summary
-    return None
+    summary = _read_summary(out / "summary.json")
+    return summary if summary is not None and summary["status"] in FINISHED else None
 
 
 def claim_output_dir(

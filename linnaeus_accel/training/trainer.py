@@ -280,20 +280,20 @@ class Trainer:
                 for mb in window
             )
             progress.complete_step(len(window), samples)
-            if stop := self._after_optimizer_step(epoch):
+            epoch_ends = self.ops.should_end_epoch(epoch, progress.global_step)
+            if stop := self._after_optimizer_step(epoch, epoch_ends):
                 return stop
-            if self.ops.should_end_epoch(epoch, progress.global_step):
+            if epoch_ends:
                 break  # TRAIN.TARGET_TOKENS: the last epoch ends where the target is reached
         return None
 
-    def _after_optimizer_step(self, epoch: int) -> StopDecision | None:
+    def _after_optimizer_step(self, epoch: int, epoch_ends: bool) -> StopDecision | None:
         """Everything that may follow an optimizer step: logging, a MAX_STEPS cut-off, a
         preemption, a mid-epoch checkpoint."""
         step = self.progress.global_step
         fault_point("optimizer_step")
         stop = self.early_stopping.reached_max_steps(step)
         self._log_train_metrics(epoch, last=stop is not None)
-        epoch_ends = self.ops.should_end_epoch(epoch, step)
         # At an epoch's last step every process agrees at once: the boundary comes next.
         if stop is None and self.preemption.should_stop(step, now=epoch_ends):
             if not epoch_ends:  # else the boundary checkpoints it, with the passes still due
