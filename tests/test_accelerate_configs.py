@@ -42,6 +42,9 @@ from accelerate.utils.launch import (
     prepare_simple_launcher_cmd_env,
 )
 
+from linnaeus_accel.config import load_config
+from linnaeus_accel.training.backends import backend_problems
+
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "accelerate_configs"
 CONFIG_FILES = sorted(p.name for p in CONFIG_DIR.glob("*.yaml"))
 ACCELERATE_PREFIXES = ("ACCELERATE_", "FSDP_", "PARALLELISM_CONFIG_")
@@ -401,5 +404,8 @@ def test_deepspeed_plugin_from_worker_env(name):
         # The LR comes from our schedule on our torch optimizer.
         assert "optimizer" not in config
         assert "scheduler" not in config
+        # And the trainer's start-up check accepts it with the default config.
+        default = load_config(CONFIG_DIR.parent / "configs" / "default.yaml")
+        assert backend_problems(DistributedType.DEEPSPEED, config, default) == []
     finally:
         unset_hf_deepspeed_config()  # ZeRO-3's zero.Init hook must not leak into other tests

@@ -814,3 +814,49 @@ def test_bf16_autocast_through_accelerate_on_cpu_and_run_info(
     assert info["git"] == (
         None if head.returncode else {"commit": head.stdout.strip(), "dirty": info["git"]["dirty"]}
     )
+
+
+def test_fp16_steps_the_gradient_scaler_skips_are_counted_and_still_advance_the_schedule(
+    tmp_path: Path,
+) -> None:
+    """fp16 the Accelerate way, emulated where Accelerate does not go: ``Accelerator(
+    mixed_precision="fp16")`` on a CPU keeps the precision but creates no GradScaler and no
+    autocast (accelerator.py: fp16 AMP only when ``device.type != "cpu"``). The two attributes it
+    sets on a GPU are set here, to torch's real CPU GradScaler; everything else is Accelerate's own
+    fp16 path: the float16 autocast around forward, ``backward`` scaling the loss,
+    ``clip_grad_norm_`` unscaling, ``AcceleratedOptimizer.step`` through the scaler and its
+    ``step_was_skipped``. An initial scale of 2^24 overflows the float16 backward until the scaler
+    has halved it enough: those steps are skipped, counted in ``train/skipped_steps``, and still
+    advance the global step (the LR schedule and the plan go on as if they had been taken)."""
+    from accelerate import Accelerator
+
+    config = load_config(
+        CFG,
+        [
+            "ENV.OUTPUT.BASE_DIR",
+            str(tmp_path / "out"),
+            "TRAIN.EPOCHS",
+            "1",
+            "SCHEDULE.METRICS.STEP_INTERVAL",
+            "5",
+        ],
+    )
+    init_scale = 2.0**24
+    accelerator = Accelerator(mixed_precision="fp16", gradient_accumulation_steps=config.TRAIN.accumulation)
+    accelerator.native_amp = True
+    accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=init_scale)
+    train_data, val_data = build_dataset(config, "train"), build_dataset(config, "val")
+    torch.manual_seed(0)
+    trainer = Trainer(config, build_model(config, train_data), train_data, val_data, accelerator=accelerator)
+    summary = trainer.fit()
+    out = tmp_path / "out" / NAME
+    records = train_records(read_metrics(out))
+    skipped = math.log2(init_scale / accelerator.scaler.get_scale())  # each skip halves the scale
+    assert skipped >= 3, skipped
+    assert records[-1]["train/skipped_steps"] == skipped
+    assert [r["train/skipped_steps"] for r in records] == sorted(r["train/skipped_steps"] for r in records)
+    assert records[0]["train/skipped_steps"] == min(skipped, 5)  # the first window: steps 1-5
+    plan = plan_for(config, 1, N_TRAIN)
+    assert summary["global_step"] == plan.total_steps  # skipped steps count: the schedule follows the data
+    assert all(r["lr/default"] == pytest.approx(plan.lr(r["global_step"] - 1, 0)) for r in records)
+    assert summary["run_info"]["mixed_precision"] == "fp16"

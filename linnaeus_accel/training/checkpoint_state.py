@@ -143,6 +143,7 @@ _METER = {
     "samples_at_last_flush": ("an integer >= 0", _count),
     "tokens_at_last_flush": ("an integer >= 0", _count),
     "nonfinite_skipped": ("an integer >= 0", _count),
+    "skipped_steps": ("an integer >= 0", _count),
 }
 
 

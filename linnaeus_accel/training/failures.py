@@ -32,8 +32,19 @@ def parameters_finite(parameters: Iterable[torch.Tensor]) -> bool:
     """Whether every parameter value is finite (a read of all of them: for checkpoint time)."""
     import torch
 
-    checks = [torch.isfinite(p).all() for p in parameters]
+    checks = [torch.isfinite(_local_part(p)).all() for p in parameters]
     return bool(torch.stack(checks).all()) if checks else True
+
+
+def _local_part(parameter: torch.Tensor) -> torch.Tensor:
+    """What this process holds of a parameter: its shard under FSDP2 (a DTensor), its partition
+    under DeepSpeed ZeRO-3 (whose parameter itself is an empty placeholder), else all of it. The
+    caller combines processes' answers, so every value is checked once."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(parameter, DTensor):
+        return parameter.to_local()
+    return getattr(parameter, "ds_tensor", parameter)
 
 
 class NonFiniteGuard:

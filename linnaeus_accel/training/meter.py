@@ -56,10 +56,12 @@ class TrainMeter:
         mfu_per_token: bool = False,
         peak: float | None = None,
         window: int = 1,
+        counts_skipped_steps: bool = False,
     ) -> None:
         """``flops_per_unit``: FLOPs per token when ``mfu_per_token``, else per sample (MFU);
         ``peak``: one device's peak FLOP/s (default: looked up by GPU name); ``window``: the most
-        optimizer steps between two flushes (the logging interval)."""
+        optimizer steps between two flushes (the logging interval); ``counts_skipped_steps``: an
+        fp16 loss scaler may skip steps (``train/skipped_steps`` is logged, 0 included)."""
         self.accelerator = accelerator
         self.components = components
         self.per_token = counts_tokens
@@ -72,7 +74,9 @@ class TrainMeter:
         self._filled = 1
         self._steps = 0
         self.nonfinite_skipped = 0  # optimizer steps dropped by TRAIN.NONFINITE: skip, in the run
-        self.grad_norm: torch.Tensor | None = None
+        self.counts_skipped_steps = counts_skipped_steps
+        self.skipped_steps = 0  # optimizer steps the fp16 loss scaler skipped (overflow), in the run
+        self.grad_norm: torch.Tensor | float | None = None  # a float from DeepSpeed's engine
         self.gradnorm_weights: torch.Tensor | None = None  # GradNorm task weights, when enabled
         self._wait = 0.0
         self._since = time.perf_counter()
@@ -131,6 +135,7 @@ class TrainMeter:
             "sums": self._window_sums().tolist(),
             "steps": self._steps,
             "nonfinite_skipped": self.nonfinite_skipped,
+            "skipped_steps": self.skipped_steps,
             "samples_at_last_flush": self._samples_at_last_flush,
             "tokens_at_last_flush": self._tokens_at_last_flush,
         }
@@ -143,6 +148,7 @@ class TrainMeter:
             self._rows[0] = torch.tensor(sums, dtype=self._rows.dtype, device=self._rows.device)
         self._steps = int(state.get("steps", 0))
         self.nonfinite_skipped = int(state.get("nonfinite_skipped", 0))
+        self.skipped_steps = int(state.get("skipped_steps", 0))
         self._samples_at_last_flush = int(state.get("samples_at_last_flush", 0))
         self._tokens_at_last_flush = int(state.get("tokens_at_last_flush", 0))
 
@@ -198,6 +204,8 @@ class TrainMeter:
             metrics["tokens_seen"] = float(tokens_seen)
         if self.nonfinite_skipped:
             metrics["train/nonfinite_skipped"] = float(self.nonfinite_skipped)
+        if self.counts_skipped_steps:
+            metrics["train/skipped_steps"] = float(self.skipped_steps)
         self._rows.zero_()
         self._filled = 1
         self._steps = 0

@@ -18,10 +18,12 @@ import contextlib
 
 import torch
 from accelerate import Accelerator
+from accelerate.utils import DistributedType
 from torch import Tensor, nn
 
 from ..schedule import OpsSchedule, ResolvedPlan
 from ..tasks import Task
+from .backends import scaler_skips_steps
 from .batches import MicroBatch
 from .loss import GradNorm
 from .meter import TrainMeter
@@ -56,6 +58,10 @@ class OptimizerStep:
         # Under fp16 the gradient scaler skips non-finite steps itself, and must see them to lower
         # its scale: dropping them first would leave the scale too high for every later step.
         self.skip_nonfinite = skip_nonfinite and accelerator.scaler is None
+        self.count_scaler_skips = scaler_skips_steps(accelerator)
+        # DeepSpeed steps its engine inside the backward Accelerate marks as syncing: only the
+        # window's last micro-batch may be marked (a short last window included).
+        self.deepspeed = accelerator.distributed_type == DistributedType.DEEPSPEED
         # DDP averages gradients over processes and Accelerate divides each loss by the accumulation
         # steps; the totals already divide by every unit of the step, so both are undone here.
         self.scale = float(accelerator.gradient_accumulation_steps * self.world)
@@ -66,6 +72,9 @@ class OptimizerStep:
     def run(self, window: list[MicroBatch], k: int, epoch: int) -> None:
         """Global step ``k`` (0-based): prepare, count, forward/backward, clip, step."""
         task, acc = self.task, self.accelerator
+        # Before any backward: under DeepSpeed the optimizer steps inside the last one.
+        for i, group in enumerate(self.optimizer.param_groups):
+            group["lr"] = self.plan.lr(k, i)
         batches = [task.prepare(mb.data, k, epoch, mb.position, mb.real) for mb in window]
         units = [task.units(b) for b in batches]
         totals = units[0] if len(units) == 1 else torch.stack(units).sum(0)
@@ -78,6 +87,8 @@ class OptimizerStep:
         step_loss, step_losses = None, None
         last = len(batches) - 1
         for i, batch in enumerate(batches):
+            if self.deepspeed:
+                acc.sync_gradients = i == last
             with contextlib.nullcontext() if i == last else acc.no_sync(self.model):
                 sums = task.loss_sums(self.model, batch)
                 losses = sums / denominators
@@ -90,7 +101,8 @@ class OptimizerStep:
             step_losses = losses if step_losses is None else step_losses + losses
         assert step_loss is not None
         assert step_losses is not None
-        norm = self._clip(k)
+        # The norm before clipping; under DeepSpeed, the engine's norm of the step it just took.
+        norm = acc.clip_grad_norm_(self.model.parameters(), self.clip)
         if self.skip_nonfinite and norm is not None and not bool(torch.isfinite(norm)):
             # The norm is the same on every process (gradients are all-reduced before it), so all
             # drop the same step; the step still counts: the schedule follows the data.
@@ -100,6 +112,8 @@ class OptimizerStep:
         self.meter.add_step(step_loss, step_losses)
         self.meter.grad_norm = norm
         self.optimizer.step()
+        if self.count_scaler_skips and self.optimizer.step_was_skipped:  # type: ignore[attr-defined]
+            self.meter.skipped_steps += 1  # fp16 overflow: Accelerate has read the scale already
         self.optimizer.zero_grad(set_to_none=True)
 
     def _update_gradnorm(self, means: Tensor) -> None:
@@ -112,9 +126,3 @@ class OptimizerStep:
 
     def _mean_over_processes(self, t: Tensor) -> Tensor:
         return self.accelerator.reduce(t, reduction="mean")  # type: ignore[no-any-return]
-
-    def _clip(self, k: int) -> Tensor | None:
-        """Set this step's LRs and clip; the gradient norm (before clipping)."""
-        for i, group in enumerate(self.optimizer.param_groups):
-            group["lr"] = self.plan.lr(k, i)
-        return self.accelerator.clip_grad_norm_(self.model.parameters(), self.clip)  # type: ignore[no-any-return]

@@ -33,6 +33,7 @@ from ..progress import TrainingProgress
 from ..schedule import EarlyStopping, OpsSchedule, ResolvedPlan, StopDecision, resolve_plan
 from ..schedule.summary import summary_text
 from ..tasks import Task, TaskContext, ValidationPass, build_task
+from .backends import check_backend, scaler_skips_steps
 from .batches import BatchSource, windows
 from .checkpointing import Checkpointer
 from .config_changes import review_changes
@@ -46,6 +47,7 @@ from .resume import compatible_position, own_rank_state, plan_identity
 from .run_info import run_info
 from .run_lock import RunLock
 from .setup import OptimizerFactory, as_loader, build_optimizer, default_optimizer, shared_parameters
+from .shared_storage import check_shared_output
 from .step import OptimizerStep
 from .task_checks import check_task, first_batch
 from .validation import run_pass, validation_line
@@ -114,6 +116,7 @@ class Trainer:
                     )
                 ]
             )
+        check_backend(acc, config)  # before prepare: DeepSpeed reads its config there
         set_seed(config.EXPERIMENT.SEED)
         rank, world = acc.process_index, acc.num_processes
         train = as_loader(config, train_data, True, rank, world, collate_fn)
@@ -207,6 +210,7 @@ class Trainer:
             mfu_per_token=per_token,
             peak=self.config.ENV.PEAK_FLOPS,
             window=self.plan.metrics_interval,
+            counts_skipped_steps=scaler_skips_steps(self.accelerator),
         )
 
     # -- the run ---------------------------------------------------------------------------------
@@ -493,6 +497,7 @@ class Trainer:
             raise ConfigError([problem])
         if finished is not None:
             return finished  # type: ignore[no-any-return]
+        check_shared_output(acc, config.output_dir)  # every machine sees the directory, or all stop
         if acc.is_main_process:
             self.checkpointer.store.remove_stale_staging()
         self.out = run_outputs(acc, config, self.plan.total_steps)
