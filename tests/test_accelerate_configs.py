@@ -150,7 +150,7 @@ EXPECTED: dict[str, Expect] = {
         fsdp2=True,
         hsdp=(2, 8),
     ),
-    # DeepSpeed ZeRO-2 on one machine, bf16, no offload, clipping 5.0, accumulation left to us.
+    # DeepSpeed ZeRO-2 on one machine, bf16, no offload, clipping and accumulation left to us.
     "deepspeed_zero2.yaml": Expect(
         distributed_type=DistributedType.DEEPSPEED,
         launcher="deepspeed",
@@ -164,9 +164,9 @@ EXPECTED: dict[str, Expect] = {
             "ACCELERATE_DEEPSPEED_ZERO_STAGE": "2",
             "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE": "none",
             "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE": "none",
-            "ACCELERATE_GRADIENT_CLIPPING": "5.0",
         },
         absent_env=(
+            "ACCELERATE_GRADIENT_CLIPPING",  # "auto": the trainer fills in TRAIN.CLIP_GRAD
             "ACCELERATE_GRADIENT_ACCUMULATION_STEPS",
             "ACCELERATE_DEEPSPEED_CONFIG_FILE",
             "ACCELERATE_USE_FSDP",
@@ -189,9 +189,9 @@ EXPECTED: dict[str, Expect] = {
             "ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL": "true",
             "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE": "none",
             "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE": "none",
-            "ACCELERATE_GRADIENT_CLIPPING": "5.0",
         },
         absent_env=(
+            "ACCELERATE_GRADIENT_CLIPPING",  # "auto": the trainer fills in TRAIN.CLIP_GRAD
             "ACCELERATE_GRADIENT_ACCUMULATION_STEPS",
             "ACCELERATE_DEEPSPEED_CONFIG_FILE",
             "ACCELERATE_USE_FSDP",
@@ -400,7 +400,7 @@ def test_deepspeed_plugin_from_worker_env(name):
         assert plugin.zero3_init_flag is (exp.zero_stage == 3)
         # Filled from the Accelerator at prepare (our TRAIN.ACCUMULATION_STEPS), not from the file.
         assert config["gradient_accumulation_steps"] == "auto"
-        assert config["gradient_clipping"] == 5.0
+        assert config["gradient_clipping"] == "auto"  # the trainer puts TRAIN.CLIP_GRAD there
         # The LR comes from our schedule on our torch optimizer.
         assert "optimizer" not in config
         assert "scheduler" not in config

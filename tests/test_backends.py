@@ -19,7 +19,7 @@ from linnaeus_accel.config import load_config
 from linnaeus_accel.config.loading import read_yaml
 from linnaeus_accel.training.backends import backend_problems, fill_deepspeed_auto
 
-ZERO2: dict[str, Any] = {  # what deepspeed_zero2.yaml yields (clipping = TRAIN.CLIP_GRAD's default 5.0)
+ZERO2: dict[str, Any] = {  # as deepspeed_zero2.yaml, with gradient_clipping at TRAIN.CLIP_GRAD's default
     "train_batch_size": "auto",
     "train_micro_batch_size_per_gpu": "auto",
     "gradient_accumulation_steps": "auto",
