@@ -116,11 +116,14 @@ def test_messages_name_both_sides_and_the_fix() -> None:
     assert '"auto"' in message
 
 
-def test_auto_clipping_becomes_train_clip_grad() -> None:
-    """Accelerate would fill "auto" with 1.0 at prepare; ours goes in first."""
+def test_auto_values_become_the_configs() -> None:
+    """Accelerate would fill "auto" clipping with 1.0 at prepare, and the micro-batch from a prepared
+    DataLoader (a stream is not one); ours go in first."""
     ds = {**ZERO2, "gradient_clipping": "auto"}
-    fill_deepspeed_auto(ds, config("TRAIN.CLIP_GRAD", "2.0"))
+    fill_deepspeed_auto(ds, config("TRAIN.CLIP_GRAD", "2.0", "DATA.BATCH_SIZE", "12"))
     assert ds["gradient_clipping"] == 2.0
+    assert ds["train_micro_batch_size_per_gpu"] == 12
+    assert ds["train_batch_size"] == "auto"  # Accelerate's: micro-batch x accumulation x processes
     ds = {**ZERO2, "gradient_clipping": "auto"}
     fill_deepspeed_auto(ds, config("TRAIN.CLIP_GRAD", "none"))
     assert ds["gradient_clipping"] == 0.0

@@ -126,9 +126,13 @@ def deepspeed_problems(ds: Mapping[str, Any], config: Config) -> list[Problem]:
 
 
 def fill_deepspeed_auto(ds: dict[str, Any], config: Config) -> None:
-    """DeepSpeed's "auto" clipping becomes TRAIN.CLIP_GRAD (Accelerate would fill 1.0)."""
+    """DeepSpeed's "auto" clipping becomes TRAIN.CLIP_GRAD (Accelerate would fill 1.0), its "auto"
+    micro-batch DATA.BATCH_SIZE (Accelerate reads it from a prepared DataLoader, which a stream,
+    sharded by us, is not)."""
     if ds.get("gradient_clipping", "auto") == "auto":
         ds["gradient_clipping"] = config.TRAIN.CLIP_GRAD or 0.0
+    if ds.get("train_micro_batch_size_per_gpu", "auto") == "auto":
+        ds["train_micro_batch_size_per_gpu"] = config.DATA.BATCH_SIZE
 
 
 def scaler_skips_steps(accelerator: Accelerator) -> bool:
