@@ -127,3 +127,28 @@ def test_auto_values_become_the_configs() -> None:
     ds = {**ZERO2, "gradient_clipping": "auto"}
     fill_deepspeed_auto(ds, config("TRAIN.CLIP_GRAD", "none"))
     assert ds["gradient_clipping"] == 0.0
+
+
+def test_a_zero_checkpoint_resumes_only_with_its_own_number_of_processes() -> None:
+    """Checked before DeepSpeed's load_checkpoint would fail deep inside (or a DDP/FSDP2 resume,
+    which reshards, would be refused for nothing). On the CPU, with Accelerate's state as the
+    launched run would have it for the distributed type."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState
+
+    from linnaeus_accel.config import ConfigError
+    from linnaeus_accel.training.backends import check_resume
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    try:
+        accelerator = Accelerator(cpu=True)
+        check_resume(accelerator, {"world_size": 8})  # not DeepSpeed: any number resumes
+        check_resume(accelerator, None)  # a checkpoint from before plans were stored
+        accelerator.state.distributed_type = DistributedType.DEEPSPEED  # what a DeepSpeed launch sets
+        check_resume(accelerator, {"world_size": 1})
+        with pytest.raises(ConfigError, match="written by 8 DeepSpeed processes and this run has 1"):
+            check_resume(accelerator, {"world_size": 8})
+    finally:
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()

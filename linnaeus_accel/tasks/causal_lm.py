@@ -64,7 +64,8 @@ class CausalLMTask(Task):
 
     def default_flops_per_unit(self, model: nn.Module) -> float | None:
         # The usual estimate for a decoder: forward 2 x parameters per token, backward twice that.
-        return 6.0 * sum(p.numel() for p in model.parameters() if p.requires_grad)
+        # Full sizes: a DTensor (FSDP2) reports its global size, a ZeRO-3 placeholder its ds_numel.
+        return 6.0 * sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters() if p.requires_grad)
 
     def prepare(self, batch: Any, step: int, epoch: int, batch_index: int, real: Tensor | None) -> Any:
         if real is None:

@@ -33,7 +33,7 @@ from ..progress import TrainingProgress
 from ..schedule import EarlyStopping, OpsSchedule, ResolvedPlan, StopDecision, resolve_plan
 from ..schedule.summary import summary_text
 from ..tasks import Task, TaskContext, ValidationPass, build_task
-from .backends import check_backend, scaler_skips_steps
+from .backends import check_backend, check_resume, scaler_skips_steps
 from .batches import BatchSource, windows
 from .checkpointing import Checkpointer
 from .config_changes import review_changes
@@ -444,6 +444,7 @@ class Trainer:
             self.out.truncate_metrics(after_step=0)  # killed before its first checkpoint: start over
             return
         saved = self.checkpointer.read_state(Path(path))
+        check_resume(acc, saved.get("plan"))
         batches_seen = compatible_position(  # first: another effective batch cannot resume at all
             saved.get("plan"),
             plan_identity(self.plan),
