@@ -26,6 +26,9 @@ def _term() -> None:
 
 
 def _hang() -> None:
+    # The launcher's SIGTERM still ends it (default action): a process stuck in native code would
+    # ignore it and be SIGKILLed after torchelastic's 30 s grace, which tests need not wait for.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     while True:
         time.sleep(3600)
 
