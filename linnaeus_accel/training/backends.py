@@ -42,7 +42,10 @@ def check_backend(accelerator: Accelerator, config: Config) -> None:
 def backend_problems(kind: DistributedType, ds: Mapping[str, Any] | None, config: Config) -> list[Problem]:
     """What in ``config`` the backend ``kind`` cannot run (``ds``: DeepSpeed's config dict)."""
     problems: list[Problem] = []
-    if kind in (DistributedType.FSDP, DistributedType.DEEPSPEED) and _gradnorm(config):
+    if (
+        kind in (DistributedType.FSDP, DistributedType.DEEPSPEED)
+        and config.LOSS.GRAD_WEIGHTING.TASK.GRADNORM_ENABLED
+    ):
         problems.append(
             (
                 "LOSS.GRAD_WEIGHTING.TASK.GRADNORM_ENABLED",
@@ -55,10 +58,6 @@ def backend_problems(kind: DistributedType, ds: Mapping[str, Any] | None, config
     if ds is not None:
         problems += deepspeed_problems(ds, config)
     return problems
-
-
-def _gradnorm(config: Config) -> bool:
-    return bool(config.LOSS.GRAD_WEIGHTING.TASK.GRADNORM_ENABLED)
 
 
 def deepspeed_problems(ds: Mapping[str, Any], config: Config) -> list[Problem]:

@@ -57,8 +57,8 @@ class OptimizerStep:
         self.world = accelerator.num_processes
         # Under fp16 the gradient scaler skips non-finite steps itself, and must see them to lower
         # its scale: dropping them first would leave the scale too high for every later step.
-        self.skip_nonfinite = skip_nonfinite and accelerator.scaler is None
         self.count_scaler_skips = scaler_skips_steps(accelerator)
+        self.skip_nonfinite = skip_nonfinite and not self.count_scaler_skips
         # DeepSpeed steps its engine inside the backward Accelerate marks as syncing: only the
         # window's last micro-batch may be marked (a short last window included).
         self.deepspeed = accelerator.distributed_type == DistributedType.DEEPSPEED
