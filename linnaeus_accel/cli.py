@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -206,3 +207,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = f"process {rank}: " if rank is not None and world != "1" else ""
         print(f"linnaeus-accel: {where}{failed}", file=sys.stderr)
         return EXIT_FAILED
+
+
+def console() -> None:
+    """The command line's entry point (``linnaeus-accel``, ``python -m linnaeus_accel``)."""
+    status = main()
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # A launched process ends here, past the interpreter's shutdown: gloo's threads, kept alive
+        # by the process group that DDP still references after end_training, were seen to abort it
+        # there ("terminate called without an active exception", exit -6) after a clean run.
+        # Everything of ours is written and closed by now.
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    sys.exit(status)

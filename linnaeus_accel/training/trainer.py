@@ -228,6 +228,7 @@ class Trainer:
         try:
             finished = self._start(resume_from, overwrite)
             if finished is not None:
+                self._tear_down()  # every process got the same answer: all are here
                 return {**finished, "already_finished": True}
             with self.preemption:  # from here on, SIGTERM/SIGUSR1 ask for a clean stop
                 stop = self._run()
@@ -547,13 +548,17 @@ class Trainer:
         summary = self._summary(status, stop)
         summary["remote_sync_errors"] = self.checkpointer.close()
         self.out.write_json("summary.json", summary)
-        # Every process tears the process group down together (PyTorch's advice for
-        # destroy_process_group): one destroying it while process 0 still writes, and hosts the
-        # rendezvous store, was seen to hang at exit with 2 gloo processes.
-        acc.wait_for_everyone()
-        acc.end_training()
+        self._tear_down()
         self.out.close()
         return summary
+
+    def _tear_down(self) -> None:
+        """Every process tears the process group down together (PyTorch's advice for
+        destroy_process_group): one destroying it while process 0 still writes, and hosts the
+        rendezvous store, was seen to hang at exit with 2 gloo processes; one never destroying it
+        was seen to abort at exit (gloo's threads outliving the interpreter)."""
+        self.accelerator.wait_for_everyone()
+        self.accelerator.end_training()
 
     def _record_failure(self, message: str, agreed: bool) -> None:
         """``summary.json`` says ``status: failed`` (when it can still be written: the disk may be
