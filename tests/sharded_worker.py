@@ -201,6 +201,7 @@ def main() -> int:
                 },
             }
             final = checkpointer.save(step, state, {"data": {"batches_seen": step}})
+            checkpointer.settle()  # its commit runs in the background: committed from here on
             if accelerator.is_main_process:
                 print(f"committed {final.name}", flush=True)
 

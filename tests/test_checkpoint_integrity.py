@@ -655,12 +655,14 @@ def state(step):
     return {"progress": {"global_step": step, "epoch": 0, "batches_seen_in_epoch": step}}
 
 first = checkpointer.save(1, state(1), {"meter": None, "data": None})
+checkpointer.settle()  # committed in the background: wait for it
 pages = sum(math.ceil(p.stat().st_size / 4096) for p in first.iterdir() if p.name != "COMMITTED.json")
 free = os.statvfs(disk).f_bavail
 with (disk / "filler").open("wb") as f:
     f.write(bytes((free - pages) * 4096))
 try:
     checkpointer.save(2, state(2), {"meter": None, "data": None})
+    checkpointer.settle()  # the background commit's failure is raised here, on every process
     report = {"error": None}
 except CheckpointWriteError as e:
     frames = [frame.name for frame in traceback.extract_tb(e.__cause__.__traceback__)]

@@ -83,6 +83,15 @@ EPOCH2_PASSES = ["val", "val_mask_meta", "val_mask_ROWS", "val_mask_COLS_MOMENTS
 # The same run under 2 processes: 12 steps per epoch, 48 in all, boundaries at 12, 24, 36, 48;
 # checkpoints at 24 and 48. The preemption flag is agreed on every 10 steps.
 TWO_PROC_OPTS = EPOCH_CKPT
+# The state copied to host memory in the loop, written and committed in the background: the same
+# run (the references are shared), killed at the same points.
+ASYNC = ["SCHEDULE.CHECKPOINT.ASYNC", "true"]
+CONFIGS = {
+    "epoch": EPOCH_CKPT,
+    "mid": MID_CKPT,
+    "epoch-async": [*EPOCH_CKPT, *ASYNC],
+    "mid-async": [*MID_CKPT, *ASYNC],
+}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -387,6 +396,11 @@ KILLS = [
     pytest.param("epoch", "checkpoint_staged:1", None, id="first-ckpt-staged-not-committed"),
     pytest.param("epoch", "checkpoint_committed:1", 46, id="ckpt-committed-before-validation"),
     pytest.param("mid", "checkpoint_staged:3", 30, id="mid-epoch-ckpt-staged-not-committed"),
+    # ASYNC: "staged" is the background thread's instant between writing the files and the commit
+    pytest.param("epoch-async", "checkpoint_staged:1", None, id="async-first-ckpt-written-not-committed"),
+    pytest.param("epoch-async", "checkpoint_committed:1", 46, id="async-ckpt-committed-before-validation"),
+    pytest.param("mid-async", "optimizer_step:50", 45, id="async-train-step-mid-epoch-ckpts"),
+    pytest.param("mid-async", "checkpoint_staged:3", 30, id="async-mid-epoch-ckpt-written-not-committed"),
 ]
 
 
@@ -398,8 +412,8 @@ def test_kill_at_fault_point_then_rerun_ends_identically(
     tmp_path: Path,
     request: pytest.FixtureRequest,
 ) -> None:
-    reference: Result = request.getfixturevalue(f"ref_{config}")
-    run = TrainRun(tmp_path, EPOCH_CKPT if config == "epoch" else MID_CKPT)
+    reference: Result = request.getfixturevalue(f"ref_{config.split('-')[0]}")
+    run = TrainRun(tmp_path, CONFIGS[config])
     killed = run.run(kill_at=kill_at).check_killed()
     assert not (run.dir / "summary.json").exists(), killed.tail()
 
@@ -433,11 +447,17 @@ _delays = random.Random(20260401)
 KILL_FRACTIONS = [0.75 * (i + _delays.random()) / RANDOM_KILLS for i in range(RANDOM_KILLS)]
 
 
-@pytest.mark.parametrize("fraction", KILL_FRACTIONS, ids=[f"at-{f:.2f}-of-run" for f in KILL_FRACTIONS])
+@pytest.mark.parametrize(
+    ("fraction", "config"),
+    [
+        *[pytest.param(f, "epoch", id=f"at-{f:.2f}-of-run") for f in KILL_FRACTIONS],
+        pytest.param(KILL_FRACTIONS[-1], "epoch-async", id=f"async-at-{KILL_FRACTIONS[-1]:.2f}-of-run"),
+    ],
+)
 def test_kill_at_random_moment_then_rerun_ends_identically(
-    fraction: float, ref_epoch: Result, tmp_path: Path
+    fraction: float, config: str, ref_epoch: Result, tmp_path: Path
 ) -> None:
-    run = TrainRun(tmp_path, EPOCH_CKPT)
+    run = TrainRun(tmp_path, CONFIGS[config])
     started = run.start()
     wait_for_file(started, run.dir / "metrics.jsonl")
     try:
@@ -686,19 +706,21 @@ def test_sigterm_preempts_two_processes_then_rerun_ends_identically(ref_two: Res
 
 
 @pytest.mark.parametrize(
-    "step",
+    ("step", "config"),
     [
-        46,  # the last step of epoch 2, whose boundary takes a checkpoint and four validation passes
-        92,  # the run's last step: the final boundary (checkpoint, the final passes)
+        (46, "epoch"),  # the last step of epoch 2, whose boundary takes a checkpoint and four passes
+        (92, "epoch"),  # the run's last step: the final boundary (checkpoint, the final passes)
+        # the preempted run exits only once its background-written checkpoint is committed
+        (92, "epoch-async"),
     ],
 )
 def test_sigterm_at_an_epochs_last_step_then_rerun_ends_identically(
-    ref_epoch: Result, tmp_path: Path, step: int
+    ref_epoch: Result, tmp_path: Path, step: int, config: str
 ) -> None:
     """The preemption checkpoint of an epoch's last step is that boundary's checkpoint, with its
     validation passes still due: the rerun runs them and goes on (it once committed the boundary
     checkpoint a second time: FileExistsError on every rerun)."""
-    run = TrainRun(tmp_path, EPOCH_CKPT)
+    run = TrainRun(tmp_path, CONFIGS[config])
     preempted = run.run(extra_env={"LINNAEUS_ACCEL_TERM_AT": f"optimizer_step:{step}"})
     preempted.check_ok()
     assert summary(run.dir)["status"] == "preempted", summary(run.dir)
@@ -712,16 +734,18 @@ def test_sigterm_at_an_epochs_last_step_then_rerun_ends_identically(
     assert journal(run.dir / "checkpoints" / ckpt(step))[0] == "val"
 
 
+@pytest.mark.parametrize("config", ["epoch", "epoch-async"])
 def test_sigterm_before_a_boundary_with_two_processes_then_rerun_ends_identically(
-    ref_two: Result, tmp_path: Path
+    ref_two: Result, tmp_path: Path, config: str
 ) -> None:
     """Both workers get SIGTERM at step 21; the flag is agreed every 10 steps and at every epoch's
     last step, so both stop at the boundary of step 24 and checkpoint it with its passes due. The
     rerun's first ``train/loss`` (step 40) averages steps 21-40, three of them from before the
     stop: each process's share of that window comes back from its own file (assert_same_run
     compares every logged float; it differed in 6 of 7 two-process resumes when one process's
-    share was loaded by both)."""
-    run = TrainRun(tmp_path, TWO_PROC_OPTS, processes=2)
+    share was loaded by both). ASYNC: process 1 writes its part in the loop, process 0 in the
+    background, and the commit still follows both."""
+    run = TrainRun(tmp_path, CONFIGS[config], processes=2)
     preempted = run.run(extra_env={"LINNAEUS_ACCEL_TERM_AT": "optimizer_step:21"})
     assert preempted.returncode == 0, preempted.tail()
     assert summary(run.dir)["status"] == "preempted", summary(run.dir)

@@ -120,6 +120,14 @@ class CheckpointSchedule(Section):
         description="With INTERVAL_STEPS/_FRACTION: checkpoint at the step itself, mid-epoch, "
         "for very long epochs (otherwise at the first epoch boundary after it).",
     )
+    ASYNC: bool = Field(
+        False,
+        description="Training waits only while the state is copied to host memory (pinned on "
+        "CUDA); the files are written, hashed and committed in the background. Costs one more copy "
+        "of the model and optimizer state in host memory; DDP or one process only (FSDP and "
+        "DeepSpeed save collectively). Off: training waits for Accelerate's save_state, and only "
+        "the commit (hashing, fsync, retention, upload) runs in the background.",
+    )
 
     def problems(self) -> list[Problem]:
         problems = one_unit_problems(self, "INTERVAL", units=INTERVAL_UNITS)

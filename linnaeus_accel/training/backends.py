@@ -27,12 +27,30 @@ Problem = tuple[str, str]
 DS = "the DeepSpeed config"  # how messages name the other side (an accelerate config or a JSON)
 
 
+# Backends whose save_state is a collective of every process (or of the XLA graph).
+_COLLECTIVE_SAVES = (
+    DistributedType.FSDP,
+    DistributedType.DEEPSPEED,
+    DistributedType.MEGATRON_LM,
+    DistributedType.XLA,
+)
+
+
 def check_backend(accelerator: Accelerator, config: Config) -> None:
     """Raise one ``ConfigError`` listing every problem (the same on every process: no collective).
     Fills DeepSpeed's "auto" clipping with TRAIN.CLIP_GRAD, so that "auto" means ours, not 1.0."""
     kind = accelerator.distributed_type
     ds = accelerator.state.deepspeed_plugin.deepspeed_config if kind == DistributedType.DEEPSPEED else None
     problems = backend_problems(kind, ds, config)
+    device = accelerator.device.type
+    if config.SCHEDULE.CHECKPOINT.ASYNC and device not in ("cpu", "cuda"):
+        problems.append(
+            (
+                "SCHEDULE.CHECKPOINT.ASYNC",
+                f"the copy to host memory saves the RNG states of the CPU and CUDA only, not of "
+                f"'{device}': set it to false on this machine",
+            )
+        )
     if problems:
         raise ConfigError(problems)
     if ds is not None:
@@ -53,6 +71,15 @@ def backend_problems(kind: DistributedType, ds: Mapping[str, Any] | None, config
                 f"itself, which {'FSDP' if kind == DistributedType.FSDP else 'DeepSpeed'}'s sharded "
                 "parameters and gradients do not support: disable it, or train with DDP "
                 "(accelerate_configs/multi_gpu.yaml)",
+            )
+        )
+    if config.SCHEDULE.CHECKPOINT.ASYNC and kind in _COLLECTIVE_SAVES:
+        problems.append(
+            (
+                "SCHEDULE.CHECKPOINT.ASYNC",
+                f"{kind.value} saves its checkpoints collectively, from every process at once, which "
+                "cannot run in the background: set it to false (the commit still runs in the "
+                "background), or train with DDP (accelerate_configs/multi_gpu.yaml)",
             )
         )
     if ds is not None:

@@ -24,7 +24,8 @@ import logging
 import math
 import os
 import shutil
-from collections.abc import Sequence
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,9 @@ from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list, gather_object
 
 from ..checkpoint import MARKER, CheckpointStore, MarkerError, Mode, read_marker
+from ..checkpoint.background import SerialWorker
 from ..config import Config, ConfigError
+from .checkpoint_search import ResumeRefused, discard_after, find_checkpoint
 from .checkpoint_state import (
     JOURNAL_FILE,
     RANK_FILE,
@@ -45,6 +48,7 @@ from .checkpoint_state import (
 )
 from .failures import RunFailed, attempt_write
 from .faults import fault_point
+from .host_snapshot import HostSnapshot
 
 __all__ = [
     "JOURNAL_FILE",
@@ -63,22 +67,19 @@ log = logging.getLogger(__name__)
 # Errors that mean "the disk (or the quota) cannot take this checkpoint", named in messages.
 
 
+class _StepFailed(Exception):
+    """A background write or commit of checkpoint ``step`` failed (``description``: in words)."""
+
+    def __init__(self, step: int, description: str, cause: BaseException) -> None:
+        super().__init__(description)
+        self.step, self.description = step, description
+        self.__cause__ = cause
+
+
 class CheckpointWriteError(RunFailed):
     """A checkpoint could not be written (no space left, a read-only filesystem, ...). Raised on
     every process together; the partial checkpoint is gone and the previous one is still the
     resume point. The message names the path and the cause (ENOSPC, EROFS, ...)."""
-
-
-class ResumeRefused(ConfigError):
-    """No checkpoint to resume from although the run has some (every one failed verification), or
-    ``--resume`` names one that does not verify. Picklable, so that every process can raise it."""
-
-    def __init__(self, problems: Sequence[tuple[str, str]], source: str = "resume") -> None:
-        super().__init__(problems, source)
-        self.source = source
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.problems, self.source))
 
 
 def checkpoint_store(root: Path) -> CheckpointStore:
@@ -137,10 +138,23 @@ class Checkpointer:
             self.remote, self.uploader = self._remote(remote)
         self.ranking_metric = config.SCHEDULE.CHECKPOINT.METRIC or config.TRAIN.EARLY_STOP.METRIC
         self.mode: Mode = mode or ("min" if "loss" in self.ranking_metric else "max")
-        self.metric_at: dict[int, float | None] = {}  # ranking metric of each checkpoint, for retention
+        # Ranking metric of each checkpoint, for retention; read and changed by the background
+        # commit too, hence the lock.
+        self.metric_at: dict[int, float | None] = {}
+        self._metrics_lock = threading.Lock()
         self.resumed_from: int | None = None
-        self.current: Path | None = None  # the newest committed checkpoint of this run
+        self.current: Path | None = None  # the newest checkpoint of this run (its commit may be running)
+        self._committed: Path | None = None  # the newest committed one: the resume point
         self._bindings: dict[Path, str] = {}  # checkpoint -> sha256 of its marker (journal lines)
+        # The main process writes (ASYNC) and commits in the background, one checkpoint at a time.
+        self.worker = SerialWorker("linnaeus-accel checkpoint")
+        asynchronous = config.SCHEDULE.CHECKPOINT.ASYNC and accelerator.is_main_process
+        self.snapshot = HostSnapshot(accelerator) if asynchronous else None
+        self.blocked_s = 0.0  # the loop's time in the last save, waiting for the previous one excluded
+        self.waited_s = 0.0  # the last save's wait for the previous one's background work
+        self.total_blocked_s = 0.0
+        self.total_waited_s = 0.0
+        self._untaken: tuple[float, float] | None = None  # (blocked, waited) since take_timings
 
     def _remote(self, remote: Any) -> tuple[Any, Any]:
         bucket = self.config.ENV.OUTPUT.BUCKET
@@ -158,11 +172,28 @@ class Checkpointer:
         return remote, BackgroundUploader(remote)
 
     def close(self, timeout: float = 600.0) -> list[str]:
-        """Wait (bounded) for the uploads still queued; the errors of those that failed."""
+        """Wait (bounded) for the background commit, then for the uploads still queued; the errors
+        of those that failed. Not collective: for the end of a run that failed."""
+        self.worker.wait(timeout)
         if self.uploader is None:
             return []
         self.uploader.close(timeout)
         return list(self.uploader.errors)
+
+    def settle(self) -> None:
+        """Collective: wait until the last checkpoint is committed (preemption, the end of a run);
+        if its background work failed, every process raises ``CheckpointWriteError``."""
+        self.total_waited_s += self.worker.wait()
+        self._agree(self._background_failure())
+
+    def take_timings(self) -> dict[str, float]:
+        """``perf/checkpoint_blocked_s`` and ``perf/checkpoint_wait_s`` of the checkpoints since the
+        last call (none: empty), for the next logged metrics."""
+        if self._untaken is None:
+            return {}
+        blocked, waited = self._untaken
+        self._untaken = None
+        return {"perf/checkpoint_blocked_s": blocked, "perf/checkpoint_wait_s": waited}
 
     @property
     def current_step(self) -> int | None:
@@ -172,77 +203,136 @@ class Checkpointer:
     def save(self, step: int, state: dict[str, Any], rank_state: dict[str, Any]) -> Path:
         """``state``: the run's (written once); ``rank_state``: this process's own.
 
-        Collective. Every process catches its own failure to write and they agree at each stage,
-        so none is left waiting at a barrier: on any failure the main process removes the staging
-        directory and every process raises ``CheckpointWriteError``."""
+        Collective. The loop waits only until every process has saved (default: Accelerate's
+        ``save_state``) or captured (ASYNC: a copy in host memory) its state; the main process
+        commits in the background. Every process catches its own failure to write and they agree at
+        each stage, so none is left waiting at a barrier: on any failure, including the previous
+        checkpoint's background commit, the partial checkpoint is removed and every process raises
+        ``CheckpointWriteError``."""
         acc = self.accelerator
+        self.waited_s = self.worker.wait()  # one background save at a time
+        started = time.perf_counter()
         staging = self.store.staging_path(step)
-        error = attempt_write(lambda: self.store.staging_dir(step), staging) if acc.is_main_process else None
-        self._agree(step, staging, error)
+        failure = self._background_failure()
+        if failure is None and acc.is_main_process:
+            error = attempt_write(lambda: self.store.staging_dir(step), staging)
+            failure = (step, *error) if error is not None else None
+        self._agree(failure)
+        rank_json = json.dumps({"version": STATE_VERSION, **rank_state})
+        state_json = None
+        if acc.is_main_process:
+            with self._metrics_lock:
+                metrics = _json_metrics(self.metric_at)
+            state_json = json.dumps({"version": STATE_VERSION, **state, "checkpoint_metrics": metrics})
+        if self.snapshot is not None:
+            captured: list[Any] = []
+            error = attempt_write(lambda: captured.append(self.snapshot.capture(staging)), staging)  # type: ignore[union-attr]
+        else:
+            error = attempt_write(lambda: self._write(staging, rank_json, state_json), staging)
+        self._agree((step, *error) if error is not None else None)
+        if self.snapshot is None or not acc.is_main_process:
+            fault_point("checkpoint_staged")
+        if acc.is_main_process:
+            if self.snapshot is not None:
+                snapshot, data = self.snapshot, captured[0]
 
-        def write() -> None:
+                def write() -> None:
+                    error = attempt_write(lambda: snapshot.write(data, staging), staging)
+                    error = error or attempt_write(
+                        lambda: self._write(staging, rank_json, state_json), staging
+                    )
+                    if error is not None:
+                        raise _StepFailed(step, *error)
+                    fault_point("checkpoint_staged")
+
+                self.worker.submit(f"writing checkpoint step {step}", write)
+            self.worker.submit(f"committing checkpoint step {step}", lambda: self._commit(step))
+        self.current = self.store.final_path(step)
+        self.blocked_s = time.perf_counter() - started
+        self.total_blocked_s += self.blocked_s
+        self.total_waited_s += self.waited_s
+        blocked, waited = self._untaken or (0.0, 0.0)
+        self._untaken = (blocked + self.blocked_s, waited + self.waited_s)
+        return self.current
+
+    def _write(self, staging: Path, rank_json: str, state_json: str | None) -> None:
+        """This process's files: Accelerate's (unless ASYNC captured them), its own state's, and on
+        the main process the run's."""
+        acc = self.accelerator
+        if self.snapshot is None:
             acc.save_state(str(staging))
-            rank_file = staging / RANK_FILE.format(acc.process_index)
-            rank_file.write_text(json.dumps({"version": STATE_VERSION, **rank_state}), encoding="utf-8")
-            if acc.is_main_process:
-                saved = {
-                    "version": STATE_VERSION,
-                    **state,
-                    "checkpoint_metrics": _json_metrics(self.metric_at),
-                }
-                (staging / STATE_FILE).write_text(json.dumps(saved), encoding="utf-8")
+        (staging / RANK_FILE.format(acc.process_index)).write_text(rank_json, encoding="utf-8")
+        if state_json is not None:
+            (staging / STATE_FILE).write_text(state_json, encoding="utf-8")
 
-        self._agree(step, staging, attempt_write(write, staging))
-        fault_point("checkpoint_staged")
-        final = self.store.final_path(step)
-        error = None
-        if acc.is_main_process:
-            error = attempt_write(lambda: self.store.commit(step, {"global_step": step}), staging)
-        self._agree(step, staging, error)
-        if acc.is_main_process:
-            fault_point("checkpoint_committed")
+    def _commit(self, step: int) -> None:
+        """Background, main process: seal and publish the staged checkpoint, then retention and the
+        upload. A failure removes what was written and is raised on every process by the loop's
+        next agreement (the next checkpoint, or the end of the run)."""
+        staging, final = self.store.staging_path(step), self.store.final_path(step)
+        error = attempt_write(lambda: self.store.commit(step, {"global_step": step}), staging)
+        if error is not None:
+            raise _StepFailed(step, *error)
+        self._committed = final
+        fault_point("checkpoint_committed")
+        with self._metrics_lock:
             self.metric_at.setdefault(step, None)
-            self._apply_retention()
-            if self.uploader is not None:  # in the background: training does not wait on the network
-                self.uploader.submit(final)
-        acc.wait_for_everyone()
-        self.current = final
-        return final
+        self._apply_retention()
+        if self.uploader is not None:  # queued again: training does not wait on the network either
+            self.uploader.submit(final)
 
-    def _agree(self, step: int, staging: Path, error: tuple[str, BaseException] | None) -> None:
-        """Collective: every process learns whether any failed; if one did, the main process removes
-        what was written and every process raises ``CheckpointWriteError``."""
-        mine = error[0] if error is not None else None
-        everyone: list[str | None] = gather_object([mine])
+    def _background_failure(self) -> tuple[int, str, BaseException] | None:
+        """The failure of this process's background work since the last agreement, if any."""
+        failure = self.worker.take_failure()
+        if failure is None:
+            return None
+        cause = failure.__cause__
+        if isinstance(cause, _StepFailed):
+            return cause.step, cause.description, cause.__cause__ or cause
+        step = self.store.step_of(self.current) if self.current is not None else 0
+        return step or 0, f"{failure.what}: {type(cause).__name__}: {cause}", failure
+
+    def _agree(self, failure: tuple[int, str, BaseException] | None) -> None:
+        """Collective: every process learns whether any failed (``failure``: this one's step, error
+        in words and exception); if one did, the main process removes what was written and every
+        process raises ``CheckpointWriteError``."""
+        mine = failure[:2] if failure is not None else None
+        everyone: list[tuple[int, str] | None] = gather_object([mine])
         if not any(everyone):
             return
         acc = self.accelerator
         if acc.is_main_process:
-            shutil.rmtree(staging, ignore_errors=True)
-            final = self.store.final_path(step)
-            if final.is_dir() and not (final / MARKER).exists():  # a commit cut before its marker
-                shutil.rmtree(final, ignore_errors=True)
-        previous = self.current  # the newest committed checkpoint of this run (same on every process)
+            for step in {entry[0] for entry in everyone if entry}:
+                shutil.rmtree(self.store.staging_path(step), ignore_errors=True)
+                final = self.store.final_path(step)
+                if final.is_dir() and not (final / MARKER).exists():  # a commit cut before its marker
+                    shutil.rmtree(final, ignore_errors=True)
         kept = (
-            f"the resume point is still {previous}"
-            if previous is not None
+            f"the resume point is still {self._committed}"
+            if self._committed is not None
             else "there is no earlier checkpoint to resume from"
         )
         if mine is not None:
+            step, what = mine
             message = (
-                f"could not write checkpoint step {step}: {mine}; removed the partial checkpoint; {kept}"
+                f"could not write checkpoint step {step}: {what}; removed the partial checkpoint; {kept}"
             )
         else:
-            rank, theirs = next((r, m) for r, m in enumerate(everyone) if m)
+            rank, (step, theirs) = next((r, m) for r, m in enumerate(everyone) if m)
             message = (
                 f"another process (rank {rank}) failed to write its part of checkpoint step {step} ({theirs}); "
                 f"{kept}"
             )
-        raise CheckpointWriteError(message) from (error[1] if error is not None else None)
+        raise CheckpointWriteError(message) from (failure[2] if failure is not None else None)
 
     def record_validation(self, checkpoint: Path | None, entry: dict[str, Any]) -> None:
-        """Append one completed pass to the journal of the checkpoint it follows (main process)."""
+        """Append one completed pass to the journal of the checkpoint it follows (main process),
+        once that checkpoint is committed (a failed commit leaves nothing to append to: the next
+        agreement reports it)."""
         if checkpoint is None or not self.accelerator.is_main_process:
+            return
+        self.total_waited_s += self.worker.wait()
+        if not (checkpoint / MARKER).is_file():
             return
         line = encode_journal_entry(entry["prefix"], entry["metrics"], self._binding(checkpoint))
         with (checkpoint / JOURNAL_FILE).open("a", encoding="utf-8") as f:
@@ -259,29 +349,39 @@ class Checkpointer:
         return self._bindings[checkpoint]
 
     def record_metric(self, step: int, metrics: dict[str, float]) -> None:
-        """The ranking metric of the checkpoint at ``step`` (known only after its validation)."""
-        if step in self.metric_at and self.ranking_metric in metrics:
-            self.metric_at[step] = metrics[self.ranking_metric]
-            if self.accelerator.is_main_process:
-                self._apply_retention()
-        if self.uploader is not None and self.current is not None and self.current_step == step:
-            self.uploader.submit(self.current)  # again, now with its validation journal
+        """The ranking metric of the checkpoint at ``step`` (known only after its validation);
+        retention and the upload with its journal follow in the background."""
+        if not self.accelerator.is_main_process:
+            return
+        with self._metrics_lock:
+            known = step in self.metric_at and self.ranking_metric in metrics
+            if known:
+                self.metric_at[step] = metrics[self.ranking_metric]
+        if known:
+            self.worker.submit("checkpoint retention", self._apply_retention)
+        current = self.current
+        if self.uploader is not None and current is not None and self.current_step == step:
+            self.worker.submit(f"uploading {current.name}", lambda: self.uploader.submit(current))
 
     def _apply_retention(self) -> None:
+        """Background, main process (the one writer of the checkpoint directory)."""
         ck = self.config.SCHEDULE.CHECKPOINT
         protect = {self.resumed_from} if self.resumed_from is not None else set()
         rejected: list[str] = []
+        with self._metrics_lock:
+            metrics = dict(self.metric_at)
         try:
             deleted = self.store.apply_retention(
-                self.metric_at, ck.KEEP_TOP_N, ck.KEEP_LAST_N, self.mode, protect, rejected
+                metrics, ck.KEEP_TOP_N, ck.KEEP_LAST_N, self.mode, protect, rejected
             )
         except OSError as exc:  # not fatal: the new checkpoint is committed; retention runs again
             log.warning("checkpoint retention could not remove an old checkpoint: %s", exc)
             return
         for message in rejected:
             log.warning("%s", message)
-        for step in deleted:
-            self.metric_at.pop(step, None)
+        with self._metrics_lock:
+            for step in deleted:
+                self.metric_at.pop(step, None)
         if deleted and self.uploader is not None:
             # The bucket keeps the steps rejected here too: its copy may be the intact one.
             rejected_steps = {self.store.step_of(p) for p in self.store.rejected_checkpoints()}
@@ -304,86 +404,12 @@ class Checkpointer:
         return path, skipped
 
     def find(self, explicit: str | Path | None) -> tuple[Path | None, list[str]]:
-        """The checkpoint to resume from and what was skipped on the way (main process).
-
-        Checkpoints that fail verification are moved to ``rejected/`` (never deleted: one of them
-        may hold the only copy of the weights). If the run has checkpoints but none verifies, this
-        raises ``ResumeRefused`` rather than start over from step 0 by surprise."""
-        if explicit is not None:
-            given = Path(explicit)
-            problem = self.store.verify(given, deep=True)
-            if problem is not None:  # the user's own path: reported, never moved
-                raise ResumeRefused(
-                    [("--resume", f"{given} is not a usable checkpoint: {problem}")], "arguments"
-                )
-            return given, []
-        if not self.config.TRAIN.AUTO_RESUME:
-            return None, []
-        path, failed = self.store.newest_verified(deep=True)
-        using = f"using {path.name}" if path is not None else "no older valid checkpoint"
-        skipped: list[str] = []
-        refused: list[str] = []  # committed checkpoints that failed: not a kill's leftovers
-        for bad, problem in failed:
-            committed = (bad / MARKER).is_file()
-            moved = self.store.reject(bad, problem)
-            skipped.append(f"{bad.name}: {problem}; {using}; moved to {moved}")
-            if committed:
-                refused.append(f"{bad.name}: {problem}")
-        if path is None and self.remote is not None:
-            # A fresh node after preemption: the bucket has what the local disk lost.
-            for step in reversed(self.remote.complete_steps()):
-                downloaded = self.remote.download(step, self.store.root)
-                problem = self.store.verify(downloaded, deep=True)
-                if problem is None:
-                    return downloaded, [*skipped, f"none locally; downloaded step {step} from the bucket"]
-                moved = self.store.reject(downloaded, problem)
-                skipped.append(
-                    f"{downloaded.name} from the bucket does not verify: {problem}; moved to {moved}"
-                )
-                refused.append(f"{downloaded.name} (from the bucket): {problem}")
-        if path is None:
-            earlier = [
-                p for p in self.store.rejected_checkpoints() if p.name not in {n.name for n, _ in failed}
-            ]
-            if refused or earlier:
-                raise ResumeRefused([("", self._refusal(refused, earlier))])
-        return path, skipped
-
-    def _refusal(self, refused: list[str], earlier: list[Path]) -> str:
-        root, rejected = self.store.root, self.store.rejected_root
-        if refused:
-            noun = "checkpoint" if len(refused) == 1 else f"{len(refused)} checkpoints"
-            what = (
-                f"none of the {noun} in {root} verifies: {'; '.join(refused)}; they were moved to {rejected}"
-            )
-        else:
-            names = ", ".join(p.name for p in earlier)
-            what = (
-                f"no checkpoint in {root} verifies; {rejected} holds the run's checkpoints that failed "
-                f"verification before ({names}; REJECTED.txt in each says why)"
-            )
-        return (
-            f"{what}. Nothing was deleted and training did not start over from step 0: pass --overwrite to "
-            "start over (deleting them), or --resume PATH to resume from a checkpoint you trust"
-        )
+        """The checkpoint to resume from and what was skipped on the way (main process)."""
+        return find_checkpoint(self.store, self.remote, self.config.TRAIN.AUTO_RESUME, explicit)
 
     def discard_after(self, step: int) -> list[int]:
-        """Before resuming at ``step`` (main process): drop checkpoints newer than ``step``, whose
-        futures the resumed run recomputes (and would otherwise collide with), and what an
-        interrupted delete left. Newer ones that fail verification are moved to ``rejected/``."""
-        self.store.remove_incomplete(before=step)  # deletes cut short: their markers were already gone
-        deleted = []
-        for s, path in self.store.step_dirs():
-            if s <= step:
-                continue
-            problem = self.store.verify(path, deep=True)
-            if problem is None:
-                self.store.delete(s)
-                deleted.append(s)
-            else:
-                moved = self.store.reject(path, problem)
-                log.warning("%s: %s; moved to %s", path.name, problem, moved)
-        return deleted
+        """Before resuming at ``step`` (main process): drop the checkpoints after it."""
+        return discard_after(self.store, step)
 
     def read_state(self, path: Path) -> dict[str, Any]:
         """Our JSON state of the checkpoint at ``path`` (``check_state`` has passed for it)."""
@@ -403,7 +429,7 @@ class Checkpointer:
         state = self.read_state(path)
         self.metric_at = {int(k): v for k, v in state.get("checkpoint_metrics", {}).items()}
         self.resumed_from = int(state["progress"]["global_step"])
-        self.current = path
+        self.current = self._committed = path
         return state
 
     def rank_states(self, path: Path) -> list[dict[str, Any]]:

@@ -320,6 +320,7 @@ class Trainer:
             what = f"the training loss was {bad.value} at step {step - bad.steps_ago}"
             raise self.nonfinite.failure(what, self.checkpointer.current) from None
         self.progress.tokens_seen = int(metrics.get("tokens_seen", self.progress.tokens_seen))
+        metrics.update(self.checkpointer.take_timings())
         self.out.log(metrics, step)
         shown = {"loss": f"{metrics['train/loss']:.4f}", "lr": f"{metrics['lr/default']:.2e}"}
         self.out.advance(1, epoch, {**shown, "samples/s": f"{metrics['perf/samples_per_s']:.0f}"})
@@ -537,7 +538,7 @@ class Trainer:
         acc, progress = self.accelerator, self.progress
         preempted = stop is not None and stop.reason == "preempted"
         progress.tokens_seen += self.meter.take_tokens()
-        acc.wait_for_everyone()
+        self.checkpointer.settle()  # the last checkpoint is committed, or every process stops here
         if not preempted:  # a preempted run's weights are in its last checkpoint
             self.nonfinite.check(progress.global_step, "the final weights", self.checkpointer.current)
             # A compiled model's weights under the model's own names (no "_orig_mod." prefix);
@@ -547,6 +548,8 @@ class Trainer:
         status = "preempted" if preempted else ("early_stopped" if stop is not None else "completed")
         summary = self._summary(status, stop)
         summary["remote_sync_errors"] = self.checkpointer.close()
+        summary["checkpoint_blocked_s"] = round(self.checkpointer.total_blocked_s, 3)
+        summary["checkpoint_wait_s"] = round(self.checkpointer.total_waited_s, 3)
         self.out.write_json("summary.json", summary)
         self._tear_down()
         self.out.close()

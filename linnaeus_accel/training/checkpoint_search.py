@@ -1,0 +1,107 @@
+"""Which checkpoint a run resumes from (main process): the newest that verifies locally, else the
+newest in the bucket; and what is cleared before resuming. Checkpoints that fail verification are
+moved to ``rejected/``, never deleted (one may hold the only copy of the weights); a run whose
+checkpoints all fail refuses to start over from step 0 (``ResumeRefused``)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..checkpoint import MARKER, CheckpointStore
+from ..config import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+class ResumeRefused(ConfigError):
+    """No checkpoint to resume from although the run has some (every one failed verification), or
+    ``--resume`` names one that does not verify. Picklable, so that every process can raise it."""
+
+    def __init__(self, problems: Sequence[tuple[str, str]], source: str = "resume") -> None:
+        super().__init__(problems, source)
+        self.source = source
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.problems, self.source))
+
+
+def find_checkpoint(
+    store: CheckpointStore, remote: Any, auto_resume: bool, explicit: str | Path | None
+) -> tuple[Path | None, list[str]]:
+    """The checkpoint to resume from and what was skipped on the way (main process).
+
+    Checkpoints that fail verification are moved to ``rejected/`` (never deleted: one of them
+    may hold the only copy of the weights). If the run has checkpoints but none verifies, this
+    raises ``ResumeRefused`` rather than start over from step 0 by surprise."""
+    if explicit is not None:
+        given = Path(explicit)
+        problem = store.verify(given, deep=True)
+        if problem is not None:  # the user's own path: reported, never moved
+            raise ResumeRefused([("--resume", f"{given} is not a usable checkpoint: {problem}")], "arguments")
+        return given, []
+    if not auto_resume:
+        return None, []
+    path, failed = store.newest_verified(deep=True)
+    using = f"using {path.name}" if path is not None else "no older valid checkpoint"
+    skipped: list[str] = []
+    refused: list[str] = []  # committed checkpoints that failed: not a kill's leftovers
+    for bad, problem in failed:
+        committed = (bad / MARKER).is_file()
+        moved = store.reject(bad, problem)
+        skipped.append(f"{bad.name}: {problem}; {using}; moved to {moved}")
+        if committed:
+            refused.append(f"{bad.name}: {problem}")
+    if path is None and remote is not None:
+        # A fresh node after preemption: the bucket has what the local disk lost.
+        for step in reversed(remote.complete_steps()):
+            downloaded = remote.download(step, store.root)
+            problem = store.verify(downloaded, deep=True)
+            if problem is None:
+                return downloaded, [*skipped, f"none locally; downloaded step {step} from the bucket"]
+            moved = store.reject(downloaded, problem)
+            skipped.append(f"{downloaded.name} from the bucket does not verify: {problem}; moved to {moved}")
+            refused.append(f"{downloaded.name} (from the bucket): {problem}")
+    if path is None:
+        earlier = [p for p in store.rejected_checkpoints() if p.name not in {n.name for n, _ in failed}]
+        if refused or earlier:
+            raise ResumeRefused([("", _refusal(store, refused, earlier))])
+    return path, skipped
+
+
+def _refusal(store: CheckpointStore, refused: list[str], earlier: list[Path]) -> str:
+    root, rejected = store.root, store.rejected_root
+    if refused:
+        noun = "checkpoint" if len(refused) == 1 else f"{len(refused)} checkpoints"
+        what = f"none of the {noun} in {root} verifies: {'; '.join(refused)}; they were moved to {rejected}"
+    else:
+        names = ", ".join(p.name for p in earlier)
+        what = (
+            f"no checkpoint in {root} verifies; {rejected} holds the run's checkpoints that failed "
+            f"verification before ({names}; REJECTED.txt in each says why)"
+        )
+    return (
+        f"{what}. Nothing was deleted and training did not start over from step 0: pass --overwrite to "
+        "start over (deleting them), or --resume PATH to resume from a checkpoint you trust"
+    )
+
+
+def discard_after(store: CheckpointStore, step: int) -> list[int]:
+    """Before resuming at ``step`` (main process): drop checkpoints newer than ``step``, whose
+    futures the resumed run recomputes (and would otherwise collide with), and what an
+    interrupted delete left. Newer ones that fail verification are moved to ``rejected/``."""
+    store.remove_incomplete(before=step)  # deletes cut short: their markers were already gone
+    deleted = []
+    for s, path in store.step_dirs():
+        if s <= step:
+            continue
+        problem = store.verify(path, deep=True)
+        if problem is None:
+            store.delete(s)
+            deleted.append(s)
+        else:
+            moved = store.reject(path, problem)
+            log.warning("%s: %s; moved to %s", path.name, problem, moved)
+    return deleted

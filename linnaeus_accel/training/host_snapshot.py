@@ -1,0 +1,189 @@
+"""``SCHEDULE.CHECKPOINT.ASYNC``: ``accelerator.save_state`` split in two halves. ``capture`` copies
+what it would save into host memory (pinned on CUDA), which is all the loop waits for; ``write``
+saves the copy from a background thread with Accelerate's own saving function
+(``save_accelerator_state``), so the files are exactly what ``load_state`` reads.
+
+Copies go into buffers kept from one checkpoint to the next: the loop starts the next checkpoint
+only after the previous write finished (``SerialWorker``), and refilling warm memory is several
+times faster than touching fresh pages. Tensors that share storage (tied weights) share one copy,
+so Accelerate drops the duplicate names from the safetensors file as it does for the live model.
+
+Only the main process uses this: under DDP the other processes write nothing but their RNG state,
+which they save in the loop as before. Sharded backends (FSDP, DeepSpeed) save collectively and are
+refused with ASYNC at start (``backends``).
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from collections import OrderedDict
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from accelerate import Accelerator
+from accelerate.checkpointing import save_accelerator_state, save_custom_state
+from accelerate.utils import RNG_STATE_NAME
+
+
+class _Frozen:
+    """Stands in for an optimizer, scheduler, scaler or registered object: Accelerate's saving
+    functions only call ``state_dict()`` on them."""
+
+    def __init__(self, state: Any) -> None:
+        self._state = state
+
+    def state_dict(self) -> Any:
+        return self._state
+
+
+class _FrozenLoader:
+    """Stands in for a prepared DataLoader: what ``save_accelerator_state`` reads of one."""
+
+    def __init__(self, loader: Any) -> None:
+        self.dataset = loader.dataset  # read only for its type
+        self.use_stateful_dataloader = bool(getattr(loader, "use_stateful_dataloader", False))
+        self._sampler = copy.deepcopy(loader.get_sampler()) if hasattr(loader, "get_sampler") else None
+        self._state = copy.deepcopy(loader.state_dict()) if self.use_stateful_dataloader else None
+
+    def get_sampler(self) -> Any:
+        return self._sampler
+
+    def state_dict(self) -> Any:
+        return self._state
+
+
+@dataclass
+class Captured:
+    """Everything ``save_state`` would write on this process, as of the instant of ``capture``."""
+
+    weights: list[Any]
+    optimizers: list[_Frozen]
+    schedulers: list[_Frozen]
+    loaders: list[_FrozenLoader]
+    scaler: _Frozen | None
+    customs: list[_Frozen]
+    rng: dict[str, Any]
+    step: int
+    ready: Any = None  # a CUDA event the device-to-host copies complete at (None on a CPU)
+    sizes: dict[str, int] = field(default_factory=dict)
+
+
+class HostSnapshot:
+    def __init__(self, accelerator: Accelerator) -> None:
+        self.accelerator = accelerator
+        self._buffers: dict[Hashable, torch.Tensor] = {}
+        self._pin = torch.cuda.is_available() and accelerator.device.type == "cuda"
+
+    def capture(self, output_dir: Path) -> Captured:
+        """Copy the state to host memory (the loop's only wait), running Accelerate's save hooks on
+        the copied weights as ``save_state`` does before it writes."""
+        acc = self.accelerator
+        shared: dict[tuple[Any, ...], torch.Tensor] = {}
+        weights = [
+            self._copy(acc.get_state_dict(model, unwrap=False), ("model", i), shared)
+            for i, model in enumerate(acc._models)
+        ]
+        for hook in acc._save_model_state_pre_hook.values():
+            hook(acc._models, weights, str(output_dir))
+        captured = Captured(
+            weights=weights,
+            optimizers=[
+                _Frozen(self._copy(opt.state_dict(), ("optimizer", i), shared))
+                for i, opt in enumerate(acc._optimizers)
+            ],
+            schedulers=[_Frozen(copy.deepcopy(s.state_dict())) for s in acc._schedulers],
+            loaders=[_FrozenLoader(loader) for loader in acc._dataloaders],
+            scaler=_Frozen(copy.deepcopy(acc.scaler.state_dict())) if acc.scaler is not None else None,
+            customs=[
+                _Frozen(self._copy(obj.state_dict(), ("custom", i), shared))
+                for i, obj in enumerate(acc._custom_objects)
+            ],
+            rng=_rng_states(acc.step),
+            step=acc.step,
+        )
+        if self._pin:
+            captured.ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            captured.ready.record()
+        return captured
+
+    def write(self, captured: Captured, output_dir: Path) -> None:
+        """Write ``captured`` into ``output_dir`` as ``save_state`` would have (background thread)."""
+        if captured.ready is not None:
+            captured.ready.synchronize()
+        acc = self.accelerator
+        on_each_node = acc.project_configuration.save_on_each_node
+        save_accelerator_state(
+            str(output_dir),
+            captured.weights,
+            captured.optimizers,
+            captured.schedulers,
+            captured.loaders,
+            acc.process_index,
+            captured.step,
+            captured.scaler,
+            save_on_each_node=on_each_node,
+            safe_serialization=True,
+        )
+        # save_accelerator_state read the RNG now, on this thread; the loop's states are those
+        # of the capture instant, written over its file under the same name and layout.
+        torch.save(captured.rng, Path(output_dir) / f"{RNG_STATE_NAME}_{acc.process_index}.pkl")
+        for i, obj in enumerate(captured.customs):
+            save_custom_state(obj, str(output_dir), i, save_on_each_node=on_each_node)
+
+    def _copy(self, value: Any, path: tuple[Any, ...], shared: dict[tuple[Any, ...], torch.Tensor]) -> Any:
+        """``value`` with every tensor copied to host memory (containers rebuilt, others deep-copied)."""
+        if isinstance(value, torch.Tensor):
+            return self._copy_tensor(value, path, shared)
+        if isinstance(value, dict):
+            out = value.__class__() if isinstance(value, OrderedDict) else {}
+            for key, item in value.items():
+                out[key] = self._copy(item, (*path, key), shared)
+            if hasattr(value, "_metadata"):  # module versions, kept by torch.save
+                out._metadata = copy.deepcopy(value._metadata)  # type: ignore[attr-defined]
+            return out
+        if isinstance(value, (list, tuple)):
+            items = [self._copy(item, (*path, i), shared) for i, item in enumerate(value)]
+            return items if isinstance(value, list) else tuple(items)
+        return copy.deepcopy(value)
+
+    def _copy_tensor(
+        self, tensor: torch.Tensor, path: tuple[Any, ...], shared: dict[tuple[Any, ...], torch.Tensor]
+    ) -> torch.Tensor:
+        tensor = tensor.detach()
+        if tensor.numel() == 0:  # no storage to share (every empty tensor's data_ptr is 0)
+            return torch.empty(tensor.shape, dtype=tensor.dtype)
+        view = (
+            tensor.device,
+            tensor.untyped_storage().data_ptr(),
+            tensor.storage_offset(),
+            tuple(tensor.shape),
+            tuple(tensor.stride()),
+            tensor.dtype,
+        )
+        if view in shared:  # tied weights: one copy, as one storage
+            return shared[view]
+        buffer = self._buffers.get(path)
+        if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
+            buffer = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=self._pin)
+            self._buffers[path] = buffer
+        buffer.copy_(tensor, non_blocking=self._pin)
+        shared[view] = buffer
+        return buffer
+
+
+def _rng_states(step: int) -> dict[str, Any]:
+    """The RNG states ``save_accelerator_state`` saves, read now (same keys, same file layout)."""
+    states: dict[str, Any] = {
+        "step": step,
+        "random_state": random.getstate(),
+        "numpy_random_seed": np.random.get_state(),
+        "torch_manual_seed": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        states["torch_cuda_manual_seed"] = torch.cuda.get_rng_state_all()
+    return states
