@@ -95,6 +95,12 @@ def keys(problems: list[tuple[str, str]]) -> list[str]:
         (DistributedType.MULTI_GPU, None, ["LOSS.GRAD_WEIGHTING.TASK.GRADNORM_ENABLED", "true"], []),
         # FSDP itself asks nothing else of the config.
         (DistributedType.FSDP, None, ["TRAIN.NONFINITE", "skip"], []),
+        # ASYNC checkpoints: FSDP and DeepSpeed save collectively, which a background thread cannot...
+        (DistributedType.FSDP, None, ["SCHEDULE.CHECKPOINT.ASYNC", "true"], ["SCHEDULE.CHECKPOINT.ASYNC"]),
+        (DS, ZERO2, ["SCHEDULE.CHECKPOINT.ASYNC", "true"], ["SCHEDULE.CHECKPOINT.ASYNC"]),
+        # ...DDP and a single process can: only process 0 writes the model and optimizer.
+        (DistributedType.MULTI_GPU, None, ["SCHEDULE.CHECKPOINT.ASYNC", "true"], []),
+        (DistributedType.NO, None, ["SCHEDULE.CHECKPOINT.ASYNC", "true"], []),
     ],
 )
 def test_backend_problems(

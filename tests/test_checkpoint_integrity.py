@@ -50,7 +50,7 @@ from test_resume import (
     summary,
 )
 
-from linnaeus_accel.checkpoint import MARKER, CheckpointStore
+from linnaeus_accel.checkpoint import MARKER, CheckpointStore, file_digest
 from linnaeus_accel.config import load_config
 from linnaeus_accel.training.checkpoint_state import (
     STATE_VERSION,
@@ -441,7 +441,7 @@ def reseal(checkpoint: Path) -> None:
     marker = json.loads((checkpoint / MARKER).read_text(encoding="utf-8"))
     for entry in marker["files"]:
         data = (checkpoint / entry["path"]).read_bytes()
-        entry.update(size=len(data), sha256=hashlib.sha256(data).hexdigest())
+        entry.update(dict([file_digest(data)]), size=len(data))
     (checkpoint / MARKER).write_text(json.dumps(marker), encoding="utf-8")
 
 

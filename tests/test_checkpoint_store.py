@@ -26,7 +26,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from linnaeus_accel.checkpoint import MARKER, CheckpointStore, read_marker, retained
+from linnaeus_accel.checkpoint import MARKER, CheckpointStore, file_digest, read_marker, retained
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -80,17 +80,31 @@ def test_commit_publishes_a_verified_checkpoint_named_by_step(tmp_path: Path) ->
     assert MARKER not in paths
     model = next(f for f in marker["files"] if f["path"] == "model.safetensors")
     data = (final / "model.safetensors").read_bytes()
-    assert model == {
-        "path": "model.safetensors",
-        "size": len(data),
-        "sha256": hashlib.sha256(data).hexdigest(),
-    }
+    assert model == {"path": "model.safetensors", "size": len(data), **dict([file_digest(data)])}
     # The marker is the last thing written.
     marker_time = (final / MARKER).stat().st_mtime_ns
     assert all(p.stat().st_mtime_ns <= marker_time for p in final.rglob("*") if p.is_file())
     assert sorted(p.name for p in final.iterdir()) == sorted(
         [MARKER, "model.safetensors", "optimizer.bin", "random_states_0.pkl", "sharded", "trainer_state.json"]
     )
+
+
+def test_a_checkpoint_sealed_with_sha256_digests_still_verifies(tmp_path: Path) -> None:
+    """Markers written before XXH3-128 carry SHA-256 digests: they verify, and damage shows."""
+    store = CheckpointStore(tmp_path / "checkpoints")
+    final = save(store, 7)
+    marker = json.loads((final / MARKER).read_text())
+    for entry in marker["files"]:
+        del entry["xxh3_128"]
+        entry["sha256"] = hashlib.sha256((final / entry["path"]).read_bytes()).hexdigest()
+    (final / MARKER).write_text(json.dumps(marker))
+    assert store.verify(final) is None
+    _flip_byte(final)
+    assert (store.verify(final) or "").endswith(": checksum mismatch")
+    # An entry with both digests (or neither) is malformed, not silently half-checked.
+    marker["files"][0]["xxh3_128"] = "0" * 32
+    (final / MARKER).write_text(json.dumps(marker))
+    assert "malformed file entry" in (store.verify(final) or "")
 
 
 def test_staging_dir_starts_empty(tmp_path: Path) -> None:
@@ -248,7 +262,7 @@ def _reseal(d: Path) -> None:
     marker = json.loads((d / MARKER).read_text())
     for entry in marker["files"]:
         data = (d / entry["path"]).read_bytes()
-        entry.update(size=len(data), sha256=hashlib.sha256(data).hexdigest())
+        entry.update(dict([file_digest(data)]), size=len(data))
     (d / MARKER).write_text(json.dumps(marker))
 
 

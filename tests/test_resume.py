@@ -27,7 +27,6 @@ module. Every subprocess writes its console to a file under the test's directory
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import pickle
@@ -46,6 +45,8 @@ from typing import Any
 
 import psutil  # type: ignore[import-untyped]  # an Accelerate dependency
 import pytest
+
+from linnaeus_accel.checkpoint import file_digest
 
 REPO = Path(__file__).resolve().parent.parent
 CFG = str(REPO / "configs" / "default.yaml")
@@ -528,7 +529,7 @@ def forge_manifest(checkpoint: Path, relative: str) -> None:
     data = (checkpoint / relative).read_bytes()
     for entry in marker["files"]:
         if entry["path"] == relative:
-            entry.update(size=len(data), sha256=hashlib.sha256(data).hexdigest())
+            entry.update(dict([file_digest(data)]), size=len(data))
     marker_path.write_text(json.dumps(marker), encoding="utf-8")
 
 

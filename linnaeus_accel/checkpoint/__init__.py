@@ -5,6 +5,15 @@
 """
 
 from .retention import Mode, retained
-from .store import MARKER, CheckpointStore, MarkerError, read_marker, step_name
+from .store import MARKER, CheckpointStore, MarkerError, file_digest, read_marker, step_name
 
-__all__ = ["MARKER", "CheckpointStore", "MarkerError", "Mode", "read_marker", "retained", "step_name"]
+__all__ = [
+    "MARKER",
+    "CheckpointStore",
+    "MarkerError",
+    "Mode",
+    "file_digest",
+    "read_marker",
+    "retained",
+    "step_name",
+]

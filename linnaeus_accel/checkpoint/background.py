@@ -29,7 +29,8 @@ class JobFailed(Exception):
 
 
 class SerialWorker:
-    """Runs submitted jobs one after another on a single thread started on first use.
+    """Runs submitted jobs one after another on a single thread, started when a job is queued and
+    ended when the queue is empty.
 
     A job that raises stops the queue: the jobs after it belong to the checkpoint that failed or
     would act on a directory in an unknown state, so they are dropped, and the failure is kept for
@@ -79,7 +80,9 @@ class SerialWorker:
     def _run(self) -> None:
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: bool(self._jobs))
+                if not self._jobs:  # idle: the thread ends (none lingers into interpreter shutdown)
+                    self._thread = None
+                    return
                 what, job = self._jobs.popleft()
                 self._busy = True
             try:

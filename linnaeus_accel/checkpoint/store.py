@@ -5,7 +5,7 @@ Layout under ``root = <output_dir>/checkpoints``::
     .staging-step_00001234/   being written (save_state of every process + trainer_state.json)
     .deleting-step_00001000/  being deleted (marker already gone)
     step_00001234/            published; complete only once COMMITTED.json exists and verifies
-        COMMITTED.json        {"version": 1, "step": 1234, "files": [{path, size, sha256}], "info": {}}
+        COMMITTED.json        {"version": 1, "step": 1234, "files": [{path, size, xxh3_128}], "info": {}}
     rejected/step_00001100/   failed verification (or never got its marker): moved aside, never
         REJECTED.txt          deleted by us; says why and when
 
@@ -14,7 +14,13 @@ or collide on resume). Commit: hash and fsync every staged file, rename staging 
 fsync the parent, then write the marker atomically, last. A kill -9 at any instant leaves no marker
 (ignored) or a marker whose files are all there. Deletion removes the marker first.
 
-Verification covers every byte a resume reads: each file the manifest lists (size, sha256), no
+Files are hashed with XXH3-128: it detects damage (a flipped bit, a truncated or swapped file) as
+surely as SHA-256 (no accidental collision in 2**128), at ~10x the speed, and it runs on every byte
+of every checkpoint; neither proves who wrote a file (anyone can recompute either). Markers written
+before it carry SHA-256 digests and still verify. Files are hashed and fsynced on a few threads, so
+that one file's fsync (waiting on the disk) overlaps another's hashing.
+
+Verification covers every byte a resume reads: each file the manifest lists (size, digest), no
 file it does not list (except one journal file the owner names, appended after the commit and
 verified line by line by its owner), and whatever else the owner's ``check`` says of its own files.
 A checkpoint that fails is never deleted by the store (it may be the only copy of a run's weights):
@@ -35,8 +41,11 @@ import re
 import shutil
 import time
 from collections.abc import Callable, Collection, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 from typing import Any
+
+import xxhash
 
 from .retention import Mode, retained
 
@@ -48,9 +57,12 @@ _TRASH_PREFIX = ".deleting-"  # a checkpoint being deleted: renamed out of the w
 REJECTED_DIR = "rejected"
 REJECTED_NOTE = "REJECTED.txt"
 _NAME = re.compile(r"step_(\d{8,})")
-_CHUNK = 1 << 20
+_CHUNK = 4 << 20
+_HASH_THREADS = 4
+DIGEST = "xxh3_128"  # the digest new markers carry; "sha256" in markers from before it
+_DIGESTS: dict[str, Callable[[], Any]] = {"xxh3_128": xxhash.xxh3_128, "sha256": hashlib.sha256}
 
-FileEntry = dict[str, Any]  # {"path": posix relative path, "size": int, "sha256": hex}
+FileEntry = dict[str, Any]  # {"path": posix relative path, "size": int, DIGEST: hex}
 
 
 class MarkerError(ValueError):
@@ -81,9 +93,12 @@ def read_marker(path: Path) -> dict[str, Any]:
     if not isinstance(data.get("files"), list) or not data["files"]:
         raise MarkerError(f"{MARKER} has no file list")
     for entry in data["files"]:
-        types = (str, int, str)
-        if not isinstance(entry, dict) or not all(
-            isinstance(entry.get(k), t) for k, t in zip(("path", "size", "sha256"), types, strict=True)
+        if (
+            not isinstance(entry, dict)
+            or not isinstance(entry.get("path"), str)
+            or type(entry.get("size")) is not int
+            or len(digests := [k for k in _DIGESTS if k in entry]) != 1
+            or not isinstance(entry[digests[0]], str)
         ):
             raise MarkerError(f"{MARKER} has a malformed file entry: {entry!r}"[:200])
         rel = PurePosixPath(entry["path"])
@@ -175,21 +190,27 @@ class CheckpointStore:
         if (staging / MARKER).exists() or (staging / _MARKER_TMP).exists():
             # It would make the directory look complete the moment it is renamed.
             raise ValueError(f"{staging} already contains {MARKER}")
-        manifest: list[FileEntry] = []
+        files: list[Path] = []
+        dirs: list[Path] = []
         for dirpath, dirnames, filenames in os.walk(staging):
             dirnames.sort()
             here = Path(dirpath)
+            dirs.append(here)
             for name in sorted(filenames):
                 file = here / name
                 if file.is_symlink() or not file.is_file():
                     raise ValueError(f"{file} is not a regular file; checkpoints hold regular files only")
-                size, digest = _hash_file(file, sync=True)
-                manifest.append(
-                    {"path": file.relative_to(staging).as_posix(), "size": size, "sha256": digest}
-                )
-            _fsync_dir(here)  # the entries of files created in it
-        if not manifest:
+                files.append(file)
+        if not files:
             raise ValueError(f"{staging} is empty: nothing was saved into it")
+        with ThreadPoolExecutor(min(_HASH_THREADS, len(files))) as pool:
+            sealed = list(pool.map(lambda file: _hash_file(file, sync=True), files))
+        for here in dirs:
+            _fsync_dir(here)  # the entries of files created in it
+        manifest = [
+            {"path": file.relative_to(staging).as_posix(), "size": size, DIGEST: digest}
+            for file, (size, digest) in zip(files, sealed, strict=True)
+        ]
         return sorted(manifest, key=lambda entry: str(entry["path"]))
 
     def _publish(self, staging: Path, final: Path) -> None:
@@ -324,7 +345,7 @@ class CheckpointStore:
 
     def verify(self, path: Path | str, *, deep: bool = True) -> str | None:
         """None if ``path`` is a complete checkpoint, else what is wrong with it: every manifest file
-        exists with its size and, with ``deep`` (reads everything), its sha256; no other file is
+        exists with its size and, with ``deep`` (reads everything), its digest; no other file is
         there but the journal; and the owner's ``check`` passes."""
         path = Path(path)
         try:
@@ -347,7 +368,8 @@ class CheckpointStore:
             size = file.stat().st_size
             if size != entry["size"]:
                 return f"{entry['path']}: size {size} != {entry['size']}"
-            if deep and _hash_file(file, sync=False)[1] != entry["sha256"]:
+            algorithm = DIGEST if DIGEST in entry else "sha256"
+            if deep and _hash_file(file, sync=False, algorithm=algorithm)[1] != entry[algorithm]:
                 return f"{entry['path']}: checksum mismatch"
         return self.check(path) if self.check is not None else None
 
@@ -391,16 +413,26 @@ class CheckpointStore:
         return None, failed
 
 
-def _hash_file(file: Path, *, sync: bool) -> tuple[int, str]:
-    """Size and sha256 of ``file``, streamed; with ``sync`` also fsync it (same open, one pass)."""
-    digest, size = hashlib.sha256(), 0
-    with file.open("rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-            size += len(chunk)
+def file_digest(data: bytes, algorithm: str = DIGEST) -> tuple[str, str]:
+    """``(manifest key, hex digest)`` of ``data``, as a marker's file entry carries it."""
+    digest = _DIGESTS[algorithm]()
+    digest.update(data)
+    return algorithm, str(digest.hexdigest())
+
+
+def _hash_file(file: Path, *, sync: bool, algorithm: str = DIGEST) -> tuple[int, str]:
+    """Size and digest of ``file``, streamed through one buffer; with ``sync`` also fsync it (same
+    open, one pass)."""
+    digest, size = _DIGESTS[algorithm](), 0
+    buffer = bytearray(_CHUNK)
+    view = memoryview(buffer)
+    with file.open("rb", buffering=0) as f:
+        while n := f.readinto(buffer):
+            digest.update(view[:n])
+            size += n
         if sync:
             os.fsync(f.fileno())
-    return size, digest.hexdigest()
+    return size, str(digest.hexdigest())
 
 
 def _fsync_dir(path: Path) -> None:

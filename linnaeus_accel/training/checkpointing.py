@@ -155,6 +155,7 @@ class Checkpointer:
         self.total_blocked_s = 0.0
         self.total_waited_s = 0.0
         self._untaken: tuple[float, float] | None = None  # (blocked, waited) since take_timings
+        self.committed_at = 0.0
 
     def _remote(self, remote: Any) -> tuple[Any, Any]:
         bucket = self.config.ENV.OUTPUT.BUCKET
@@ -274,6 +275,7 @@ class Checkpointer:
         if error is not None:
             raise _StepFailed(step, *error)
         self._committed = final
+        self.committed_at = time.perf_counter()  # for benchmarks: a save's start to its commit
         fault_point("checkpoint_committed")
         with self._metrics_lock:
             self.metric_at.setdefault(step, None)

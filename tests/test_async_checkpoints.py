@@ -1,0 +1,122 @@
+"""Checkpoints off the critical path (issue 10). The kill tests of both modes are in
+test_resume.py; here: ASYNC writes exactly the files ``save_state`` writes, the time the loop was
+blocked and waited is logged, and a slow commit makes the next checkpoint wait (one at a time)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from accelerate import Accelerator
+from accelerate.state import AcceleratorState, GradientState
+
+from linnaeus_accel.checkpoint import MARKER, CheckpointStore
+from linnaeus_accel.cli import main
+from linnaeus_accel.config import load_config
+from linnaeus_accel.training.checkpointing import Checkpointer
+
+REPO = Path(__file__).resolve().parent.parent
+CFG = str(REPO / "configs" / "default.yaml")
+# 12 steps per epoch, 2 epochs: checkpoints mid-epoch at 5, 10, 15, 20 and at the end (24); all kept.
+OPTS = [
+    "TRAIN.EPOCHS", "2",
+    "DATA.BATCH_SIZE", "128",
+    "SCHEDULE.CHECKPOINT.INTERVAL_STEPS", "5",
+    "SCHEDULE.CHECKPOINT.INTERVAL_EPOCHS", "null",
+    "SCHEDULE.CHECKPOINT.MID_EPOCH", "true",
+    "SCHEDULE.CHECKPOINT.KEEP_LAST_N", "0",
+    "SCHEDULE.CHECKPOINT.KEEP_TOP_N", "0",
+    "SCHEDULE.METRICS.STEP_INTERVAL", "3",
+]  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def fresh_accelerate_state() -> Iterator[None]:
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    yield
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+
+
+def train(base: Path, *opts: str) -> Path:
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    assert main(["train", "--cfg", CFG, "--opts", "ENV.OUTPUT.BASE_DIR", str(base), *OPTS, *opts]) == 0
+    return base / "digits_default"
+
+
+def digests(checkpoint: Path) -> dict[str, str]:
+    marker = json.loads((checkpoint / MARKER).read_text(encoding="utf-8"))
+    return {entry["path"]: entry["xxh3_128"] for entry in marker["files"]}
+
+
+@pytest.mark.slow
+def test_async_writes_the_files_save_state_writes_and_logs_the_time_blocked(tmp_path: Path) -> None:
+    default = train(tmp_path / "default")
+    asynchronous = train(tmp_path / "async", "SCHEDULE.CHECKPOINT.ASYNC", "true")
+
+    steps = CheckpointStore(default / "checkpoints").complete_steps()
+    assert steps == [5, 10, 15, 20, 24]
+    assert CheckpointStore(asynchronous / "checkpoints").complete_steps() == steps
+    for step in steps:
+        name = f"checkpoints/step_{step:08d}"
+        ours, theirs = digests(asynchronous / name), digests(default / name)
+        # Model, optimizer and RNG files byte for byte; only our own state (its config) differs.
+        assert sorted(ours) == sorted(theirs)
+        assert {p for p in ours if ours[p] != theirs[p]} == {"trainer_state.json"}, step
+    weights = "final/model.safetensors"
+    assert (asynchronous / weights).read_bytes() == (default / weights).read_bytes()
+
+    for run in (default, asynchronous):
+        records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        train_records = [r for r in records if "train/loss" in r]
+        timed = [r["global_step"] for r in train_records if "perf/checkpoint_blocked_s" in r]
+        # The first train record after each checkpoint carries its timings (a step's metrics are
+        # logged before its checkpoint; 24 is the last step).
+        assert timed == [6, 12, 18, 21], timed
+        for record in train_records:
+            if "perf/checkpoint_blocked_s" in record:
+                assert 0 < record["perf/checkpoint_blocked_s"] < 30
+                assert 0 <= record["perf/checkpoint_wait_s"] < 30
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["checkpoint_blocked_s"] > 0
+        assert summary["checkpoint_wait_s"] >= 0
+
+
+def test_the_next_checkpoint_waits_for_a_slow_commit_and_says_how_long(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = load_config(CFG, ["ENV.OUTPUT.BASE_DIR", str(tmp_path), "EXPERIMENT.NAME", "run"])
+    acc = Accelerator(cpu=True)
+    acc.prepare(torch.nn.Linear(4, 4), torch.optim.AdamW(torch.nn.Linear(4, 4).parameters()))
+    checkpointer = Checkpointer(acc, config)
+    commit = CheckpointStore.commit
+
+    def slow_commit(store: CheckpointStore, *args: Any, **kwargs: Any) -> Path:
+        time.sleep(0.5)  # a slow disk
+        return commit(store, *args, **kwargs)
+
+    monkeypatch.setattr(CheckpointStore, "commit", slow_commit)
+
+    def state(step: int) -> dict[str, Any]:
+        return {"progress": {"global_step": step, "epoch": 0, "batches_seen_in_epoch": step}}
+
+    started = time.perf_counter()
+    first = checkpointer.save(1, state(1), {"meter": None, "data": None})
+    assert time.perf_counter() - started < 0.5  # the loop did not wait for the commit
+    assert not (first / MARKER).exists()  # still committing
+    checkpointer.save(2, state(2), {"meter": None, "data": None})
+    assert checkpointer.waited_s >= 0.3  # the second waited for the first
+    assert (first / MARKER).is_file()
+    timings = checkpointer.take_timings()
+    assert timings["perf/checkpoint_wait_s"] >= 0.3
+    assert timings["perf/checkpoint_blocked_s"] < timings["perf/checkpoint_wait_s"]
+    assert checkpointer.take_timings() == {}  # once
+    checkpointer.settle()
+    assert CheckpointStore(tmp_path / "run" / "checkpoints").complete_steps() == [1, 2]
