@@ -17,8 +17,10 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
+from ..checkpoint import CheckpointStore, MarkerError, read_marker
 from ..progress import TrainingStage
 
 STATE_FILE = "trainer_state.json"
@@ -306,3 +308,43 @@ def _line_problem(raw: bytes, binding: str, entries: list[dict[str, Any]]) -> st
         return f"({prefix}) does not match its sha256 (edited, or not from this checkpoint)"
     entries.append({"prefix": prefix, "metrics": metrics})
     return None
+
+
+def checkpoint_store(root: Path) -> CheckpointStore:
+    """The store of a run's checkpoints, verifying our own files too (``check_state``)."""
+    return CheckpointStore(root, journal=JOURNAL_FILE, check=check_state)
+
+
+def check_state(path: Path) -> str | None:
+    """What is wrong with our JSON state in the checkpoint at ``path`` (None: nothing): the state
+    the trainer reads must be what this version wrote, for the checkpoint's own step."""
+    try:
+        step = int(read_marker(path)["step"])
+    except MarkerError as exc:
+        return str(exc)
+    state, problem = read_json(path / STATE_FILE)
+    if problem is not None:
+        return problem
+    problem = state_problem(state, step)
+    if problem is not None:
+        return problem
+    rank = 0
+    while (file := path / RANK_FILE.format(rank)).is_file():
+        rank_state, problem = read_json(file)
+        problem = problem or rank_state_problem(rank_state, rank)
+        if problem is not None:
+            return problem
+        rank += 1
+    names = sorted(p.name for p in path.glob("rank_*.json"))
+    if len(names) != rank:
+        return f"the per-process files are not numbered from 0 without gaps: {names}"
+    return None
+
+
+def read_json(file: Path) -> tuple[Any, str | None]:
+    try:
+        return json.loads(file.read_bytes().decode("utf-8")), None
+    except FileNotFoundError:
+        return None, f"{file.name} missing"
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        return None, f"{file.name} unreadable ({type(exc).__name__}: {str(exc)[:100]})"

@@ -1,6 +1,14 @@
 """Checkpoints of a run: saved through ``accelerator.save_state`` (collective: every process calls
 it, SPEC §9), committed atomically by the main process, found again on resume.
 
+Training waits only for what the next step needs. The loop is blocked while every process saves
+its state into the staging directory (or, with ``SCHEDULE.CHECKPOINT.ASYNC``, while the main
+process copies its state to host memory: ``host_snapshot``); hashing, fsync, the marker, retention
+and the upload run on the main process's background thread (``SerialWorker``), one checkpoint at a
+time. The next checkpoint, a journal append and the end of the run wait for it (the wait is logged
+as ``perf/checkpoint_wait_s``). A kill at any instant leaves the newest committed checkpoint as the
+resume point: an uncommitted one has no marker and is ignored.
+
 Our own state (progress, early stopping, GradNorm, retention bookkeeping, tracker run id) is one
 versioned JSON file inside the checkpoint, and what differs between processes (each one's share of
 the open metric window, a stream's position in each DataLoader worker) one small JSON file per
@@ -18,11 +26,9 @@ checkpoint that cannot be written (a full or read-only disk) stops every process
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
-import os
 import shutil
 import threading
 import time
@@ -32,7 +38,7 @@ from typing import Any
 from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list, gather_object
 
-from ..checkpoint import MARKER, CheckpointStore, MarkerError, Mode, read_marker
+from ..checkpoint import MARKER, Mode
 from ..checkpoint.background import SerialWorker
 from ..config import Config, ConfigError
 from .checkpoint_search import ResumeRefused, discard_after, find_checkpoint
@@ -41,14 +47,14 @@ from .checkpoint_state import (
     RANK_FILE,
     STATE_FILE,
     STATE_VERSION,
-    decode_journal,
-    encode_journal_entry,
-    rank_state_problem,
-    state_problem,
+    check_state,
+    checkpoint_store,
+    read_json,
 )
 from .failures import RunFailed, attempt_write
 from .faults import fault_point
 from .host_snapshot import HostSnapshot
+from .validation_journal import ValidationJournals
 
 __all__ = [
     "JOURNAL_FILE",
@@ -82,46 +88,6 @@ class CheckpointWriteError(RunFailed):
     resume point. The message names the path and the cause (ENOSPC, EROFS, ...)."""
 
 
-def checkpoint_store(root: Path) -> CheckpointStore:
-    """The store of a run's checkpoints, verifying our own files too (``check_state``)."""
-    return CheckpointStore(root, journal=JOURNAL_FILE, check=check_state)
-
-
-def check_state(path: Path) -> str | None:
-    """What is wrong with our JSON state in the checkpoint at ``path`` (None: nothing): the state
-    the trainer reads must be what this version wrote, for the checkpoint's own step."""
-    try:
-        step = int(read_marker(path)["step"])
-    except MarkerError as exc:
-        return str(exc)
-    state, problem = _read_json(path / STATE_FILE)
-    if problem is not None:
-        return problem
-    problem = state_problem(state, step)
-    if problem is not None:
-        return problem
-    rank = 0
-    while (file := path / RANK_FILE.format(rank)).is_file():
-        rank_state, problem = _read_json(file)
-        problem = problem or rank_state_problem(rank_state, rank)
-        if problem is not None:
-            return problem
-        rank += 1
-    names = sorted(p.name for p in path.glob("rank_*.json"))
-    if len(names) != rank:
-        return f"the per-process files are not numbered from 0 without gaps: {names}"
-    return None
-
-
-def _read_json(file: Path) -> tuple[Any, str | None]:
-    try:
-        return json.loads(file.read_bytes().decode("utf-8")), None
-    except FileNotFoundError:
-        return None, f"{file.name} missing"
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
-        return None, f"{file.name} unreadable ({type(exc).__name__}: {str(exc)[:100]})"
-
-
 class Checkpointer:
     def __init__(
         self, accelerator: Accelerator, config: Config, remote: Any = None, mode: Mode | None = None
@@ -145,7 +111,7 @@ class Checkpointer:
         self.resumed_from: int | None = None
         self.current: Path | None = None  # the newest checkpoint of this run (its commit may be running)
         self._committed: Path | None = None  # the newest committed one: the resume point
-        self._bindings: dict[Path, str] = {}  # checkpoint -> sha256 of its marker (journal lines)
+        self.journals = ValidationJournals(self.store.rejected_root)
         # The main process writes (ASYNC) and commits in the background, one checkpoint at a time.
         self.worker = SerialWorker("linnaeus-accel checkpoint")
         asynchronous = config.SCHEDULE.CHECKPOINT.ASYNC and accelerator.is_main_process
@@ -336,19 +302,12 @@ class Checkpointer:
         self.total_waited_s += self.worker.wait()
         if not (checkpoint / MARKER).is_file():
             return
-        line = encode_journal_entry(entry["prefix"], entry["metrics"], self._binding(checkpoint))
-        with (checkpoint / JOURNAL_FILE).open("a", encoding="utf-8") as f:
-            f.write(line)
-            f.flush()
+        self.journals.append(checkpoint, entry)
 
-    def _binding(self, checkpoint: Path) -> str:
-        """What a journal line is bound to: the sha256 of its checkpoint's marker."""
-        if checkpoint not in self._bindings:
-            try:
-                self._bindings[checkpoint] = hashlib.sha256((checkpoint / MARKER).read_bytes()).hexdigest()
-            except OSError:
-                return ""  # no marker: no line verifies
-        return self._bindings[checkpoint]
+    def journal(self, path: Path) -> list[dict[str, Any]]:
+        """The passes the journal of the checkpoint at ``path`` records as complete (see
+        ``ValidationJournals.read``)."""
+        return self.journals.read(path, cut=self.accelerator.is_main_process)
 
     def record_metric(self, step: int, metrics: dict[str, float]) -> None:
         """The ranking metric of the checkpoint at ``step`` (known only after its validation);
@@ -415,7 +374,7 @@ class Checkpointer:
 
     def read_state(self, path: Path) -> dict[str, Any]:
         """Our JSON state of the checkpoint at ``path`` (``check_state`` has passed for it)."""
-        state, problem = _read_json(path / STATE_FILE)
+        state, problem = read_json(path / STATE_FILE)
         if problem is None and not isinstance(state, dict):
             problem = f"{STATE_FILE} is not a JSON object"
         if problem is not None:
@@ -439,45 +398,9 @@ class Checkpointer:
         checkpoint written before they existed)."""
         states: list[dict[str, Any]] = []
         while (file := path / RANK_FILE.format(len(states))).is_file():
-            state, _ = _read_json(file)
+            state, _ = read_json(file)
             states.append(state if isinstance(state, dict) else {})
         return states
-
-    def journal(self, path: Path) -> list[dict[str, Any]]:
-        """The passes the journal of the checkpoint at ``path`` records as complete, each
-        ``{"prefix", "metrics"}``, up to its first line that does not verify: that line and the
-        ones after it are ignored (their passes run again) and, on the main process, cut off, so
-        that the passes journalled next follow a valid line."""
-        journal = path / JOURNAL_FILE
-        try:
-            data = journal.read_bytes()
-        except FileNotFoundError:
-            return []
-        entries, valid, problem = decode_journal(data, self._binding(path))
-        if problem is None:
-            return entries
-        dropped = data[valid:]
-        lines = dropped.count(b"\n") + (not dropped.endswith(b"\n"))
-        if self.accelerator.is_main_process:
-            log.warning(
-                "validation journal of %s: %s; ignoring it%s: those passes run again",
-                path.name,
-                problem,
-                f" and the {lines - 1} line(s) after it" if lines > 1 else "",
-            )
-            self._cut_journal(path, journal, valid, dropped, cut_by_kill="incomplete" in problem)
-        return entries
-
-    def _cut_journal(self, path: Path, journal: Path, valid: int, dropped: bytes, cut_by_kill: bool) -> None:
-        if not cut_by_kill:  # not a kill's half line: kept for whoever investigates
-            keep = self.store.rejected_root / f"{path.name}.{JOURNAL_FILE}.dropped"
-            try:
-                keep.parent.mkdir(parents=True, exist_ok=True)
-                with keep.open("ab") as f:
-                    f.write(dropped)
-            except OSError as exc:
-                log.warning("could not keep the dropped journal lines in %s: %s", keep, exc)
-        os.truncate(journal, valid)
 
 
 def _json_metrics(metric_at: dict[int, float | None]) -> dict[str, float | None]:
