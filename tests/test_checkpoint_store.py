@@ -26,7 +26,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from linnaeus_accel.checkpoint import MARKER, CheckpointStore, file_digest, read_marker, retained
+from linnaeus_accel.checkpoint import MARKER, CheckpointStore, EarlySeal, file_digest, read_marker, retained
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -105,6 +105,25 @@ def test_a_checkpoint_sealed_with_sha256_digests_still_verifies(tmp_path: Path) 
     marker["files"][0]["xxh3_128"] = "0" * 32
     (final / MARKER).write_text(json.dumps(marker))
     assert "malformed file entry" in (store.verify(final) or "")
+
+
+def test_files_sealed_early_are_trusted_only_at_the_size_they_were_sealed(tmp_path: Path) -> None:
+    """ASYNC seals the model files while the optimizer's are still being written; the commit reuses
+    those entries, unless a file's size changed since (then it is hashed again)."""
+    store = CheckpointStore(tmp_path / "checkpoints")
+    staging = stage(store, 3)
+    early = EarlySeal(staging)
+    early.add([staging / "model.safetensors", staging / "optimizer.bin"])
+    sealed = early.entries()
+    assert sorted(sealed) == ["model.safetensors", "optimizer.bin"]
+    assert sealed["model.safetensors"] == {
+        "path": "model.safetensors",
+        "size": (staging / "model.safetensors").stat().st_size,
+        **dict([file_digest((staging / "model.safetensors").read_bytes())]),
+    }
+    (staging / "optimizer.bin").write_bytes(b"rewritten after sealing")
+    final = store.commit(3, sealed=sealed)
+    assert store.verify(final) is None  # optimizer.bin's entry was recomputed, the model's reused
 
 
 def test_staging_dir_starts_empty(tmp_path: Path) -> None:

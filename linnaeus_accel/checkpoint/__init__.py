@@ -4,12 +4,14 @@
 ``CheckpointStore.staging_dir`` and then calls ``commit``. See ``store`` for the commit protocol.
 """
 
+from .digests import EarlySeal, file_digest
 from .retention import Mode, retained
-from .store import MARKER, CheckpointStore, MarkerError, file_digest, read_marker, step_name
+from .store import MARKER, CheckpointStore, MarkerError, read_marker, step_name
 
 __all__ = [
     "MARKER",
     "CheckpointStore",
+    "EarlySeal",
     "MarkerError",
     "Mode",
     "file_digest",

@@ -14,39 +14,24 @@ or collide on resume). Commit: hash and fsync every staged file, rename staging 
 fsync the parent, then write the marker atomically, last. A kill -9 at any instant leaves no marker
 (ignored) or a marker whose files are all there. Deletion removes the marker first.
 
-Files are hashed with XXH3-128: it detects damage (a flipped bit, a truncated or swapped file) as
-surely as SHA-256 (no accidental collision in 2**128), at ~10x the speed, and it runs on every byte
-of every checkpoint; neither proves who wrote a file (anyone can recompute either). Markers written
-before it carry SHA-256 digests and still verify. Files are hashed and fsynced on a few threads, so
-that one file's fsync (waiting on the disk) overlaps another's hashing.
-
-Verification covers every byte a resume reads: each file the manifest lists (size, digest), no
-file it does not list (except one journal file the owner names, appended after the commit and
-verified line by line by its owner), and whatever else the owner's ``check`` says of its own files.
-A checkpoint that fails is never deleted by the store (it may be the only copy of a run's weights):
-it is moved to ``rejected/``.
-
-Only JSON is ever read here: a checkpoint may come from an untrusted place (a bucket, a colleague)
-and must not execute code through us; manifest paths must stay inside the checkpoint.
+Files are hashed with XXH3-128 (SHA-256 in markers from before it; both verify), on a few threads:
+see ``digests``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import json
 import os
 import re
 import shutil
 import time
 from collections.abc import Callable, Collection, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-import xxhash
-
+from .digests import DIGEST, DIGESTS, FileEntry, hash_file, hash_files
 from .retention import Mode, retained
 
 MARKER = "COMMITTED.json"
@@ -57,12 +42,6 @@ _TRASH_PREFIX = ".deleting-"  # a checkpoint being deleted: renamed out of the w
 REJECTED_DIR = "rejected"
 REJECTED_NOTE = "REJECTED.txt"
 _NAME = re.compile(r"step_(\d{8,})")
-_CHUNK = 4 << 20
-_HASH_THREADS = 4
-DIGEST = "xxh3_128"  # the digest new markers carry; "sha256" in markers from before it
-_DIGESTS: dict[str, Callable[[], Any]] = {"xxh3_128": xxhash.xxh3_128, "sha256": hashlib.sha256}
-
-FileEntry = dict[str, Any]  # {"path": posix relative path, "size": int, DIGEST: hex}
 
 
 class MarkerError(ValueError):
@@ -97,7 +76,7 @@ def read_marker(path: Path) -> dict[str, Any]:
             not isinstance(entry, dict)
             or not isinstance(entry.get("path"), str)
             or type(entry.get("size")) is not int
-            or len(digests := [k for k in _DIGESTS if k in entry]) != 1
+            or len(digests := [k for k in DIGESTS if k in entry]) != 1
             or not isinstance(entry[digests[0]], str)
         ):
             raise MarkerError(f"{MARKER} has a malformed file entry: {entry!r}"[:200])
@@ -162,16 +141,25 @@ class CheckpointStore:
         staging.mkdir(parents=True)
         return staging
 
-    def commit(self, step: int, info: Mapping[str, Any] | None = None, *, replace: bool = False) -> Path:
+    def commit(
+        self,
+        step: int,
+        info: Mapping[str, Any] | None = None,
+        *,
+        replace: bool = False,
+        sealed: Mapping[str, FileEntry] | None = None,
+    ) -> Path:
         """Publish the staged checkpoint of ``step`` atomically; call after every process saved.
 
         A committed checkpoint of the same step is an error (FileExistsError) unless ``replace``:
-        then it is deleted first (a run resumed on purpose from an older checkpoint).
+        then it is deleted first (a run resumed on purpose from an older checkpoint). ``sealed``:
+        entries of files already hashed and fsynced since they were written (``EarlySeal``), by
+        relative path; the others are hashed now.
         """
         staging, final = self.staging_path(step), self.final_path(step)
         info = dict(info or {})
         json.dumps(info)  # fail before publishing, not between the rename and the marker
-        manifest = self._seal(staging)
+        manifest = self._seal(staging, sealed or {})
         if replace:
             self.delete(step)
         self._publish(staging, final)
@@ -185,8 +173,9 @@ class CheckpointStore:
             raise
         return final
 
-    def _seal(self, staging: Path) -> list[FileEntry]:
-        """Hash and fsync every staged file; the manifest the marker will carry."""
+    def _seal(self, staging: Path, sealed: Mapping[str, FileEntry] | None = None) -> list[FileEntry]:
+        """Hash and fsync every staged file not in ``sealed`` (whose size must still be the one it
+        was hashed at); the manifest the marker will carry."""
         if (staging / MARKER).exists() or (staging / _MARKER_TMP).exists():
             # It would make the directory look complete the moment it is renamed.
             raise ValueError(f"{staging} already contains {MARKER}")
@@ -203,14 +192,17 @@ class CheckpointStore:
                 files.append(file)
         if not files:
             raise ValueError(f"{staging} is empty: nothing was saved into it")
-        with ThreadPoolExecutor(min(_HASH_THREADS, len(files))) as pool:
-            sealed = list(pool.map(lambda file: _hash_file(file, sync=True), files))
+        manifest = []
+        rest = []
+        for file in files:
+            entry = (sealed or {}).get(file.relative_to(staging).as_posix())
+            if entry is not None and entry["size"] == file.stat().st_size:
+                manifest.append(dict(entry))
+            else:
+                rest.append(file)
+        manifest += hash_files(staging, rest)
         for here in dirs:
             _fsync_dir(here)  # the entries of files created in it
-        manifest = [
-            {"path": file.relative_to(staging).as_posix(), "size": size, DIGEST: digest}
-            for file, (size, digest) in zip(files, sealed, strict=True)
-        ]
         return sorted(manifest, key=lambda entry: str(entry["path"]))
 
     def _publish(self, staging: Path, final: Path) -> None:
@@ -369,7 +361,7 @@ class CheckpointStore:
             if size != entry["size"]:
                 return f"{entry['path']}: size {size} != {entry['size']}"
             algorithm = DIGEST if DIGEST in entry else "sha256"
-            if deep and _hash_file(file, sync=False, algorithm=algorithm)[1] != entry[algorithm]:
+            if deep and hash_file(file, sync=False, algorithm=algorithm)[1] != entry[algorithm]:
                 return f"{entry['path']}: checksum mismatch"
         return self.check(path) if self.check is not None else None
 
@@ -411,28 +403,6 @@ class CheckpointStore:
                 problem += " (incomplete write?)"
             failed.append((path, problem))
         return None, failed
-
-
-def file_digest(data: bytes, algorithm: str = DIGEST) -> tuple[str, str]:
-    """``(manifest key, hex digest)`` of ``data``, as a marker's file entry carries it."""
-    digest = _DIGESTS[algorithm]()
-    digest.update(data)
-    return algorithm, str(digest.hexdigest())
-
-
-def _hash_file(file: Path, *, sync: bool, algorithm: str = DIGEST) -> tuple[int, str]:
-    """Size and digest of ``file``, streamed through one buffer; with ``sync`` also fsync it (same
-    open, one pass)."""
-    digest, size = _DIGESTS[algorithm](), 0
-    buffer = bytearray(_CHUNK)
-    view = memoryview(buffer)
-    with file.open("rb", buffering=0) as f:
-        while n := f.readinto(buffer):
-            digest.update(view[:n])
-            size += n
-        if sync:
-            os.fsync(f.fileno())
-    return size, str(digest.hexdigest())
 
 
 def _fsync_dir(path: Path) -> None:

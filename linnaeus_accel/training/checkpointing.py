@@ -32,13 +32,14 @@ import math
 import shutil
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list, gather_object
 
-from ..checkpoint import MARKER, Mode
+from ..checkpoint import MARKER, EarlySeal, Mode
 from ..checkpoint.background import SerialWorker
 from ..config import Config, ConfigError
 from .checkpoint_search import ResumeRefused, discard_after, find_checkpoint
@@ -200,20 +201,11 @@ class Checkpointer:
         if self.snapshot is None or not acc.is_main_process:
             fault_point("checkpoint_staged")
         if acc.is_main_process:
+            sealed: dict[str, Any] = {}  # files the ASYNC write sealed already
             if self.snapshot is not None:
-                snapshot, data = self.snapshot, captured[0]
-
-                def write() -> None:
-                    error = attempt_write(lambda: snapshot.write(data, staging), staging)
-                    error = error or attempt_write(
-                        lambda: self._write(staging, rank_json, state_json), staging
-                    )
-                    if error is not None:
-                        raise _StepFailed(step, *error)
-                    fault_point("checkpoint_staged")
-
+                write = partial(self._write_captured, step, captured[0], rank_json, state_json, sealed)
                 self.worker.submit(f"writing checkpoint step {step}", write)
-            self.worker.submit(f"committing checkpoint step {step}", lambda: self._commit(step))
+            self.worker.submit(f"committing checkpoint step {step}", lambda: self._commit(step, sealed))
         self.current = self.store.final_path(step)
         self.blocked_s = time.perf_counter() - started
         self.total_blocked_s += self.blocked_s
@@ -232,12 +224,28 @@ class Checkpointer:
         if state_json is not None:
             (staging / STATE_FILE).write_text(state_json, encoding="utf-8")
 
-    def _commit(self, step: int) -> None:
+    def _write_captured(
+        self, step: int, captured: Any, rank_json: str, state_json: str | None, sealed: dict[str, Any]
+    ) -> None:
+        """Background, main process, ASYNC: write the captured state, sealing the model files while
+        the optimizer's are written (``sealed``: their manifest entries, for the commit)."""
+        assert self.snapshot is not None
+        snapshot, staging = self.snapshot, self.store.staging_path(step)
+        early = EarlySeal(staging)
+        error = attempt_write(lambda: snapshot.write(captured, staging, early.add), staging)
+        error = error or attempt_write(lambda: self._write(staging, rank_json, state_json), staging)
+        sealing = attempt_write(lambda: sealed.update(early.entries()), staging)  # ends its threads too
+        error = error or sealing
+        if error is not None:
+            raise _StepFailed(step, *error)
+        fault_point("checkpoint_staged")
+
+    def _commit(self, step: int, sealed: dict[str, Any]) -> None:
         """Background, main process: seal and publish the staged checkpoint, then retention and the
         upload. A failure removes what was written and is raised on every process by the loop's
         next agreement (the next checkpoint, or the end of the run)."""
         staging, final = self.store.staging_path(step), self.store.final_path(step)
-        error = attempt_write(lambda: self.store.commit(step, {"global_step": step}), staging)
+        error = attempt_write(lambda: self.store.commit(step, {"global_step": step}, sealed=sealed), staging)
         if error is not None:
             raise _StepFailed(step, *error)
         self._committed = final

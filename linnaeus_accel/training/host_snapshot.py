@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 import random
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -111,27 +111,38 @@ class HostSnapshot:
             captured.ready.record()
         return captured
 
-    def write(self, captured: Captured, output_dir: Path) -> None:
-        """Write ``captured`` into ``output_dir`` as ``save_state`` would have (background thread)."""
+    def write(
+        self, captured: Captured, output_dir: Path, written: Callable[[list[Path]], None] | None = None
+    ) -> None:
+        """Write ``captured`` into ``output_dir`` as ``save_state`` would have (background thread).
+        ``written``: told the model files as soon as they are complete, while the optimizer's are
+        still being written (their sealing overlaps the rest of the write)."""
         if captured.ready is not None:
             captured.ready.synchronize()
         acc = self.accelerator
         on_each_node = acc.project_configuration.save_on_each_node
+        output_dir = Path(output_dir)
+        rng_file = output_dir / f"{RNG_STATE_NAME}_{acc.process_index}.pkl"
+        before = set(output_dir.iterdir())
+        common = {"save_on_each_node": on_each_node, "safe_serialization": True}
+        # Accelerate's one saving function, called twice: the weights, then everything else.
+        save_accelerator_state(str(output_dir), captured.weights, [], [], [], acc.process_index, captured.step, None, **common)  # fmt: skip
+        if written is not None:
+            written(sorted(p for p in set(output_dir.iterdir()) - before if p.is_file() and p != rng_file))
         save_accelerator_state(
             str(output_dir),
-            captured.weights,
+            [],
             captured.optimizers,
             captured.schedulers,
             captured.loaders,
             acc.process_index,
             captured.step,
             captured.scaler,
-            save_on_each_node=on_each_node,
-            safe_serialization=True,
+            **common,
         )
         # save_accelerator_state read the RNG now, on this thread; the loop's states are those
         # of the capture instant, written over its file under the same name and layout.
-        torch.save(captured.rng, Path(output_dir) / f"{RNG_STATE_NAME}_{acc.process_index}.pkl")
+        torch.save(captured.rng, rng_file)
         for i, obj in enumerate(captured.customs):
             save_custom_state(obj, str(output_dir), i, save_on_each_node=on_each_node)
 

@@ -1,0 +1,84 @@
+"""Digests of checkpoint files, and sealing them (hash and fsync, in one read) on a few threads.
+
+XXH3-128 detects damage (a flipped bit, a truncated or swapped file) as surely as SHA-256 (no
+accidental collision in 2**128) at ~10x the speed, and the commit runs it over every byte of every
+checkpoint; neither proves who wrote a file (anyone can recompute either). Markers written before
+it carry SHA-256 digests and still verify.
+
+A few threads: one file's fsync (waiting on the disk) overlaps another's hashing. ``EarlySeal``
+starts on files as soon as they are complete, while the next ones are still being written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import xxhash
+
+DIGEST = "xxh3_128"  # the digest new markers carry
+DIGESTS: dict[str, Callable[[], Any]] = {"xxh3_128": xxhash.xxh3_128, "sha256": hashlib.sha256}
+FileEntry = dict[str, Any]  # {"path": posix path relative to the checkpoint, "size": int, DIGEST: hex}
+_CHUNK = 4 << 20
+_THREADS = 4
+
+
+def file_digest(data: bytes, algorithm: str = DIGEST) -> tuple[str, str]:
+    """``(manifest key, hex digest)`` of ``data``, as a marker's file entry carries it."""
+    digest = DIGESTS[algorithm]()
+    digest.update(data)
+    return algorithm, str(digest.hexdigest())
+
+
+def hash_file(file: Path, *, sync: bool, algorithm: str = DIGEST) -> tuple[int, str]:
+    """Size and digest of ``file``, streamed through one buffer; with ``sync`` also fsync it (same
+    open, one pass)."""
+    digest, size = DIGESTS[algorithm](), 0
+    buffer = bytearray(_CHUNK)
+    view = memoryview(buffer)
+    with file.open("rb", buffering=0) as f:
+        while n := f.readinto(buffer):
+            digest.update(view[:n])
+            size += n
+        if sync:
+            os.fsync(f.fileno())
+    return size, str(digest.hexdigest())
+
+
+def _entry(root: Path, file: Path) -> FileEntry:
+    size, digest = hash_file(file, sync=True)
+    return {"path": file.relative_to(root).as_posix(), "size": size, DIGEST: digest}
+
+
+def hash_files(root: Path, files: Iterable[Path]) -> list[FileEntry]:
+    """Hash and fsync ``files`` (under ``root``) on a few threads; their manifest entries."""
+    files = list(files)
+    if not files:
+        return []
+    with ThreadPoolExecutor(min(_THREADS, len(files))) as pool:
+        return list(pool.map(lambda file: _entry(root, file), files))
+
+
+class EarlySeal:
+    """Seals the files of a staging directory as they are completed (``add``), while later ones
+    are still being written; ``entries`` waits for them, for ``CheckpointStore.commit(sealed=)``.
+    A file must not change after it is added (the commit checks its size)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._pool = ThreadPoolExecutor(_THREADS, thread_name_prefix="linnaeus-accel seal")
+        self._futures: list[Future[FileEntry]] = []
+
+    def add(self, files: Iterable[Path]) -> None:
+        self._futures += [self._pool.submit(_entry, self.root, file) for file in files]
+
+    def entries(self) -> dict[str, FileEntry]:
+        """The entries by relative path (raises what sealing a file raised)."""
+        try:
+            return {entry["path"]: entry for entry in (f.result() for f in self._futures)}
+        finally:
+            self._pool.shutdown(wait=True)
