@@ -593,8 +593,17 @@ def assert_write_failed(result: Result, code: str, path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_full_disk_names_enospc_and_keeps_the_previous_checkpoint(tmp_path: Path) -> None:
-    run = TrainRun(tmp_path, OPTS)
+@pytest.mark.parametrize(
+    "extra",
+    [
+        [],
+        # the write fails on the background thread; every process stops at the end of the run
+        ["SCHEDULE.CHECKPOINT.ASYNC", "true"],
+    ],
+    ids=["default", "async"],
+)
+def test_a_full_disk_names_enospc_and_keeps_the_previous_checkpoint(tmp_path: Path, extra: list[str]) -> None:
+    run = TrainRun(tmp_path, [*OPTS, *extra])
     # A checkpoint takes about 1.5 MB: step 12 fits in 2 MB, step 24 does not.
     result, after = run_on_small_disk(run, "2m")
     assert_write_failed(result, "ENOSPC", run.dir / "checkpoints" / f".staging-{STEP24}")
