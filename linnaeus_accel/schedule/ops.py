@@ -10,8 +10,7 @@ TARGET_TOKENS run's last epoch may be partial and ends at ``total_steps``, mid-e
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
-from itertools import islice
+from collections.abc import Iterator
 
 from .events import Interval, mask_pass_name
 from .plan import ResolvedPlan
@@ -132,92 +131,112 @@ class OpsSchedule:
 
     # -- whole-run views, for ``plan`` -----------------------------------------------------------
     def events(self) -> dict[str, EventEpochs]:
-        """The epochs of every boundary event, computed lazily (see ``EventEpochs``)."""
+        """The epochs of every boundary event, computed from their intervals (see ``EventEpochs``)."""
         plan = self.plan
+        last = plan.epochs
         mid = plan.mid_epoch_checkpoints and plan.checkpoint is not None
         return {
-            "validation": EventEpochs(plan, self.should_validate, plan.validation),
+            "validation": EventEpochs(plan, plan.validation, self.should_validate(last)),
             "mask_meta_validation": EventEpochs(
-                plan, self.should_validate_mask_meta, plan.mask_meta_validation
+                plan, plan.mask_meta_validation, self.should_validate_mask_meta(last)
             ),
             "partial_mask_meta_validation": EventEpochs(
-                plan, self.should_validate_partial_mask_meta, plan.partial_mask_meta_validation
+                plan, plan.partial_mask_meta_validation, self.should_validate_partial_mask_meta(last)
             ),
-            "checkpoint": EventEpochs(plan, self.should_save_checkpoint, plan.checkpoint, on_step=mid),
-            "exhaustive_validation": EventEpochs(plan, self.should_run_exhaustive_validation, None),
+            "checkpoint": EventEpochs(plan, plan.checkpoint, self.should_save_checkpoint(last), on_step=mid),
+            "exhaustive_validation": EventEpochs(plan, None, self.should_run_exhaustive_validation(last)),
         }
 
     def event_epochs(self) -> dict[str, list[int]]:
-        return {name: list(epochs) for name, epochs in self.events().items()}
+        return {name: epochs.all() for name, epochs in self.events().items()}
 
 
 class EventEpochs:
     """The epochs at which one boundary event happens, in order.
 
-    ``check`` (an ``OpsSchedule`` question) decides; the interval only proposes where to look next:
-    the next multiple of N epochs, the epoch whose boundary crosses the next multiple of S steps,
-    and the final epoch (which several events force). So walking the events costs a few
-    operations per event, never per epoch: ``plan`` for 10**7 epochs is as fast as for 10.
+    Before the last epoch, every boundary question of ``OpsSchedule`` comes down to whether the
+    event's interval fires there; only the last epoch forces (validation, checkpoints) or suppresses
+    (whitelist passes under the exhaustive ones) events, and ``at_last`` holds that answer.
+    (test_plan_cli checks both against asking every epoch.) So the next or previous event is a few
+    integer operations away, and listing them all is a range or one comprehension over the
+    events: ``plan`` for 10**7 epochs costs what it does for 10, and ``plan --json`` its output.
     """
 
     def __init__(
-        self,
-        plan: ResolvedPlan,
-        check: Callable[[int], bool],
-        interval: Interval | None,
-        on_step: bool = False,
+        self, plan: ResolvedPlan, interval: Interval | None, at_last: bool, on_step: bool = False
     ) -> None:
-        self.plan, self.check, self.interval = plan, check, interval
-        # MID_EPOCH checkpoints: a boundary has one when it falls on a multiple of the interval.
-        self.on_step = on_step
+        self.plan, self.interval, self.at_last = plan, interval, at_last
+        # Fires every N epochs; or, ``on_step`` (MID_EPOCH checkpoints: a boundary has one when it
+        # falls on a multiple of S steps), every S / gcd(S, ope) epochs, where e * ope is one.
+        self.every_epochs: int | None = None
+        if interval is not None and interval.unit == "epochs":
+            self.every_epochs = interval.every
+        elif interval is not None and on_step:
+            self.every_epochs = interval.every // math.gcd(interval.every, plan.optimizer_steps_per_epoch)
 
-    def _candidate(self, epoch: int, forward: bool) -> int | None:
-        """Where the event may next happen at or after ``epoch`` (at or before, backwards)."""
-        last = self.plan.epochs
-        if not 1 <= epoch <= last:
-            return None
-        iv, ope = self.interval, self.plan.optimizer_steps_per_epoch
+    def _next_before_last(self, epoch: int) -> int | None:
+        """The first epoch ``>= epoch`` (>= 1) and before the last at which the interval fires."""
+        iv, ope, last = self.interval, self.plan.optimizer_steps_per_epoch, self.plan.epochs
         if iv is None:
-            found = None
-        elif iv.unit == "epochs" or self.on_step:
-            # An epoch interval fires at multiples of N; MID_EPOCH at boundaries e * ope that are
-            # multiples of S, i.e. at multiples of S / gcd(S, ope) epochs.
-            every = iv.every if iv.unit == "epochs" else iv.every // math.gcd(iv.every, ope)
-            found = -(-epoch // every) * every if forward else epoch // every * every
-        elif forward:  # the first boundary at or after `epoch` that reaches the next multiple of S
-            multiple = (self.plan.boundary_step(epoch - 1) // iv.every + 1) * iv.every
-            found = -(-multiple // ope) if multiple <= self.plan.total_steps else None
-        else:  # the boundary that reached the last multiple of S at or before this epoch's
-            multiple = self.plan.boundary_step(epoch) // iv.every * iv.every
-            found = -(-multiple // ope) if multiple > 0 else None
-        if forward:
-            return min(found, last) if found is not None else last
-        return last if epoch == last else found if found else None
+            return None
+        if self.every_epochs is not None:
+            found = -(-epoch // self.every_epochs) * self.every_epochs
+        else:  # the boundary that reaches the first multiple of S after the previous boundary
+            found = -(-((epoch - 1) * ope // iv.every + 1) * iv.every // ope)
+        return found if found < last else None
+
+    def _previous_before_last(self, epoch: int) -> int | None:
+        """The last epoch ``<= epoch`` (< the last epoch) at which the interval fires."""
+        iv, ope = self.interval, self.plan.optimizer_steps_per_epoch
+        if iv is None or epoch < 1:
+            return None
+        if self.every_epochs is not None:
+            return epoch // self.every_epochs * self.every_epochs or None
+        multiple = epoch * ope // iv.every * iv.every  # the last multiple of S this boundary reached
+        return -(-multiple // ope) if multiple > 0 else None
 
     def after(self, epoch: int) -> int | None:
         """The first event epoch at or after ``epoch`` (None: no more)."""
-        while (found := self._candidate(max(epoch, 1), forward=True)) is not None:
-            if self.check(found):
-                return found
-            epoch = found + 1
-        return None
+        last = self.plan.epochs
+        found = self._next_before_last(max(epoch, 1)) if epoch < last else None
+        if found is not None:
+            return found
+        return last if self.at_last and epoch <= last else None
 
     def before(self, epoch: int) -> int | None:
         """The last event epoch at or before ``epoch`` (None: none)."""
-        while (found := self._candidate(min(epoch, self.plan.epochs), forward=False)) is not None:
-            if self.check(found):
-                return found
-            epoch = found - 1
-        return None
+        last = self.plan.epochs
+        if epoch >= last and self.at_last:
+            return last
+        return self._previous_before_last(min(epoch, last - 1))
+
+    def all(self) -> list[int]:
+        """Every event epoch, in order."""
+        iv, ope, last = self.interval, self.plan.optimizer_steps_per_epoch, self.plan.epochs
+        out: list[int]
+        if iv is None:
+            out = []
+        elif self.every_epochs is not None:
+            out = list(range(self.every_epochs, last, self.every_epochs))
+        elif iv.every <= ope:  # every epoch spans at least one multiple of S
+            out = list(range(1, last))
+        else:  # multiples of S more than an epoch apart: each reached at its own boundary
+            s = iv.every
+            out = [-(-m * s // ope) for m in range(1, (last - 1) * ope // s + 1)]
+        if self.at_last:
+            out.append(last)
+        return out
 
     def __iter__(self) -> Iterator[int]:
-        epoch = self.after(1)
-        while epoch is not None:
-            yield epoch
-            epoch = self.after(epoch + 1)
+        return iter(self.all())
 
     def first(self, n: int) -> list[int]:
-        return list(islice(self, n))
+        out: list[int] = []
+        epoch = self.after(1)
+        while epoch is not None and len(out) < n:
+            out.append(epoch)
+            epoch = self.after(epoch + 1)
+        return out
 
     def last(self, n: int) -> list[int]:
         out: list[int] = []
