@@ -7,8 +7,9 @@ The state is the default task's MLP widened to ~50 MB of fp32 weights, with Adam
 trainer's own checkpoint (``Trainer._save_checkpoint``: the non-finite check, the state, the
 commit) with ``SCHEDULE.CHECKPOINT.ASYNC`` false, then true. For ours, "blocked" is the time until
 the call returns (the loop goes on), "commit" the time until the background commit has finished
-(hashes and fsync, marker, retention delete). Each round's ratios are taken against that round's
-bare save: the machine's drift between rounds cancels.
+(hashes and fsync, marker; retention follows it). Each round's ratios are taken against that
+round's bare save: the machine's drift between rounds cancels. The commit is also compared with a
+bare save whose files are then fsynced: the part of the commit that is durability itself.
 
 Not pinned to one core (unlike the step benchmarks): a checkpoint's copy and writes use what torch
 and the kernel use in a real run, and the background commit runs on its own threads.
@@ -16,6 +17,7 @@ and the kernel use in a real run, and the background commit runs on its own thre
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import time
@@ -76,12 +78,21 @@ def _save(trainer: Any, step: int) -> tuple[float, float]:
     return blocked, committed
 
 
-def _bare(trainer: Any, root: Path) -> float:
+def _bare(trainer: Any, root: Path) -> tuple[float, float]:
+    """A bare ``save_state``: (seconds it took, seconds until its files were also fsynced)."""
     target = root / "bare"
     shutil.rmtree(target, ignore_errors=True)
     started = time.perf_counter()
     trainer.accelerator.save_state(str(target))
-    return time.perf_counter() - started
+    saved = time.perf_counter() - started
+    for file in sorted(target.rglob("*")):
+        if file.is_file():
+            fd = os.open(file, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    return saved, time.perf_counter() - started
 
 
 def run(smoke: bool) -> list[Row]:
@@ -89,7 +100,8 @@ def run(smoke: bool) -> list[Row]:
 
     hidden, rounds = (256, 3) if smoke else (2900, 15)
     samples: dict[str, list[float]] = {
-        k: [] for k in ("bare", "default blocked", "default commit", "async blocked", "async commit")
+        k: []
+        for k in ("bare", "durable", "default blocked", "default commit", "async blocked", "async commit")
     }
     with tempfile.TemporaryDirectory(prefix="bench-checkpoint-") as tmp:
         root = Path(tmp)
@@ -100,11 +112,12 @@ def run(smoke: bool) -> list[Row]:
             _with_optimizer_state(trainer)
         size = sum(p.numel() * p.element_size() for p in ours["default"].model.parameters())
         for step in range(1, rounds + 2):  # the first round warms up (buffers, page cache): dropped
-            bare = _bare(ours["default"], root)
+            bare, durable = _bare(ours["default"], root)
             timings = {mode: _save(trainer, step) for mode, trainer in ours.items()}
             if step == 1:
                 continue
             samples["bare"].append(bare)
+            samples["durable"].append(durable)
             for mode, (blocked, committed) in timings.items():
                 samples[f"{mode} blocked"].append(blocked)
                 samples[f"{mode} commit"].append(committed)
@@ -126,4 +139,17 @@ def run(smoke: bool) -> list[Row]:
                     note=note,
                 )
             )
+    # A committed checkpoint is on disk (fsynced); a bare save_state is only in the page cache. The
+    # commit against a bare save_state whose files are fsynced too: what durability itself costs.
+    for mode in ("default", "async"):
+        rows.append(
+            row(
+                BENCHMARK,
+                f"commit, {'ASYNC' if mode == 'async' else 'default'} mode, vs a durable bare save",
+                "s per checkpoint",
+                f"{REFERENCE} + fsync of its files",
+                **paired(samples[f"{mode} commit"], samples["durable"]),
+                note=note,
+            )
+        )
     return rows

@@ -227,8 +227,8 @@ class Checkpointer:
     def _write_captured(
         self, step: int, captured: Any, rank_json: str, state_json: str | None, sealed: dict[str, Any]
     ) -> None:
-        """Background, main process, ASYNC: write the captured state, sealing the model files while
-        the optimizer's are written (``sealed``: their manifest entries, for the commit)."""
+        """Background, main process, ASYNC: write the captured state, sealing the optimizer's files
+        while the weights are written (``sealed``: their manifest entries, for the commit)."""
         assert self.snapshot is not None
         snapshot, staging = self.snapshot, self.store.staging_path(step)
         early = EarlySeal(staging)

@@ -115,20 +115,26 @@ class HostSnapshot:
         self, captured: Captured, output_dir: Path, written: Callable[[list[Path]], None] | None = None
     ) -> None:
         """Write ``captured`` into ``output_dir`` as ``save_state`` would have (background thread).
-        ``written``: told the model files as soon as they are complete, while the optimizer's are
-        still being written (their sealing overlaps the rest of the write)."""
+        ``written``: told each group of files as soon as it is complete, so that sealing them
+        (hash, fsync) overlaps the rest of the write."""
         if captured.ready is not None:
             captured.ready.synchronize()
         acc = self.accelerator
         on_each_node = acc.project_configuration.save_on_each_node
         output_dir = Path(output_dir)
         rng_file = output_dir / f"{RNG_STATE_NAME}_{acc.process_index}.pkl"
-        before = set(output_dir.iterdir())
+        seen = set(output_dir.iterdir())
+
+        def announce() -> None:
+            nonlocal seen
+            now = set(output_dir.iterdir())
+            if written is not None:
+                written(sorted(p for p in now - seen if p.is_file() and p != rng_file))
+            seen = now
+
         common = {"save_on_each_node": on_each_node, "safe_serialization": True}
-        # Accelerate's one saving function, called twice: the weights, then everything else.
-        save_accelerator_state(str(output_dir), captured.weights, [], [], [], acc.process_index, captured.step, None, **common)  # fmt: skip
-        if written is not None:
-            written(sorted(p for p in set(output_dir.iterdir()) - before if p.is_file() and p != rng_file))
+        # Accelerate's one saving function, called twice: the optimizer's state first (the largest
+        # file: its sealing overlaps the weights' write), then the weights.
         save_accelerator_state(
             str(output_dir),
             [],
@@ -140,6 +146,9 @@ class HostSnapshot:
             captured.scaler,
             **common,
         )
+        announce()
+        save_accelerator_state(str(output_dir), captured.weights, [], [], [], acc.process_index, captured.step, None, **common)  # fmt: skip
+        announce()
         # save_accelerator_state read the RNG now, on this thread; the loop's states are those
         # of the capture instant, written over its file under the same name and layout.
         torch.save(captured.rng, rng_file)
