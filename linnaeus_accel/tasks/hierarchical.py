@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from ..config import Config
 from ..progress import TrainingStage
 from ..schedule import OpsSchedule
-from .base import IGNORE_INDEX, Direction, Task, TaskContext, ValidationPass, describe_keys, drop_targets
+from .base import Direction, Task, TaskContext, ValidationPass, describe_keys, drop_targets
 from .transforms import InGroupMixup, MetaMasker
 
 NULL_LABEL = -1
@@ -43,17 +43,15 @@ def passes_at_boundary(ops: OpsSchedule, epoch: int, final: bool) -> list[Valida
 
 def level_loss_sums(logits: Sequence[Tensor], labels: Tensor) -> Tensor:
     """Cross-entropy per level summed over the samples labelled at that level (``[levels]``)."""
+    # Every negative (null) label becomes NULL_LABEL, which the cross-entropies ignore (-100 or -7
+    # would be out of range): one clamp for all levels instead of a comparison and a fill per level.
+    targets = labels.clamp_min(NULL_LABEL)
     return torch.stack(
         [
-            F.cross_entropy(lg.float(), _targets(labels[:, i]), ignore_index=IGNORE_INDEX, reduction="sum")
+            F.cross_entropy(lg.float(), targets[:, i], ignore_index=NULL_LABEL, reduction="sum")
             for i, lg in enumerate(logits)
         ]
     )
-
-
-def _targets(level_labels: Tensor) -> Tensor:
-    # Any negative label is null (linnaeus uses -1; PyTorch ignores -100).
-    return level_labels.masked_fill(level_labels < 0, IGNORE_INDEX)
 
 
 class HierarchicalTask(Task):
@@ -176,11 +174,10 @@ class HierarchicalTask(Task):
         batch = {**batch, "meta": self._masked_meta(batch["meta"], vpass.masked)}
         logits = self.forward(model, batch)
         labels = drop_targets(batch["labels"], real, NULL_LABEL)
+        targets = labels.clamp_min(NULL_LABEL)  # every null label as the one the losses ignore
         per_level = torch.stack(
             [
-                F.cross_entropy(
-                    lg.float(), _targets(labels[:, i]), reduction="none", ignore_index=IGNORE_INDEX
-                )
+                F.cross_entropy(lg.float(), targets[:, i], reduction="none", ignore_index=NULL_LABEL)
                 for i, lg in enumerate(logits)
             ],
             dim=1,

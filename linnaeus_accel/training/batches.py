@@ -11,7 +11,8 @@ whose per-worker position is saved in each process's part of the checkpoint. Eit
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import torch
@@ -50,6 +51,7 @@ class BatchSource:
         # base seed is drawn from it, keyed by (seed, epoch), never from the global RNG.
         self.generator: torch.Generator | None = getattr(loader, "generator", None)
         self.rank, self.world = accelerator.process_index, accelerator.num_processes
+        self.data_wait = 0.0  # seconds spent waiting for training batches (see ``windows``)
 
     def set_epoch(self, epoch: int) -> None:
         """Training: the epoch's data order. Validation passes call it with 0 before each pass."""
@@ -61,14 +63,48 @@ class BatchSource:
     def micro_batches(self, start: int = 0) -> Iterator[MicroBatch]:
         """The epoch's batches from batch ``start`` on (a stream must have been positioned there by
         ``resume``)."""
-        loader = self.loader
-        if start and not self.stream:
-            loader = self.accelerator.skip_first_batches(loader, start)
         device = self.accelerator.device
-        for index, batch in enumerate(loader, start):
+        for index, batch in enumerate(self._loader_from(start), start):
             if self.stream:
                 batch = send_to_device(batch, device, non_blocking=True)
             yield MicroBatch(index, batch, self.real_rows(index, batch))
+
+    def windows(self, start: int, accumulation: int) -> Iterator[list[MicroBatch]]:
+        """The training batches from batch ``start`` on, grouped into optimizer steps; the epoch's
+        last group may be shorter (SPEC §1: a trailing partial window is one optimizer step). The
+        time spent waiting for batches is added up in ``data_wait``. One generator, the real rows
+        looked up only where repeats can be: this runs once per micro-batch."""
+        device, stream, clock = self.accelerator.device, self.stream, time.perf_counter
+        batches = iter(self._loader_from(start))
+        full = full_batches(self.size, self.batch_size, int(self.world), int(self.rank))
+        window: list[MicroBatch] = []
+        index = start
+        while True:
+            began = clock()
+            try:
+                batch = next(batches)
+            except StopIteration:
+                break
+            if stream:
+                batch = send_to_device(batch, device, non_blocking=True)
+            self.data_wait += clock() - began
+            window.append(MicroBatch(index, batch, None if index < full else self.real_rows(index, batch)))
+            index += 1
+            if len(window) == accumulation:
+                yield window
+                window = []
+        if window:
+            yield window
+
+    def take_data_wait(self) -> float:
+        """Seconds spent waiting for training batches since the last call."""
+        wait, self.data_wait = self.data_wait, 0.0
+        return wait
+
+    def _loader_from(self, start: int) -> Any:
+        if start and not self.stream:  # skipped through the batch sampler: nothing is loaded
+            return self.accelerator.skip_first_batches(self.loader, start)
+        return self.loader
 
     def real_rows(self, index: int, batch: Any) -> Tensor | None:
         real = real_in_batch(self.size, self.batch_size, self.world, index, self.rank)
@@ -113,14 +149,19 @@ class BatchSource:
             self.loader.dataset.start_at(start)
 
 
-def windows(micro_batches: Iterable[MicroBatch], accumulation: int) -> Iterator[list[MicroBatch]]:
-    """Micro-batches grouped into optimizer steps; the epoch's last group may be shorter (SPEC §1:
-    a trailing partial window is one optimizer step)."""
-    window: list[MicroBatch] = []
-    for micro_batch in micro_batches:
-        window.append(micro_batch)
-        if len(window) == accumulation:
-            yield window
-            window = []
-    if window:
-        yield window
+def full_batches(dataset_size: int, batch_size: int, world_size: int, rank: int) -> int:
+    """How many leading batches of process ``rank`` hold only real rows: ``real_in_batch`` is
+    ``batch_size`` exactly for the indices below it."""
+    return max(0, (dataset_size // batch_size - 1 - rank) // world_size + 1)
+
+
+def samples_in_window(
+    window: list[MicroBatch], dataset_size: int, batch_size: int, world_size: int, drop_last: bool
+) -> int:
+    """Real samples in a window's micro-batches over all processes: ``samples_in_global_batch``
+    added up over its (consecutive) batches, in closed form, as the loop counts them every step."""
+    per_step = batch_size * world_size
+    if drop_last:
+        return per_step * len(window)
+    first, last = window[0].position, window[-1].position
+    return min(dataset_size, (last + 1) * per_step) - min(dataset_size, first * per_step)

@@ -1,19 +1,22 @@
 """Training metrics kept on the device between logging steps.
 
-The per-step path only writes tensors (no ``.item()``, no host sync): each optimizer step's loss
-goes into its own row of the open window, so that ``flush`` (on logging steps: one collective,
-one host read) can say at which step a loss first became NaN or infinite.
+The per-step path adds no tensor op and no host sync: the meter keeps a reference to each
+optimizer step's (detached) loss and component losses, and stacks and adds them up when a logging
+step reads them (``flush``: a host read, and one collective with several processes), keeping each
+step's loss so that it can also say at which step a loss first became NaN or infinite.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Iterator
 from typing import Any
 
+import numpy as np
 import torch
 from accelerate import Accelerator
+
+_MAX_PENDING = 1024  # steps whose loss tensors are held separately before they are stacked
 
 # Dense bf16 peak FLOP/s by device name, for MFU; unknown devices (the CPU) report no MFU.
 PEAK_FLOPS = {
@@ -68,71 +71,82 @@ class TrainMeter:
         self.mfu_per_token = mfu_per_token
         self.flops_per_unit = flops_per_unit
         self.peak = (peak or peak_flops(accelerator)) if flops_per_unit else None
-        # Row 0: what a resumed window carried over; row i: the window's i-th step. Columns: the
-        # step's loss, then each component's. Grown (rarely) when a window runs longer.
-        self._rows = torch.zeros(window + 1, len(components) + 1, device=accelerator.device)
-        self._filled = 1
+        # The open window: [loss, *components] a resumed window carried over, the steps since
+        # stacked into rows [steps, 1 + components] (a skipped step's row is zero), and the steps
+        # still held as the step's own tensors (None for a skipped step).
+        columns = 1 + len(components)
+        self._carried = torch.zeros(columns, device=accelerator.device)
+        self._rows = torch.zeros(0, columns, device=accelerator.device)
+        self._pending: list[tuple[torch.Tensor, torch.Tensor] | None] = []
+        # Held tensors are stacked once this many pile up (a long logging interval), so that a
+        # window holds a bounded number of small tensors.
+        self._stack_every = max(1, min(window, _MAX_PENDING))
         self._steps = 0
         self.nonfinite_skipped = 0  # optimizer steps dropped by TRAIN.NONFINITE: skip, in the run
         self.counts_skipped_steps = counts_skipped_steps
         self.skipped_steps = 0  # optimizer steps the fp16 loss scaler skipped (overflow), in the run
         self.grad_norm: torch.Tensor | float | None = None  # a float from DeepSpeed's engine
         self.gradnorm_weights: torch.Tensor | None = None  # GradNorm task weights, when enabled
-        self._wait = 0.0
         self._since = time.perf_counter()
         self._samples_at_last_flush = 0
         self._tokens_at_last_flush = 0
         # Target tokens counted since they were last read on the host (added up on the device).
         self.tokens_pending = torch.zeros((), dtype=torch.int64, device=accelerator.device)
 
-    def timed(self, loader: Iterable[Any]) -> Iterator[Any]:
-        """Iterate ``loader``, adding the time spent waiting for each batch to the data-time share."""
-        iterator = iter(loader)
-        while True:
-            start = time.perf_counter()
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                return
-            self._wait += time.perf_counter() - start
-            yield batch
-
     def add_step(self, loss: torch.Tensor, losses: torch.Tensor) -> None:
-        """This process's share of one optimizer step's loss and component losses (detached)."""
-        if self._filled == len(self._rows):
-            self._rows = torch.cat([self._rows, torch.zeros_like(self._rows)])
-        row = self._rows[self._filled]
-        row[0] = loss
-        if len(self.components) > 1:
-            row[1:] = losses
-        self._filled += 1
+        """This process's share of one optimizer step's loss and component losses (detached, and
+        not written to afterwards: they are kept as they are until the window is read)."""
+        self._pending.append((loss, losses))
         self._steps += 1
+        if len(self._pending) >= self._stack_every:
+            self._stack_pending()
 
     def skip_step(self) -> None:
-        """An optimizer step dropped by TRAIN.NONFINITE: skip: an empty row, so rows still map
-        to steps, and not in the window's average."""
-        if self._filled == len(self._rows):
-            self._rows = torch.cat([self._rows, torch.zeros_like(self._rows)])
-        self._filled += 1
+        """An optimizer step dropped by TRAIN.NONFINITE: skip: an empty row, so rows still map to
+        steps, and not in the window's average."""
+        self._pending.append(None)
         self.nonfinite_skipped += 1
+        if len(self._pending) >= self._stack_every:
+            self._stack_pending()
 
-    def _window_sums(self) -> torch.Tensor:
-        # Added in step order, as a running sum would: a window split by a resume (its first part
-        # carried in row 0) adds up to exactly the uninterrupted window's sums.
-        sums = self._rows[0].clone()
-        for row in self._rows[1 : self._filled]:
-            sums += row
-        return sums
+    def _stack_pending(self) -> torch.Tensor:
+        """Every step of the window as rows ``[steps, 1 + components]`` (a few ops for all of them)."""
+        if self._pending:
+            zero = (self._carried.new_zeros(()), self._carried.new_zeros(len(self.components)))
+            steps = [zero if step is None else step for step in self._pending]
+            loss = torch.stack([step_loss for step_loss, _ in steps])[:, None]
+            if len(self.components) > 1:
+                rows = torch.cat([loss, torch.stack([losses for _, losses in steps])], dim=1)
+            else:  # one component: the loss itself, not logged twice
+                rows = torch.cat([loss, torch.zeros_like(loss)], dim=1)
+            self._rows = torch.cat([self._rows, rows]) if len(self._rows) else rows
+            self._pending = []
+        return self._rows
+
+    def _window(self) -> list[list[float]]:
+        """This process's window on the host (one read): its sums ``[loss, *components]``, then one
+        row per step. The sums are added in step order in float32 from what a resumed window carried
+        over, as a running sum on the device would: a window split by a resume adds up to exactly the
+        uninterrupted window's sums."""
+        values: list[list[float]] = torch.cat([self._carried[None], self._stack_pending()]).tolist()
+        sums = np.add.accumulate(np.asarray(values, dtype=np.float32), axis=0)[-1]  # sequential
+        return [sums.tolist(), *values[1:]]
 
     def window_is_finite(self) -> bool:
         """Whether every loss of this process's open window is finite (a host read)."""
-        return bool(torch.isfinite(self._rows[: self._filled]).all())
+        return all(math.isfinite(value) for row in self._window() for value in row)
+
+    def _reset_window(self) -> None:
+        self._carried.zero_()
+        self._rows = self._rows[:0]
+        self._pending = []
+        self._steps = 0
 
     def state_dict(self) -> dict[str, Any]:
         """The open log window, so that a resumed run's first logged average covers the same
         steps as the uninterrupted run's (checkpoint time: reading back is fine here)."""
         return {
-            "sums": self._window_sums().tolist(),
+            "sums": self._window()[0],
             "steps": self._steps,
             "nonfinite_skipped": self.nonfinite_skipped,
             "skipped_steps": self.skipped_steps,
@@ -142,10 +156,9 @@ class TrainMeter:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         sums = state.get("sums")
-        self._rows.zero_()
-        self._filled = 1
-        if sums is not None and len(sums) == self._rows.shape[1]:
-            self._rows[0] = torch.tensor(sums, dtype=self._rows.dtype, device=self._rows.device)
+        self._reset_window()
+        if sums is not None and len(sums) == len(self._carried):
+            self._carried = torch.tensor(sums, dtype=self._carried.dtype, device=self._carried.device)
         self._steps = int(state.get("steps", 0))
         self.nonfinite_skipped = int(state.get("nonfinite_skipped", 0))
         self.skipped_steps = int(state.get("skipped_steps", 0))
@@ -163,17 +176,23 @@ class TrainMeter:
         self.tokens_pending.zero_()
         return tokens
 
-    def flush(self, samples_seen: int, tokens_seen: int, lrs: dict[str, float]) -> dict[str, float]:
-        """Averages over the window's steps, shares added over processes (one collective, one host
-        sync). ``tokens_seen``: before the tokens still pending here; the total is returned as
+    def flush(
+        self, samples_seen: int, tokens_seen: int, lrs: dict[str, float], data_wait: float = 0.0
+    ) -> dict[str, float]:
+        """Averages over the window's steps, shares added over processes (one collective; the
+        window read on the host). ``data_wait``: seconds spent waiting for batches in the window.
+        ``tokens_seen``: before the tokens still pending here; the total is returned as
         ``tokens_seen`` when the task counts tokens. Raises ``NonFiniteLoss`` (on every process
         alike: the rows are added over processes first) naming the window's first bad step."""
         tokens_seen += self.take_tokens()
-        window = torch.cat([self._window_sums()[None], self._rows[1 : self._filled]])
-        totals, *steps = self.accelerator.reduce(window, reduction="sum").tolist()
-        for offset, row in enumerate(steps):
+        window = self._window()
+        if self.accelerator.num_processes > 1:
+            local = torch.tensor(window, dtype=self._carried.dtype, device=self._carried.device)
+            window = self.accelerator.reduce(local, reduction="sum").tolist()
+        totals, *rows = window
+        for offset, row in enumerate(rows):
             if not math.isfinite(row[0]):
-                raise NonFiniteLoss(len(steps) - 1 - offset, row[0])
+                raise NonFiniteLoss(len(rows) - 1 - offset, row[0])
         steps = max(1, self._steps)
         now = time.perf_counter()
         elapsed = max(1e-9, now - self._since)
@@ -193,7 +212,7 @@ class TrainMeter:
         metrics["perf/samples_per_s"] = samples / elapsed
         if self.per_token:
             metrics["perf/tokens_per_s"] = tokens / elapsed
-        metrics["perf/data_time_share"] = min(1.0, self._wait / elapsed)
+        metrics["perf/data_time_share"] = min(1.0, data_wait / elapsed)
         if self.flops_per_unit and self.peak:
             units = tokens if self.mfu_per_token else samples
             metrics["perf/mfu"] = (
@@ -206,10 +225,7 @@ class TrainMeter:
             metrics["train/nonfinite_skipped"] = float(self.nonfinite_skipped)
         if self.counts_skipped_steps:
             metrics["train/skipped_steps"] = float(self.skipped_steps)
-        self._rows.zero_()
-        self._filled = 1
-        self._steps = 0
-        self._wait = 0.0
+        self._reset_window()
         self._since = now
         self._samples_at_last_flush = samples_seen
         self._tokens_at_last_flush = tokens_seen

@@ -28,13 +28,12 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from ..config import Config, ConfigError
-from ..data.sampling import samples_in_global_batch
 from ..progress import TrainingProgress
 from ..schedule import EarlyStopping, OpsSchedule, ResolvedPlan, StopDecision, resolve_plan
 from ..schedule.summary import summary_text
 from ..tasks import Task, TaskContext, ValidationPass, build_task
 from .backends import check_backend, check_resume, scaler_skips_steps
-from .batches import BatchSource, windows
+from .batches import BatchSource, samples_in_window
 from .checkpointing import Checkpointer
 from .config_changes import review_changes
 from .failures import NonFiniteGuard, RunFailed, collective_timeout
@@ -275,15 +274,10 @@ class Trainer:
             progress.start_training_epoch(epoch)
         else:  # nothing is loaded for the skipped batches (a stream continues from its saved position)
             batches.resume(self.resumed_data_state, done)
-        micro_batches = self.meter.timed(batches.micro_batches(done))
-        for window in windows(micro_batches, plan.accumulation):
+        size, drop_last = self.train_size, self.config.DATA.DROP_LAST
+        for window in batches.windows(done, plan.accumulation):
             self.step.run(window, progress.global_step, epoch)
-            samples = sum(
-                samples_in_global_batch(
-                    self.train_size, plan.batch_size, plan.world_size, mb.position, self.config.DATA.DROP_LAST
-                )
-                for mb in window
-            )
+            samples = samples_in_window(window, size, plan.batch_size, plan.world_size, drop_last)
             progress.complete_step(len(window), samples)
             epoch_ends = self.ops.should_end_epoch(epoch, progress.global_step)
             if stop := self._after_optimizer_step(epoch, epoch_ends):
@@ -314,8 +308,9 @@ class Trainer:
             self.out.advance(1, epoch)
             return
         lrs = {c.label: self.plan.lr(step - 1, i) for i, c in enumerate(self.plan.lr_curves)}
+        wait = self.train_batches.take_data_wait()
         try:
-            metrics = self.meter.flush(self.progress.samples_seen, self.progress.tokens_seen, lrs)
+            metrics = self.meter.flush(self.progress.samples_seen, self.progress.tokens_seen, lrs, wait)
         except NonFiniteLoss as bad:
             what = f"the training loss was {bad.value} at step {step - bad.steps_ago}"
             raise self.nonfinite.failure(what, self.checkpointer.current) from None
