@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Sequence
 
 from . import __version__
@@ -185,6 +186,10 @@ def exit_status(summary: dict[str, object]) -> int:
     return EXIT_NOT_SYNCED if summary.get("remote_sync_errors") else 0
 
 
+# How long a process that does not report a config error waits for the one that does.
+_REPORT_GRACE_S = 3.0
+
+
 def _is_local_main() -> bool:
     return os.environ.get("LOCAL_RANK", "0") == "0"
 
@@ -199,6 +204,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         if _is_local_main():
             print(f"linnaeus-accel: {exc}", file=sys.stderr)
+        elif int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            # The launcher stops every process the moment one exits: leaving first, a silent process
+            # would have the one that reports the error killed before it prints it (seen under load).
+            time.sleep(_REPORT_GRACE_S)
         return EXIT_CONFIG_ERROR
     except BrokenPipeError:
         # The reader went away (e.g. `| head`): not an error of ours, and no traceback.
