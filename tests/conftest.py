@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,3 +31,20 @@ def run_cli(*args: str) -> tuple[int, str, str]:
         except SystemExit as exc:  # argparse usage errors
             rc = exc.code if isinstance(exc.code, int) else 1
     return rc, out.getvalue(), err.getvalue()
+
+
+def reset_accelerate() -> None:
+    """Forget Accelerate's process-wide state, so that the next Accelerator starts fresh."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+
+
+@pytest.fixture
+def fresh_accelerate_state() -> Iterator[None]:
+    """Use with ``pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")`` in modules that
+    build Accelerators in-process."""
+    reset_accelerate()
+    yield
+    reset_accelerate()

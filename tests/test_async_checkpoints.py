@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from accelerate import Accelerator
-from accelerate.state import AcceleratorState, GradientState
+from conftest import reset_accelerate
 
 from linnaeus_accel.checkpoint import MARKER, CheckpointStore
 from linnaeus_accel.cli import main
@@ -35,18 +34,11 @@ OPTS = [
 ]  # fmt: skip
 
 
-@pytest.fixture(autouse=True)
-def fresh_accelerate_state() -> Iterator[None]:
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    yield
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
 
 def train(base: Path, *opts: str) -> Path:
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+    reset_accelerate()
     assert main(["train", "--cfg", CFG, "--opts", "ENV.OUTPUT.BASE_DIR", str(base), *OPTS, *opts]) == 0
     return base / "digits_default"
 

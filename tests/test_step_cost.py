@@ -14,7 +14,6 @@ micro-batches (real Accelerate, world size 1, CPU).
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from accelerate.optimizer import AcceleratedOptimizer
-from accelerate.state import AcceleratorState, GradientState
+from conftest import reset_accelerate
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.data import Dataset
@@ -45,13 +44,7 @@ NO_TRANSFORMS = [  # masking and mixup change the inputs, not what a step costs 
 ]
 
 
-@pytest.fixture(autouse=True)
-def fresh_accelerate_state() -> Iterator[None]:
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    yield
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
 
 class ShapeUnlabelled(Dataset[dict[str, Any]]):
@@ -192,8 +185,7 @@ def test_the_optimizer_inside_accelerates_plain_wrapper_is_stepped_with_the_same
 ) -> None:
     direct = trainer_on(tmp_path / "direct")
     assert direct.step.stepped is direct.optimizer.optimizer
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+    reset_accelerate()
     wrapped = trainer_on(tmp_path / "wrapped")
     wrapped.step.stepped = wrapped.optimizer  # as Accelerate's loop would step it
     for trainer in (direct, wrapped):

@@ -20,8 +20,7 @@ from typing import Any
 
 import pytest
 import torch
-from accelerate.state import AcceleratorState, GradientState
-from conftest import REPO
+from conftest import REPO, reset_accelerate
 from safetensors.torch import load_file
 from torch import Tensor, nn
 from torch.utils.data import Dataset, IterableDataset, TensorDataset
@@ -32,14 +31,7 @@ from linnaeus_accel.config import Config, ConfigError
 from linnaeus_accel.data.packing import PackedTokens
 from linnaeus_accel.tasks import STANDARD_PASS, Direction, Task, ValidationPass
 
-
-@pytest.fixture(autouse=True)
-def fresh_accelerate_state() -> Iterator[None]:
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    yield
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
 
 def records(out: Path) -> list[dict[str, Any]]:
@@ -293,8 +285,7 @@ def test_resuming_a_users_run_mid_epoch_ends_byte_identical(tmp_path: Path, case
     run's checkpoint at step 20, inside epoch 2, the run ends with the uninterrupted run's weights."""
     checkpoint = tmp_path / "whole" / "run" / "checkpoints" / "step_00000020"
     for name, resume in (("whole", None), ("resumed", checkpoint)):
-        AcceleratorState._reset_state(True)
-        GradientState._reset_state()
+        reset_accelerate()
         config, model, train, val, collate = resume_case(case, tmp_path / name)
         torch.manual_seed(0)
         Trainer(config, model(), train, val, collate_fn=collate).fit(resume_from=resume)

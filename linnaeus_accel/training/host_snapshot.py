@@ -19,7 +19,7 @@ import copy
 import random
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +70,6 @@ class Captured:
     rng: dict[str, Any]
     step: int
     ready: Any = None  # a CUDA event the device-to-host copies complete at (None on a CPU)
-    sizes: dict[str, int] = field(default_factory=dict)
 
 
 class HostSnapshot:
