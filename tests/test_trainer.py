@@ -19,6 +19,7 @@ import json
 import math
 import struct
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -635,6 +636,23 @@ def read_wandb_records(path: Path) -> list[Any]:
     return records
 
 
+def read_finished_wandb_records(path: Path, timeout_s: float = 60.0) -> list[Any]:
+    """The records once the run's ``exit`` record is on disk. ``wandb.finish()`` returns before
+    wandb-core has closed the file (it holds the last, partly filled 32 KiB block in memory until
+    the stream closes), so under load the file can still be just its header when read."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            records = read_wandb_records(path)
+        except Exception:  # a chunk caught mid-write does not parse yet
+            records = []
+        kinds = [r.WhichOneof("record_type") for r in records]
+        if "exit" in kinds or time.monotonic() > deadline:
+            assert "exit" in kinds, (path.stat().st_size, kinds)
+            return records
+        time.sleep(0.2)
+
+
 def _item_key(item: Any) -> str:
     return item.key or "/".join(item.nested_key)
 
@@ -676,7 +694,7 @@ def test_wandb_offline_run_holds_logged_keys_at_global_steps(
     assert len(runs) == 1
     files = sorted(runs[0].glob("*.wandb"))
     assert len(files) == 1
-    records = read_wandb_records(files[0])
+    records = read_finished_wandb_records(files[0])
 
     history: dict[int, dict[str, Any]] = {}
     summary: dict[str, Any] = {}
