@@ -112,3 +112,24 @@ def test_the_next_checkpoint_waits_for_a_slow_commit_and_says_how_long(
     assert checkpointer.take_timings() == {}  # once
     checkpointer.settle()
     assert CheckpointStore(tmp_path / "run" / "checkpoints").complete_steps() == [1, 2]
+
+
+def test_a_failure_writing_the_weights_half_is_raised_after_the_other_half_ends(tmp_path: Path) -> None:
+    """ASYNC writes the weights and the optimizer's state on two threads at once: an error in the
+    weights' thread reaches the caller (the commit reports it), and not before the optimizer's
+    half has finished with the directory."""
+    from linnaeus_accel.training.host_snapshot import HostSnapshot
+
+    acc = Accelerator(cpu=True)
+    model = torch.nn.Linear(256, 256)
+    acc.prepare(model, torch.optim.AdamW(model.parameters()))
+    snapshot = HostSnapshot(acc)
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    (staging / "model.safetensors").mkdir()  # the weights cannot be written there
+    captured = snapshot.capture(staging)
+    announced: list[str] = []
+    with pytest.raises(Exception, match="Is a directory"):
+        snapshot.write(captured, staging, lambda files: announced.extend(p.name for p in files))
+    assert announced == ["optimizer.bin"]
+    assert torch.load(staging / "optimizer.bin", weights_only=True)["param_groups"][0]["params"] == [0, 1]

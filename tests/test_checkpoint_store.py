@@ -26,7 +26,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from linnaeus_accel.checkpoint import MARKER, CheckpointStore, EarlySeal, file_digest, read_marker, retained
+from linnaeus_accel.checkpoint import (
+    MARKER,
+    CheckpointStore,
+    EarlySeal,
+    EarlyWriteback,
+    file_digest,
+    read_marker,
+    retained,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -124,6 +132,27 @@ def test_files_sealed_early_are_trusted_only_at_the_size_they_were_sealed(tmp_pa
     (staging / "optimizer.bin").write_bytes(b"rewritten after sealing")
     final = store.commit(3, sealed=sealed)
     assert store.verify(final) is None  # optimizer.bin's entry was recomputed, the model's reused
+
+
+def test_early_writeback_leaves_files_whole_and_ends_with_its_block(tmp_path: Path) -> None:
+    """ASYNC pushes files to the disk while they are still being written: what is written is
+    unchanged, a file removed meanwhile is no error (the commit's own fsync reports real ones),
+    and leaving the block ends its thread and closes every file it opened."""
+    opened = len(os.listdir("/proc/self/fd"))
+    chunks = [os.urandom(1 << 20) for _ in range(8)]
+    with EarlyWriteback(tmp_path) as writeback:
+        with (tmp_path / "optimizer.bin").open("wb") as f:
+            for chunk in chunks:
+                f.write(chunk)
+                f.flush()
+                time.sleep(0.005)
+        (tmp_path / "gone.bin").write_bytes(b"x" * 4096)
+        time.sleep(0.03)  # the thread has opened it by now
+        (tmp_path / "gone.bin").unlink()
+        time.sleep(0.03)
+    assert not writeback._thread.is_alive()
+    assert len(os.listdir("/proc/self/fd")) == opened
+    assert (tmp_path / "optimizer.bin").read_bytes() == b"".join(chunks)
 
 
 def test_staging_dir_starts_empty(tmp_path: Path) -> None:

@@ -4,7 +4,7 @@
 ``CheckpointStore.staging_dir`` and then calls ``commit``. See ``store`` for the commit protocol.
 """
 
-from .digests import EarlySeal, file_digest
+from .digests import EarlySeal, EarlyWriteback, file_digest
 from .retention import Mode, retained
 from .store import MARKER, CheckpointStore, MarkerError, read_marker, step_name
 
@@ -12,6 +12,7 @@ __all__ = [
     "MARKER",
     "CheckpointStore",
     "EarlySeal",
+    "EarlyWriteback",
     "MarkerError",
     "Mode",
     "file_digest",

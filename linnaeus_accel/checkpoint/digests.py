@@ -94,7 +94,7 @@ class EarlySeal:
         self._futures: list[Future[FileEntry]] = []
 
     def add(self, files: Iterable[Path]) -> None:
-        self._futures += [self._pool.submit(_entry, self.root, file) for file in files]
+        self._futures.extend([self._pool.submit(_entry, self.root, file) for file in files])
 
     def entries(self) -> dict[str, FileEntry]:
         """The entries by relative path (raises what sealing a file raised)."""
@@ -102,3 +102,42 @@ class EarlySeal:
             return {entry["path"]: entry for entry in (f.result() for f in self._futures)}
         finally:
             self._pool.shutdown(wait=True)
+
+
+class EarlyWriteback:
+    """While files are being written into ``root`` (by code we do not own: ``torch.save``,
+    safetensors), push their dirty pages to the disk every few milliseconds from a thread of its
+    own, so that the fsync of the commit finds little left to write: the disk works while the
+    writer still fills the page cache, instead of after it. A context manager; errors here are
+    ignored (the commit's own fsync reports them)."""
+
+    _PERIOD_S = 0.01
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="linnaeus-accel writeback", daemon=True)
+
+    def __enter__(self) -> EarlyWriteback:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        fds: dict[Path, int] = {}
+        try:
+            while not self._stop.wait(self._PERIOD_S):
+                for file in self.root.iterdir():
+                    try:
+                        if file not in fds and file.is_file():
+                            fds[file] = os.open(file, os.O_RDONLY)
+                        if file in fds:
+                            os.fdatasync(fds[file])
+                    except OSError:
+                        continue
+        finally:
+            for fd in fds.values():
+                os.close(fd)

@@ -32,6 +32,7 @@ import math
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ from typing import Any
 from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list, gather_object
 
-from ..checkpoint import MARKER, EarlySeal, Mode
+from ..checkpoint import MARKER, EarlySeal, EarlyWriteback, Mode
 from ..checkpoint.background import SerialWorker
 from ..config import Config, ConfigError
 from .checkpoint_search import ResumeRefused, discard_after, find_checkpoint
@@ -168,8 +169,16 @@ class Checkpointer:
         return self.store.step_of(self.current) if self.current is not None else None
 
     # -- saving ------------------------------------------------------------------------------------
-    def save(self, step: int, state: dict[str, Any], rank_state: dict[str, Any]) -> Path:
+    def save(
+        self,
+        step: int,
+        state: dict[str, Any],
+        rank_state: dict[str, Any],
+        before_commit: Callable[[], None] | None = None,
+    ) -> Path:
         """``state``: the run's (written once); ``rank_state``: this process's own.
+        ``before_commit``: a collective check run once every process has saved; what it raises
+        removes the staged checkpoint and is raised as is (the non-finite guard).
 
         Collective. The loop waits only until every process has saved (default: Accelerate's
         ``save_state``) or captured (ASYNC: a copy in host memory) its state; the main process
@@ -198,6 +207,13 @@ class Checkpointer:
         else:
             error = attempt_write(lambda: self._write(staging, rank_json, state_json), staging)
         self._agree((step, *error) if error is not None else None)
+        try:
+            if before_commit is not None:
+                before_commit()
+        except BaseException:
+            if acc.is_main_process:
+                shutil.rmtree(staging, ignore_errors=True)
+            raise
         if self.snapshot is None or not acc.is_main_process:
             fault_point("checkpoint_staged")
         if acc.is_main_process:
@@ -232,7 +248,8 @@ class Checkpointer:
         assert self.snapshot is not None
         snapshot, staging = self.snapshot, self.store.staging_path(step)
         early = EarlySeal(staging)
-        error = attempt_write(lambda: snapshot.write(captured, staging, early.add), staging)
+        with EarlyWriteback(staging):
+            error = attempt_write(lambda: snapshot.write(captured, staging, early.add), staging)
         error = error or attempt_write(lambda: self._write(staging, rank_json, state_json), staging)
         sealing = attempt_write(lambda: sealed.update(early.entries()), staging)  # ends its threads too
         error = error or sealing

@@ -10,7 +10,9 @@ import contextlib
 import errno
 import math
 import os
+import threading
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -61,12 +63,31 @@ class NonFiniteGuard:
     def __init__(self, accelerator: Any, meter: Any, model: nn.Module, policy: str) -> None:
         self.accelerator, self.meter, self.model, self.policy = accelerator, meter, model, policy
 
-    def check(self, step: int, what: str, resume_point: Path | None) -> None:
-        """Before ``what`` is written (a collective, so that every process stops or none)."""
+    def start_parameters_check(self) -> Callable[[], bool]:
+        """This process's read of its parameters, begun on a thread so that it overlaps the
+        checkpoint's own read of them (``save_state`` is I/O; the check is one pass over memory);
+        the returned function waits for the answer, to pass to ``check``."""
+        answer: Future[bool] = Future()
+
+        def run() -> None:
+            try:
+                answer.set_result(parameters_finite(self.model.parameters()))
+            except BaseException as exc:
+                answer.set_exception(exc)
+
+        threading.Thread(target=run, name="linnaeus-accel finite check", daemon=True).start()
+        return answer.result
+
+    def check(
+        self, step: int, what: str, resume_point: Path | None, parameters: Callable[[], bool] | None = None
+    ) -> None:
+        """Before ``what`` is written (a collective, so that every process stops or none).
+        ``parameters``: this process's answer from ``start_parameters_check``, else read now."""
         import torch
 
         acc = self.accelerator
-        finite = self.meter.window_is_finite() and parameters_finite(self.model.parameters())
+        parameters = parameters or (lambda: parameters_finite(self.model.parameters()))
+        finite = parameters() and self.meter.window_is_finite()
         bad = acc.reduce(torch.tensor([0.0 if finite else 1.0], device=acc.device), reduction="sum")
         if bad.item() > 0:
             raise self.failure(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import random
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
@@ -27,7 +28,21 @@ import numpy as np
 import torch
 from accelerate import Accelerator
 from accelerate.checkpointing import save_accelerator_state, save_custom_state
-from accelerate.utils import RNG_STATE_NAME
+from accelerate.utils import RNG_STATE_NAME, SAFE_WEIGHTS_NAME
+
+_WEIGHTS_PREFIX = SAFE_WEIGHTS_NAME.split(".")[0]  # model.safetensors, model_1.safetensors, ...
+
+
+def _catching(run: Callable[[], None], errors: list[BaseException]) -> Callable[[], None]:
+    """``run`` for a thread: what it raises is kept in ``errors`` for the joining thread."""
+
+    def target() -> None:
+        try:
+            run()
+        except BaseException as exc:
+            errors.append(exc)
+
+    return target
 
 
 class _Frozen:
@@ -122,32 +137,46 @@ class HostSnapshot:
         on_each_node = acc.project_configuration.save_on_each_node
         output_dir = Path(output_dir)
         rng_file = output_dir / f"{RNG_STATE_NAME}_{acc.process_index}.pkl"
-        seen = set(output_dir.iterdir())
+        before = set(output_dir.iterdir())
 
-        def announce() -> None:
-            nonlocal seen
-            now = set(output_dir.iterdir())
-            if written is not None:
-                written(sorted(p for p in now - seen if p.is_file() and p != rng_file))
-            seen = now
+        def announce(weights: bool) -> None:
+            """Tell ``written`` the files the weights' (or the other) half has completed."""
+            if written is None:
+                return
+            files = (p for p in set(output_dir.iterdir()) - before if p.is_file() and p != rng_file)
+            written(sorted(p for p in files if p.name.startswith(_WEIGHTS_PREFIX) == weights))
 
         common = {"save_on_each_node": on_each_node, "safe_serialization": True}
-        # Accelerate's one saving function, called twice: the optimizer's state first (the largest
-        # file: its sealing overlaps the weights' write), then the weights.
-        save_accelerator_state(
-            str(output_dir),
-            [],
-            captured.optimizers,
-            captured.schedulers,
-            captured.loaders,
-            acc.process_index,
-            captured.step,
-            captured.scaler,
-            **common,
+
+        def save_weights() -> None:
+            save_accelerator_state(str(output_dir), captured.weights, [], [], [], acc.process_index, captured.step, None, **common)  # fmt: skip
+            announce(weights=True)
+
+        # Accelerate's one saving function, called for two halves of the state at once: the
+        # weights on a thread of their own, the optimizer's state (the largest file) and the rest
+        # on this one. Both halves also write the RNG file; it is written over below.
+        weights_error: list[BaseException] = []
+        weights = threading.Thread(
+            target=_catching(save_weights, weights_error), name="linnaeus-accel weights", daemon=True
         )
-        announce()
-        save_accelerator_state(str(output_dir), captured.weights, [], [], [], acc.process_index, captured.step, None, **common)  # fmt: skip
-        announce()
+        weights.start()
+        try:
+            save_accelerator_state(
+                str(output_dir),
+                [],
+                captured.optimizers,
+                captured.schedulers,
+                captured.loaders,
+                acc.process_index,
+                captured.step,
+                captured.scaler,
+                **common,
+            )
+            announce(weights=False)
+        finally:
+            weights.join()
+        if weights_error:
+            raise weights_error[0]
         # save_accelerator_state read the RNG now, on this thread; the loop's states are those
         # of the capture instant, written over its file under the same name and layout.
         torch.save(captured.rng, rng_file)

@@ -408,7 +408,8 @@ class Trainer:
     # -- checkpoints ---------------------------------------------------------------------------------
     def _save_checkpoint(self, boundary: dict[str, Any] | None) -> None:
         step = self.progress.global_step
-        self.nonfinite.check(step, f"the checkpoint of step {step}", self.checkpointer.current)
+        parameters_finite = self.nonfinite.start_parameters_check()  # read while the state is saved
+        resume_point = self.checkpointer.current
         self.progress.tokens_seen += self.meter.take_tokens()
         state = {
             "progress": self.progress.state_dict(),
@@ -424,7 +425,14 @@ class Trainer:
             "meter": self.meter.state_dict(),
             "data": self.train_batches.state_dict() if mid_epoch else None,
         }
-        self.checkpointer.save(self.progress.global_step, state, rank_state)
+        self.checkpointer.save(
+            step,
+            state,
+            rank_state,
+            before_commit=lambda: self.nonfinite.check(
+                step, f"the checkpoint of step {step}", resume_point, parameters_finite
+            ),
+        )
 
     def _resume(self, resume_from: str | Path | None) -> None:
         acc = self.accelerator
