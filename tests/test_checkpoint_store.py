@@ -35,6 +35,7 @@ from linnaeus_accel.checkpoint import (
     read_marker,
     retained,
 )
+from linnaeus_accel.checkpoint.digests import hash_file, seal_file
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -132,6 +133,13 @@ def test_files_sealed_early_are_trusted_only_at_the_size_they_were_sealed(tmp_pa
     (staging / "optimizer.bin").write_bytes(b"rewritten after sealing")
     final = store.commit(3, sealed=sealed)
     assert store.verify(final) is None  # optimizer.bin's entry was recomputed, the model's reused
+
+
+@pytest.mark.parametrize("size", [0, 1, (4 << 20) + 3])  # empty (cannot be mapped), tiny, > one read
+def test_sealing_a_file_gives_the_digest_verification_recomputes(tmp_path: Path, size: int) -> None:
+    file = tmp_path / "optimizer.bin"
+    file.write_bytes(os.urandom(size))
+    assert seal_file(file) == hash_file(file, sync=False) == (size, file_digest(file.read_bytes())[1])
 
 
 def test_early_writeback_leaves_files_whole_and_ends_with_its_block(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ starts on files as soon as they are complete, while the next ones are still bein
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
 import threading
 from collections.abc import Callable, Iterable
@@ -69,8 +70,26 @@ def _fsync_in_background(fd: int) -> Future[None]:
     return done
 
 
+def seal_file(file: Path) -> tuple[int, str]:
+    """Size and digest of ``file``, which we have just written, fsynced meanwhile. Hashed straight
+    from the page cache through a read-only mapping: no copy into a buffer (~3x faster than
+    ``hash_file``; the commit waits for it). Only for our own staged files: a file truncated while
+    mapped would kill the process (SIGBUS), so checkpoints read back use ``hash_file``."""
+    with file.open("rb", buffering=0) as f:
+        syncing = _fsync_in_background(f.fileno())
+        try:
+            size = os.fstat(f.fileno()).st_size
+            digest = DIGESTS[DIGEST]()
+            if size:  # an empty file cannot be mapped
+                with mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) as mapped:
+                    digest.update(mapped)
+        finally:
+            syncing.result()  # raises the fsync's error, if any
+    return size, str(digest.hexdigest())
+
+
 def _entry(root: Path, file: Path) -> FileEntry:
-    size, digest = hash_file(file, sync=True)
+    size, digest = seal_file(file)
     return {"path": file.relative_to(root).as_posix(), "size": size, DIGEST: digest}
 
 
