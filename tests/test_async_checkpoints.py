@@ -133,3 +133,31 @@ def test_a_failure_writing_the_weights_half_is_raised_after_the_other_half_ends(
         snapshot.write(captured, staging, lambda files: announced.extend(p.name for p in files))
     assert announced == ["optimizer.bin"]
     assert torch.load(staging / "optimizer.bin", weights_only=True)["param_groups"][0]["params"] == [0, 1]
+
+
+def test_each_half_announces_only_its_own_finished_files(tmp_path: Path) -> None:
+    """The two halves write into one directory at once, and safetensors writes the weights through
+    a temporary ``.tmpXXXXXX`` file it then renames: a half must not announce (have sealed) a file
+    the other is still writing, which vanishes under the sealing thread and failed the checkpoint.
+    Here the weights' half ends first (tiny) and leaves such a file behind as it announces; the
+    optimizer's half (large: AdamW moments of other parameters) ends after it."""
+    from linnaeus_accel.training.host_snapshot import HostSnapshot
+
+    acc = Accelerator(cpu=True)
+    model = torch.nn.Linear(4, 4)
+    others = [torch.nn.Parameter(torch.zeros(4096, 2048))]
+    optimizer = torch.optim.AdamW(others)
+    others[0].grad = torch.ones_like(others[0])
+    optimizer.step()  # 64 MB of moments
+    acc.prepare(model, optimizer)
+    snapshot = HostSnapshot(acc)
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    announced: list[list[str]] = []
+
+    def written(files: list[Path]) -> None:
+        announced.append([p.name for p in files])
+        (staging / ".tmpAbCdEf").write_bytes(b"another writer's file in progress")
+
+    snapshot.write(snapshot.capture(staging), staging, written)
+    assert announced == [["model.safetensors"], ["optimizer.bin"]]

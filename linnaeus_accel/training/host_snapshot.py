@@ -140,11 +140,19 @@ class HostSnapshot:
         before = set(output_dir.iterdir())
 
         def announce(weights: bool) -> None:
-            """Tell ``written`` the files the weights' (or the other) half has completed."""
+            """Tell ``written`` the files the weights' (or the other) half has completed. A dot-file
+            is the other half's write in progress (safetensors writes ``.tmpXXXXXX``, then renames
+            it): not ours to seal."""
             if written is None:
                 return
-            files = (p for p in set(output_dir.iterdir()) - before if p.is_file() and p != rng_file)
-            written(sorted(p for p in files if p.name.startswith(_WEIGHTS_PREFIX) == weights))
+            files = [p for p in set(output_dir.iterdir()) - before if not p.name.startswith(".")]
+            written(
+                sorted(
+                    p
+                    for p in files
+                    if p.name.startswith(_WEIGHTS_PREFIX) == weights and p != rng_file and p.is_file()
+                )
+            )
 
         common = {"save_on_each_node": on_each_node, "safe_serialization": True}
 
