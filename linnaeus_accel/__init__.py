@@ -1,7 +1,8 @@
 """linnaeus-accel: linnaeus' training-progress and scheduling system on Hugging Face Accelerate.
 
-The Python API: ``Trainer(load_config(...), model, train_data, val_data).fit()``. ``Trainer``
-is imported on first use, so that ``linnaeus-accel plan`` does not load torch.
+The Python API: ``Trainer(load_config(...), model, train_data, val_data).fit()``;
+``DistributedContext`` for rank-aware user code. Both are imported on first use, so that
+``linnaeus-accel plan`` does not load torch.
 """
 
 from __future__ import annotations
@@ -11,10 +12,11 @@ from typing import TYPE_CHECKING, Any
 from .config import load_config
 
 if TYPE_CHECKING:
+    from .distributed import DistributedContext
     from .training.trainer import Trainer
 
 __version__ = "0.1.0"
-__all__ = ["Trainer", "__version__", "load_config"]
+__all__ = ["DistributedContext", "Trainer", "__version__", "load_config"]
 
 
 def __getattr__(name: str) -> Any:
@@ -22,4 +24,8 @@ def __getattr__(name: str) -> Any:
         from .training.trainer import Trainer
 
         return Trainer
+    if name == "DistributedContext":
+        from .distributed import DistributedContext
+
+        return DistributedContext
     raise AttributeError(f"module 'linnaeus_accel' has no attribute {name!r}")

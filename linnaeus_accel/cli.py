@@ -29,7 +29,7 @@ def _add_config_args(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         default=[],
         metavar="KEY VALUE",
-        help="overrides as dotted KEY VALUE pairs, values read as YAML (null unsets a key), "
+        help="overrides as dotted KEY VALUE pairs, each VALUE read as YAML as after KEY: in a file (null too), "
         "e.g. --opts TRAIN.EPOCHS 20 LR_SCHEDULER.NAME wsd",
     )
 
@@ -64,6 +64,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
     plan.add_argument("--no-series", action="store_true", help="with --json: leave out the per-step series")
+    plan.add_argument(
+        "--plot",
+        metavar="FILE",
+        default=None,
+        help="also draw the schedule (LR of every group, masking and mixup probabilities, epochs, "
+        "validation and checkpoints) to FILE (.png, .svg or .pdf); needs the 'plot' extra (matplotlib)",
+    )
     train = commands.add_parser(
         "train",
         help="train as the config says (also under `accelerate launch -m linnaeus_accel train`)",
@@ -88,6 +95,30 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="resume even though the config changed in a way that rewrites the steps already trained "
         "(data, seed, model, loss, a schedule's past values); each change is listed",
+    )
+    evaluate = commands.add_parser(
+        "evaluate",
+        help="run the configured validation passes on a checkpoint or a run's final weights "
+        "(also under `accelerate launch -m linnaeus_accel evaluate`)",
+        description="Run the validation passes the config schedules at the end of training on the weights "
+        "of a committed checkpoint or of a run's final/ directory, print one line per pass and write the "
+        "metrics as JSON. Data, model and task come from the config (use the run's own); nothing in the "
+        "run directory changes but the result file.",
+    )
+    _add_config_args(evaluate)
+    evaluate.add_argument(
+        "--checkpoint",
+        required=True,
+        metavar="PATH",
+        help="<run dir>/checkpoints/step_XXXXXXXX (committed: verified against its COMMITTED.json "
+        "first) or <run dir>/final",
+    )
+    evaluate.add_argument(
+        "--out",
+        metavar="FILE",
+        default=None,
+        help="where to write the metrics as JSON (default: <run dir>/eval/<checkpoint name>.json, "
+        "e.g. eval/step_00000045.json or eval/final.json)",
     )
     return parser
 
@@ -123,6 +154,11 @@ def plan_for(
 def run_plan(args: argparse.Namespace) -> int:
     from .schedule.summary import plan_json, summary_text
 
+    if args.plot is not None:
+        from .schedule.plot import matplotlib_problem
+
+        if (missing := matplotlib_problem()) is not None:
+            raise ConfigError([("--plot", missing)], source="arguments")
     config = load_config(args.cfg, args.opts)
     plan = plan_for(config, args.world_size, args.dataset_size, args.tokens_per_sample)
     for warning in plan.warnings:
@@ -135,6 +171,11 @@ def run_plan(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         sys.stdout.write(summary_text(config, plan))
+    if args.plot is not None:
+        from .schedule.plot import plot_for_cli
+
+        # On stderr: with --json, stdout holds the JSON object alone.
+        print(f"schedule plot written to {plot_for_cli(args.plot, config, plan)}", file=sys.stderr)
     return 0
 
 
@@ -194,7 +235,14 @@ def _is_local_main() -> bool:
     return os.environ.get("LOCAL_RANK", "0") == "0"
 
 
-COMMANDS = {"plan": run_plan, "train": run_train}
+def run_evaluate(args: argparse.Namespace) -> int:
+    from .training.evaluate import evaluate
+
+    evaluate(load_config(args.cfg, args.opts), args.checkpoint, args.out)
+    return 0
+
+
+COMMANDS = {"plan": run_plan, "train": run_train, "evaluate": run_evaluate}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -14,9 +14,12 @@ import logging
 import math
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .schedule.steps import batches_per_process, optimizer_steps_per_epoch, steps_from_fraction
+
+if TYPE_CHECKING:
+    from .schedule.plan import ResolvedPlan
 
 logger = logging.getLogger(__name__)
 
@@ -204,7 +207,12 @@ class TrainingProgress:
 
 
 class TrainingConsistencyChecker:
-    """Checks that epochs advance by the number of optimizer steps the plan expects."""
+    """Checks that epochs advance by the number of optimizer steps the plan expects.
+
+    The Trainer builds one ``for_plan`` and asks ``epoch_problem`` once, after the first epoch it
+    trains from its first batch: the schedules are resolved from the training data's length, so a
+    loader that yields fewer batches than its ``__len__`` says shifts every boundary after it.
+    """
 
     def __init__(
         self,
@@ -221,6 +229,43 @@ class TrainingConsistencyChecker:
         self.drop_last = drop_last
         self.expected_steps_per_epoch: int | None = None
         self.expected_total_steps: int | None = None
+        self._batches_per_epoch: int | None = None
+        self._last_epoch_steps: int | None = None
+        self._checked = False
+
+    @classmethod
+    def for_plan(cls, plan: ResolvedPlan, drop_last: bool = False) -> TrainingConsistencyChecker:
+        """Expect what the resolved plan says (its steps per epoch, a partial last epoch of a
+        TRAIN.TARGET_TOKENS run included), not a recount from the dataset size: a sampler of the
+        user's may legitimately draw another number of samples than the dataset holds."""
+        checker = cls(plan.epochs, plan.batch_size, plan.world_size, plan.accumulation, drop_last)
+        checker.expected_steps_per_epoch = plan.optimizer_steps_per_epoch
+        checker.expected_total_steps = plan.total_steps
+        checker._batches_per_epoch = plan.batches_per_epoch
+        checker._last_epoch_steps = plan.last_epoch_steps
+        return checker
+
+    def epoch_problem(self, epoch: int, actual_steps: int) -> str | None:
+        """What is wrong when whole epoch ``epoch`` took ``actual_steps`` optimizer steps, or None.
+        Answers once per run (later calls return None): one warning, not one per epoch."""
+        if self._checked or self.expected_steps_per_epoch is None:
+            return None
+        self._checked = True
+        expected = self.expected_steps_per_epoch
+        if epoch == self.total_epochs and self._last_epoch_steps is not None:
+            expected = self._last_epoch_steps
+        if actual_steps == expected:
+            return None
+        batches = (
+            f"{self._batches_per_epoch} batches per process" if self._batches_per_epoch else "its length"
+        )
+        return (
+            f"epoch {epoch} took {actual_steps} optimizer steps but the plan expects {expected}: the training "
+            f"data yielded {'fewer' if actual_steps < expected else 'more'} batches than its length says "
+            f"({batches}, accumulation {self.accumulation_steps}); the LR, masking, validation and "
+            "checkpoint schedules were resolved from that length and no longer line up with epochs. "
+            "Check the __len__ of the dataset or sampler given."
+        )
 
     def expected_steps_for(self, dataset_size: int) -> int:
         batches = batches_per_process(dataset_size, self.batch_size, self.world_size, self.drop_last)

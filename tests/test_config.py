@@ -951,7 +951,7 @@ def test_opts_through_a_value_is_an_error() -> None:
 def test_apply_opts_leaves_its_input_alone() -> None:
     data = {"TRAIN": {"EPOCHS": 3}}
     assert apply_opts(data, ["TRAIN.EPOCHS", "null", "DATA.BATCH_SIZE", "4"]) == {
-        "TRAIN": {},
+        "TRAIN": {"EPOCHS": None},  # null is YAML null, as in a file (tests/test_opts_null.py)
         "DATA": {"BATCH_SIZE": 4},
     }
     assert data == {"TRAIN": {"EPOCHS": 3}}

@@ -20,14 +20,14 @@ from conftest import DEFAULT_CONFIG, REPO
 
 @pytest.mark.slow
 def test_custom_model_example_trains_the_registered_model(tmp_path: Path) -> None:
+    """The README's command (plus a shorter run) trains the registered model into the example's
+    own run directory, beside a default run's, not into it."""
     cmd = [
         sys.executable,
         str(REPO / "examples" / "custom_model.py"),
         "--cfg",
         str(DEFAULT_CONFIG),
         "--opts",
-        "MODEL.TYPE",
-        "tiny_linear",
         "TRAIN.EPOCHS",
         "1",
         "ENV.OUTPUT.BASE_DIR",
@@ -35,10 +35,23 @@ def test_custom_model_example_trains_the_registered_model(tmp_path: Path) -> Non
     ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
-    summary = json.loads((tmp_path / "digits_default" / "summary.json").read_text())
+    assert not (tmp_path / "digits_default").exists()  # the default run's directory stays the default run's
+    run = tmp_path / "custom_model"
+    summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "completed"
     assert summary["global_step"] == 45  # ceil(1438 / 32) steps in the one epoch
     assert "completed at step 45" in done.stdout
+    assert "TYPE: tiny_linear" in (run / "assets" / "config.yaml").read_text(encoding="utf-8")
+    # The user's --opts come after the example's defaults, so they win.
+    example = load_example("custom_model")
+    arguments = example.train_arguments(
+        ["--cfg", "c.yaml", "--opts", "EXPERIMENT.NAME", "mine", "--overwrite"]
+    )
+    assert arguments[:3] == ["train", "--cfg", "c.yaml"]
+    assert arguments[-1] == "--overwrite"
+    opts = arguments[arguments.index("--opts") + 1 : -1]
+    assert opts.index("mine") > opts.index("custom_model")
+    assert example.train_arguments(["--cfg", "c.yaml"])[-4:] == example.EXAMPLE_OPTS
 
 
 def load_example(name: str) -> ModuleType:

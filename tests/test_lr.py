@@ -438,3 +438,39 @@ def test_step_schedule_lr_is_finite_or_config_is_rejected() -> None:
         return
     lrs = [plan.lr(k) for k in range(plan.total_steps)]
     assert all(math.isfinite(lr) for lr in lrs)
+
+
+@pytest.mark.parametrize(
+    ("lr", "key", "expected"),
+    [
+        # scaled (batch 32 at REFERENCE_BS 512): every factor of the peak is printed with its value
+        (
+            {"REFERENCE_BS": 512, "MIN_LR": 0.5},
+            "LR_SCHEDULER.MIN_LR",
+            "LR_SCHEDULER.MIN_LR: 0.5 is above the peak LR 0.0625 = BASE_LR 1 x batch-size scale 0.0625 "
+            "(effective batch 32 / REFERENCE_BS 512): lower MIN_LR or raise the peak",
+        ),
+        # scaling off, a group's own MIN_LR above its peak: scale 1, said why, and the multiplier
+        (
+            {
+                "REFERENCE_BS": None,
+                "PARAMETER_GROUPS": [
+                    {"LABEL": "head", "MATCH": ["head.*"], "LR_MULTIPLIER": 0.1, "MIN_LR": 0.5}
+                ],
+            },
+            "LR_SCHEDULER.PARAMETER_GROUPS.0.MIN_LR",
+            "LR_SCHEDULER.PARAMETER_GROUPS.0.MIN_LR: 0.5 is above the peak LR 0.1 = BASE_LR 1 x batch-size "
+            "scale 1 (REFERENCE_BS null: no scaling) x LR_MULTIPLIER 0.1: lower MIN_LR or raise the peak",
+        ),
+    ],
+)
+def test_min_lr_above_the_peak_names_every_factor_of_the_peak(
+    lr: dict[str, Any], key: str, expected: str
+) -> None:
+    config = validate_config(
+        {"TRAIN": {"EPOCHS": 10}, "DATA": {"BATCH_SIZE": 32}, "LR_SCHEDULER": {"BASE_LR": 1.0, **lr}}
+    )
+    with pytest.raises(ConfigError) as info:
+        resolve_plan(config, 10, 1)
+    assert [k for k, _ in info.value.problems] == [key]
+    assert expected in str(info.value)

@@ -519,11 +519,14 @@ def test_should_log_metrics(metrics: dict[str, Any], epochs: int, batches: int, 
 def test_other_log_intervals_default_to_step_interval_and_can_be_overridden() -> None:
     ops = make_ops({"SCHEDULE": {"METRICS": {"STEP_INTERVAL": 30, "CONSOLE_INTERVAL": 200}}})
     steps = range(1001)
-    assert [s for s in steps if ops.should_log_console(s)] == [200, 400, 600, 800, 1000]
+    # The console shows metrics records: 200 is rounded up to 210, a multiple of 30.
+    assert ops.plan.console_interval == 210
+    assert [s for s in steps if ops.should_log_console(s)] == [210, 420, 630, 840, 1000]
     metrics = [s for s in steps if ops.should_log_metrics(s)]
-    assert [s for s in steps if ops.should_log_wandb(s)] == metrics
+    assert [s for s in steps if ops.should_log_to_trackers(s)] == metrics
     assert [s for s in steps if ops.should_log_lr(s)] == metrics
-    assert [s for s in steps if ops.should_log_pipeline(s)] == metrics
+    lr_every_7 = make_ops({"SCHEDULE": {"METRICS": {"STEP_INTERVAL": 30, "LR_INTERVAL": 7}}})
+    assert [s for s in steps if lr_every_7.should_log_lr(s)] == [*range(7, 1001, 7), 1000]  # any step
 
 
 # ---------------------------------------------------------------------------------------------

@@ -183,6 +183,48 @@ def test_transient_upload_failures_are_retried(
     assert remote.complete_steps() == [5]
 
 
+def test_retries_wait_as_the_policy_says_then_succeed(
+    b2: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    api, sim, _ = b2
+    remote = remote_for(api, RetryPolicy(attempts=4, base_delay=0.1, max_delay=0.2))
+    # 15 errors: b2sdk's own 5 quick tries fail in each of our first 3 attempts; the 4th succeeds.
+    sim.fail_uploads["step_00000005/optimizer.bin"] = 15
+    start = time.perf_counter()
+    with caplog.at_level(logging.WARNING):
+        remote.upload(make_checkpoint(tmp_path, 5))
+    elapsed = time.perf_counter() - start
+    retries = [r.getMessage() for r in caplog.records if "optimizer.bin failed" in r.getMessage()]
+    assert [m.rsplit(";", 1)[1] for m in retries] == [
+        " retry 1 in 0.1s",
+        " retry 2 in 0.2s",
+        " retry 3 in 0.2s",
+    ]
+    assert "MaxRetriesExceeded" in retries[0]  # what b2sdk raised once its own tries were spent
+    assert elapsed >= 0.5  # the waits really happened (0.1 + 0.2 + 0.2 s)
+    assert remote.complete_steps() == [5]
+
+
+def test_a_vanished_local_file_is_not_retried(
+    b2: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Waiting cannot bring back a file that local retention deleted: the default policy would have
+    held the uploader for 15 s of backoff."""
+    api, sim, _ = b2
+    remote = remote_for(api, RetryPolicy())
+    doomed = make_checkpoint(tmp_path, 1)
+    sim.remove_after_upload = ("step_00000001/optimizer.bin", doomed)
+    start = time.perf_counter()
+    with (
+        caplog.at_level(logging.WARNING),
+        pytest.raises(RemoteSyncError, match=r"failed \(not retried\): InvalidUploadSource"),
+    ):
+        remote.upload(doomed)
+    assert time.perf_counter() - start < 5.0
+    assert "retry" not in caplog.text
+    assert remote.complete_steps() == []
+
+
 def test_background_uploader_reports_permanent_failure_without_raising(b2: Any, tmp_path: Path) -> None:
     api, sim, _ = b2
     uploader = BackgroundUploader(remote_for(api))

@@ -4,7 +4,7 @@ Each run is tiny (a few epochs of the built-in digits data: 1438 training / 359 
 and is checked against what ``linnaeus-accel plan`` says for the same config: the final
 ``global_step``, the logging steps, the LR of every logged step, the validation passes of every
 epoch boundary and the early-stopping step. The outputs are read back as a user would: summary.json,
-metrics.jsonl, final/model.safetensors, assets/, and the offline Weights & Biases run.
+metrics.jsonl, final/model.safetensors, assets/ (the trackers: tests/test_trackers.py).
 
 Accelerate keeps process-wide singletons (``AcceleratorState``, ``GradientState``) between
 ``Accelerator`` instances: every run here starts from a reset state, or a run with another
@@ -17,9 +17,7 @@ import contextlib
 import io
 import json
 import math
-import struct
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -599,135 +597,7 @@ def test_default_config_trains_to_stated_accuracy(
     assert f"val/acc_digit {summary['last_validation']['val/acc_digit']:.4f}" in captured.out
 
 
-# -- Weights & Biases, offline -------------------------------------------------------------------
-def read_wandb_records(path: Path) -> list[Any]:
-    """The records of a ``.wandb`` file: a LevelDB-style log (32 KiB blocks, 7-byte chunk headers)
-    after a 7-byte ``:W&B`` header, each record a ``wandb_internal_pb2.Record``."""
-    from wandb.proto import wandb_internal_pb2
-
-    data = path.read_bytes()
-    assert data[:4] == b":W&B"
-    block, pos, chunks, pending = 32768, 7, [], b""
-    while pos + 7 <= len(data):
-        left = block - pos % block
-        if left < 7:
-            pos += left
-            continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
-        if kind == 0:  # zero padding up to the end of the block
-            pos += left
-            continue
-        chunk = data[pos + 7 : pos + 7 + length]
-        pos += 7 + length
-        if kind == 1:  # full
-            chunks.append(chunk)
-        elif kind == 2:  # first
-            pending = chunk
-        elif kind == 3:  # middle
-            pending += chunk
-        elif kind == 4:  # last
-            chunks.append(pending + chunk)
-            pending = b""
-    records = []
-    for chunk in chunks:
-        record = wandb_internal_pb2.Record()
-        record.ParseFromString(chunk)
-        records.append(record)
-    return records
-
-
-def read_finished_wandb_records(path: Path, timeout_s: float = 60.0) -> list[Any]:
-    """The records once the run's ``exit`` record is on disk. ``wandb.finish()`` returns before
-    wandb-core has closed the file (it holds the last, partly filled 32 KiB block in memory until
-    the stream closes), so under load the file can still be just its header when read."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            records = read_wandb_records(path)
-        except Exception:  # a chunk caught mid-write does not parse yet
-            records = []
-        kinds = [r.WhichOneof("record_type") for r in records]
-        if "exit" in kinds or time.monotonic() > deadline:
-            assert "exit" in kinds, (path.stat().st_size, kinds)
-            return records
-        time.sleep(0.2)
-
-
-def _item_key(item: Any) -> str:
-    return item.key or "/".join(item.nested_key)
-
-
-@pytest.mark.slow
-def test_wandb_offline_run_holds_logged_keys_at_global_steps(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    pytest.importorskip("wandb")
-    wandb_home = tmp_path / "wandb_env"
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    for var, sub in (
-        ("WANDB_DIR", "dir"),
-        ("WANDB_CACHE_DIR", "cache"),
-        ("WANDB_CONFIG_DIR", "config"),
-        ("WANDB_DATA_DIR", "data"),
-        ("WANDB_ARTIFACT_DIR", "artifacts"),
-    ):
-        monkeypatch.setenv(var, str(wandb_home / sub))
-    monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    monkeypatch.chdir(tmp_path)
-    opts = [
-        "ENV.OUTPUT.BASE_DIR",
-        str(tmp_path / "out"),
-        "TRAIN.EPOCHS",
-        "2",
-        "DATA.BATCH_SIZE",
-        "128",
-        "SCHEDULE.METRICS.STEP_INTERVAL",
-        "5",
-        "EXPERIMENT.WANDB.ENABLED",
-        "true",
-    ]
-    total = plan_json(opts)["total_steps"]
-    assert train(opts) == 0
-    out = tmp_path / "out" / NAME
-    runs = sorted((out / "wandb").glob("offline-run-*"))
-    assert len(runs) == 1
-    files = sorted(runs[0].glob("*.wandb"))
-    assert len(files) == 1
-    records = read_finished_wandb_records(files[0])
-
-    history: dict[int, dict[str, Any]] = {}
-    summary: dict[str, Any] = {}
-    run_names = []
-    for record in records:
-        kind = record.WhichOneof("record_type")
-        if kind == "history":
-            row = {_item_key(i): json.loads(i.value_json) for i in record.history.item}
-            history.setdefault(int(row["_step"]), {}).update(row)
-        elif kind == "summary":
-            summary.update({_item_key(i): json.loads(i.value_json) for i in record.summary.update})
-        elif kind == "run":
-            run_names.append(record.run.display_name)
-    assert run_names
-    assert set(run_names) == {NAME}
-
-    metrics = read_metrics(out)
-    train_steps = [r["global_step"] for r in train_records(metrics)]
-    val_steps = [r["global_step"] for r in val_records(metrics)]
-    assert train_steps == [5, 10, 15, 20, total]
-    assert val_steps == [12, total]
-    # The step axis is the global step: train keys where metrics.jsonl has them, val keys likewise.
-    assert sorted(s for s, row in history.items() if "train/loss" in row) == train_steps
-    assert sorted(s for s, row in history.items() if "val/loss" in row) == val_steps
-    for r in metrics:
-        row = history[r["global_step"]]
-        for key, value in r.items():
-            if key != "global_step":
-                assert row[key] == pytest.approx(value, rel=1e-9), (r["global_step"], key)
-    assert summary["_step"] == total
-    assert "train/loss" in summary
-    assert "val/loss" in summary
-    assert summary["val/loss"] == pytest.approx(val_records(metrics)[-1]["val/loss"], rel=1e-9)
+# -- Weights & Biases and TensorBoard: tests/test_trackers.py ---------------------------------
 
 
 # -- refusals ------------------------------------------------------------------------------------

@@ -18,7 +18,6 @@ import re
 import shutil
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
@@ -26,7 +25,15 @@ from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar
 
 from b2sdk.v2 import B2Api, InMemoryAccountInfo
-from b2sdk.v2.exception import B2Error
+from b2sdk.v2.exception import B2Error, InvalidUploadSource
+from tenacity import (
+    RetryCallState,
+    RetryError,
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential,
+)
 
 from .store import MARKER, step_name
 
@@ -44,7 +51,8 @@ class RemoteSyncError(RuntimeError):
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Bounded exponential backoff around each single-file operation.
+    """Bounded exponential backoff around each single-file operation: after the n-th failure,
+    wait ``min(max_delay, base_delay * 2 ** (n - 1))`` seconds; give up after ``attempts`` tries.
 
     b2sdk already retries transient errors a few times without waiting; this outer loop waits, so a
     network outage of tens of seconds (a node's NIC flapping, B2 returning 503s) is ridden out too.
@@ -54,8 +62,34 @@ class RetryPolicy:
     base_delay: float = 1.0
     max_delay: float = 30.0
 
-    def delay(self, failed_attempts: int) -> float:
-        return min(self.max_delay, self.base_delay * 2.0 ** (failed_attempts - 1))
+    def retrying(self, what: str) -> Retrying:
+        """Tenacity's loop for one operation described by ``what`` (named in the warnings)."""
+        return Retrying(
+            retry=retry_if_exception(_worth_retrying),
+            stop=stop_after_attempt(self.attempts),
+            wait=wait_exponential(multiplier=self.base_delay, exp_base=2, max=self.max_delay),
+            before_sleep=partial(_warn_retry, what),
+        )
+
+
+def _worth_retrying(error: BaseException) -> bool:
+    """Every B2 error but one that waiting cannot fix: a local file that vanished or cannot be read
+    (local retention deleting a checkpoint mid-upload). Retried, it held the uploader, and every
+    checkpoint queued after it, for 15 s of backoff with the default policy."""
+    return isinstance(error, B2Error) and not isinstance(error, InvalidUploadSource)
+
+
+def _warn_retry(what: str, state: RetryCallState) -> None:
+    error = state.outcome.exception() if state.outcome is not None else None
+    delay = state.next_action.sleep if state.next_action is not None else 0.0
+    log.warning(
+        "%s failed (%s: %s); retry %d in %.1fs",
+        what,
+        type(error).__name__,
+        error,
+        state.attempt_number,
+        delay,
+    )
 
 
 class RemoteCheckpoints:
@@ -209,20 +243,16 @@ class RemoteCheckpoints:
         self._bucket.download_file_by_name(name).save_to(str(target))
 
     def _retry(self, what: str, operation: Callable[[], _T]) -> _T:
-        for attempt in range(1, self.retry.attempts + 1):
-            try:
-                return operation()
-            except B2Error as e:
-                if attempt == self.retry.attempts:
-                    raise RemoteSyncError(
-                        f"{what} failed after {attempt} attempts: {type(e).__name__}: {e}"
-                    ) from e
-                delay = self.retry.delay(attempt)
-                log.warning(
-                    "%s failed (%s: %s); retry %d in %.1fs", what, type(e).__name__, e, attempt, delay
-                )
-                time.sleep(delay)
-        raise AssertionError("unreachable: attempts >= 1")
+        try:
+            return self.retry.retrying(what)(operation)
+        except RetryError as gave_up:
+            last = gave_up.last_attempt
+            error = last.exception()
+            raise RemoteSyncError(
+                f"{what} failed after {last.attempt_number} attempts: {type(error).__name__}: {error}"
+            ) from error
+        except B2Error as e:  # one that retrying cannot fix (see _worth_retrying)
+            raise RemoteSyncError(f"{what} failed (not retried): {type(e).__name__}: {e}") from e
 
 
 class BackgroundUploader:

@@ -9,9 +9,9 @@ them into fully qualified dotted keys (see ``loading.format_problems``).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from pydantic import (
     AfterValidator,
@@ -106,30 +106,52 @@ class Section(BaseModel):
         return []
 
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+# What each value check accepts, in words: the "type" column of the generated reference
+# (docs/config.md, see ``reference``).
+RULE_NAMES: dict[Callable[..., Any], str] = {}
+
+
+def accepts(words: str) -> Callable[[_F], _F]:
+    """Records what the decorated value check accepts, for the generated reference."""
+
+    def record(check: _F) -> _F:
+        RULE_NAMES[check] = words
+        return check
+
+    return record
+
+
+@accepts("number in [0, 1]")
 def _check_fraction(value: float) -> float:
     if not math.isfinite(value) or not 0.0 <= value <= 1.0:
         raise ValueError(f"must be a fraction of training between 0 and 1 (got {value})")
     return value
 
 
+@accepts("probability in [0, 1]")
 def _check_probability(value: float) -> float:
     if not math.isfinite(value) or not 0.0 <= value <= 1.0:
         raise ValueError(f"must be a probability between 0 and 1 (got {value})")
     return value
 
 
+@accepts("number >= 0")
 def _check_non_negative(value: float) -> float:
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"must be a finite number >= 0 (got {value})")
     return value
 
 
+@accepts("number > 0")
 def _check_positive(value: float) -> float:
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"must be a finite number > 0 (got {value})")
     return value
 
 
+@accepts("number in (0, 1]")
 def _check_decay_rate(value: float) -> float:
     if not math.isfinite(value) or not 0.0 < value <= 1.0:
         raise ValueError(
@@ -138,18 +160,21 @@ def _check_decay_rate(value: float) -> float:
     return value
 
 
+@accepts("integer >= 1")
 def _check_positive_int(value: int) -> int:
     if value < 1:
         raise ValueError(f"must be an integer >= 1 (got {value})")
     return value
 
 
+@accepts("integer >= 1")
 def _check_interval(value: int) -> int:
     if value < 1:
         raise ValueError(f"must be an integer >= 1 (got {value}); leave it unset (null) to disable")
     return value
 
 
+@accepts("integer >= 0")
 def _check_non_negative_int(value: int) -> int:
     if value < 0:
         raise ValueError(f"must be an integer >= 0 (got {value})")
@@ -160,6 +185,7 @@ def at_most(limit: int, why: str) -> AfterValidator:
     """An upper bound for a count where a larger value can only be a mistake (a typo, a value in
     the wrong unit); ``why`` tells the user what the bound protects."""
 
+    @accepts(f"at most {limit:,}")
     def check(value: int) -> int:
         if value > limit:
             raise ValueError(f"must be at most {limit:,} (got {value:,}): {why}")

@@ -116,7 +116,15 @@ def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str
 
 
 def apply_opts(data: dict[str, Any], opts: Sequence[str]) -> dict[str, Any]:
-    """linnaeus' ``--opts KEY VALUE ...``: dotted keys, YAML scalar values, ``null`` unsets a key."""
+    """linnaeus' ``--opts KEY VALUE ...``: dotted keys, each VALUE read as YAML, exactly as the same
+    value after ``KEY:`` in a file. So ``null`` is YAML null, as in a file: no scaling for
+    ``LR_SCHEDULER.REFERENCE_BS``, no clipping for ``TRAIN.CLIP_GRAD``, an unset unit for ``*_STEPS``.
+
+    There is deliberately no "back to the default" spelling: it would give null a second meaning
+    (linnaeus' did, so ``REFERENCE_BS null`` could not turn scaling off from the command line), and
+    every default is in docs/config.md, so writing it out says the same thing explicitly. A mapping
+    value merges into the section, as a file given after the config would.
+    """
     if len(opts) % 2:
         raise ConfigError([("", f"--opts takes KEY VALUE pairs; {opts[-1]!r} has no value")], source="--opts")
     out = copy.deepcopy(data)
@@ -134,10 +142,10 @@ def apply_opts(data: dict[str, Any], opts: Sequence[str]) -> dict[str, Any]:
                     [(key, f"{part} is not a section, so it has no key {leaf}")], source="--opts"
                 )
             node = child
-        if value is None:
-            node.pop(leaf, None)
-        else:
-            node[leaf] = value
+        old = node.get(leaf)
+        if isinstance(value, Mapping) and isinstance(old, Mapping):
+            value = deep_merge(old, value)
+        node[leaf] = value
     return out
 
 
@@ -247,6 +255,8 @@ def _pydantic_problems(exc: ValidationError, data: Mapping[str, Any]) -> list[Fo
                 out.append((", ".join(keys), p.render(key)[1], delete, prune))
         elif err["type"] == "extra_forbidden":
             out.append((key, _unknown_key_message(err["loc"], data), [loc], []))
+        elif err["input"] is None and loc and not err["msg"].startswith("Value error, "):
+            out.append((key, _null_message(err["loc"]), [], [loc]))
         elif err["type"] == "model_type" and loc:
             out.append((key, f"must be a mapping of keys, got {err['input']!r}", [], [loc]))
         else:
@@ -257,15 +267,39 @@ def _pydantic_problems(exc: ValidationError, data: Mapping[str, Any]) -> list[Fo
     return out
 
 
-def _unknown_key_message(loc: tuple[int | str, ...], data: Mapping[str, Any]) -> str:
+def _null_message(loc: tuple[int | str, ...]) -> str:
+    """Why ``KEY: null`` is refused where null has no meaning, and what to write instead."""
+    model = _model_at(loc[:-1])
+    name = _field_name(model, str(loc[-1])) if model is not None else None
+    if model is None or name is None:
+        return "cannot be null here: give a value"
+    field = model.model_fields[name]
+    if _model_of(field.annotation) is not None and not str(field.annotation).startswith("list"):
+        return "cannot be null: it is a section; give its keys, or leave it out for its defaults"
+    default = yaml.safe_dump(field.get_default(call_default_factory=True), default_flow_style=True)
+    default = default.strip().removesuffix("...").strip()
+    return (
+        f"cannot be null (this key has no off or automatic setting): give a value; its default is {default}"
+    )
+
+
+def _model_at(loc: tuple[int | str, ...]) -> Any:
+    """The section model at ``loc`` (a path of keys and list indices from the root), or None."""
     model: Any = Config
-    for part in loc[:-1]:
-        if isinstance(part, int):
+    for part in loc:
+        if isinstance(part, int) or str(part).isdigit():
             continue  # a list item: the element model was already taken from list[...]
         name = _field_name(model, str(part))
         model = _model_of(model.model_fields[name].annotation) if name else None
         if model is None:
-            return "unknown key"
+            return None
+    return model
+
+
+def _unknown_key_message(loc: tuple[int | str, ...], data: Mapping[str, Any]) -> str:
+    model = _model_at(loc[:-1])
+    if model is None:
+        return "unknown key"
     leaf = str(loc[-1])
     name = _field_name(model, leaf)
     if name is not None:

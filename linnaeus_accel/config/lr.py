@@ -44,16 +44,43 @@ class ParameterGroup(Section):
     WARMUP_LR: NonNegativeFloat | None = Field(
         None, description="Absolute warmup start; default: global x multiplier."
     )
-    WARMUP_STEPS: NonNegativeInt | None = None
-    WARMUP_FRACTION: Fraction | None = None
-    WARMUP_EPOCHS: NonNegativeFloat | None = None
-    DECAY_STEPS: PositiveInt | None = None
-    DECAY_FRACTION: Fraction | None = None
-    DECAY_EPOCHS: PositiveFloat | None = None
-    DECAY_RATE: DecayRate | None = None
-    STABLE_DURATION_FRACTION: Fraction | None = None
-    DECAY_DURATION_FRACTION: Fraction | None = None
-    DECAY_TYPE: DecayType | None = None
+    WARMUP_STEPS: NonNegativeInt | None = Field(
+        None, description="This group's warmup length in optimizer steps; default: the global warmup."
+    )
+    WARMUP_FRACTION: Fraction | None = Field(
+        None,
+        description="This group's warmup length as a fraction of total steps; default: the global warmup.",
+    )
+    WARMUP_EPOCHS: NonNegativeFloat | None = Field(
+        None,
+        description="This group's warmup length in epochs (may be fractional); default: the global warmup.",
+    )
+    DECAY_STEPS: PositiveInt | None = Field(
+        None,
+        description="step schedule: this group's decay period in optimizer steps; default: the global one.",
+    )
+    DECAY_FRACTION: Fraction | None = Field(
+        None,
+        description="step schedule: this group's decay period as a fraction of total steps; default: the global one.",
+    )
+    DECAY_EPOCHS: PositiveFloat | None = Field(
+        None, description="step schedule: this group's decay period in epochs; default: the global one."
+    )
+    DECAY_RATE: DecayRate | None = Field(
+        None,
+        description="step schedule: this group's multiplier per decay period; default: the global DECAY_RATE.",
+    )
+    STABLE_DURATION_FRACTION: Fraction | None = Field(
+        None,
+        description="wsd: this group's share of post-warmup steps held at its peak LR; default: the global one.",
+    )
+    DECAY_DURATION_FRACTION: Fraction | None = Field(
+        None,
+        description="wsd: this group's share of post-warmup steps spent decaying; default: the global one.",
+    )
+    DECAY_TYPE: DecayType | None = Field(
+        None, description="wsd: shape of this group's decay phase (cosine | linear); default: the global one."
+    )
 
     def problems(self) -> list[Problem]:
         problems = merge_problems(one_unit_problems(self, "WARMUP"), one_unit_problems(self, "DECAY"))
@@ -78,21 +105,38 @@ class ParameterGroup(Section):
 class LRSchedulerConfig(Section):
     """The learning-rate curve, a pure function of the global optimizer step (SPEC §3)."""
 
-    NAME: ScheduleName = Field("cosine", description="cosine | linear | step | wsd (warmup-stable-decay).")
+    NAME: ScheduleName = Field(
+        "cosine",
+        description="Shape of the curve after warmup: cosine or linear decay from the scaled BASE_LR to "
+        "MIN_LR at the last step; step (x DECAY_RATE every DECAY_* period); wsd (warmup-stable-decay: held "
+        "for STABLE_DURATION_FRACTION, then DECAY_TYPE decay to MIN_LR over DECAY_DURATION_FRACTION).",
+    )
     BASE_LR: PositiveFloat = Field(
-        1e-3, description="Peak LR at REFERENCE_BS; scaled by effective batch / REFERENCE_BS."
+        1e-3,
+        description="Peak LR at REFERENCE_BS; multiplied by effective batch / REFERENCE_BS (effective batch "
+        "= DATA.BATCH_SIZE x processes x TRAIN.ACCUMULATION_STEPS) before any schedule is built.",
     )
     REFERENCE_BS: PositiveInt | None = Field(
-        512, description="Effective batch size at which BASE_LR applies unscaled; null disables scaling."
+        512,
+        description="Effective batch size at which BASE_LR applies unscaled; null turns scaling off "
+        "(scale 1, BASE_LR as written).",
     )
-    MIN_LR: NonNegativeFloat = Field(0.0, description="Absolute LR at the end of decay (not scaled).")
-    WARMUP_LR: NonNegativeFloat = Field(0.0, description="Absolute LR at step 0 of warmup (not scaled).")
-    WARMUP_STEPS: NonNegativeInt | None = Field(None, description="Warmup length in optimizer steps.")
+    MIN_LR: NonNegativeFloat = Field(
+        0.0, description="Absolute LR at the end of decay (not scaled); must not exceed the scaled BASE_LR."
+    )
+    WARMUP_LR: NonNegativeFloat = Field(
+        0.0, description="Absolute LR at step 0 of warmup (not scaled); must not exceed the scaled BASE_LR."
+    )
+    WARMUP_STEPS: NonNegativeInt | None = Field(
+        None, description="Warmup length in optimizer steps (none of WARMUP_*: no warmup)."
+    )
     WARMUP_FRACTION: Fraction | None = Field(None, description="Warmup length as a fraction of total steps.")
     WARMUP_EPOCHS: NonNegativeFloat | None = Field(
         None, description="Warmup length in epochs (may be fractional)."
     )
-    DECAY_STEPS: PositiveInt | None = Field(None, description="step schedule: steps between decays.")
+    DECAY_STEPS: PositiveInt | None = Field(
+        None, description="step schedule: optimizer steps between decays (NAME step needs one of DECAY_*)."
+    )
     DECAY_FRACTION: Fraction | None = Field(
         None, description="step schedule: decay period as a fraction of total."
     )

@@ -46,12 +46,23 @@ def _combination_problems(key: str, combos: list[list[str]]) -> list[Problem]:
 class PartialMaskMetaValidation(Section):
     """Validation passes with one WHITELIST combination of metadata components masked each."""
 
-    ENABLED: bool = False
-    INTERVAL_EPOCHS: StepsOrOff | None = None
-    INTERVAL_STEPS: StepsOrOff | None = None
-    INTERVAL_FRACTION: Fraction | None = None
+    ENABLED: bool = Field(
+        False,
+        description="Run the WHITELIST passes (metric prefix val_mask_<A>_<B>) at the boundaries of "
+        "INTERVAL_*; with no INTERVAL_* they never run.",
+    )
+    INTERVAL_EPOCHS: StepsOrOff | None = Field(None, description="Partial-mask passes every N epochs.")
+    INTERVAL_STEPS: StepsOrOff | None = Field(
+        None, description="Partial-mask passes at the first epoch boundary at or after every N global steps."
+    )
+    INTERVAL_FRACTION: Fraction | None = Field(
+        None,
+        description="Partial-mask passes at the first epoch boundary at or after every fraction of total "
+        "steps (0: never).",
+    )
     WHITELIST: list[list[str]] = Field(
-        default_factory=list, description="Component combinations, one pass each."
+        default_factory=list,
+        description="Metadata component combinations, one validation pass each with that combination masked.",
     )
 
     def problems(self) -> list[Problem]:
@@ -65,10 +76,16 @@ class PartialMaskMetaValidation(Section):
 
 
 class FinalEpochValidation(Section):
+    """Extra validation passes at the last epoch boundary."""
+
     EXHAUSTIVE_PARTIAL_META_VALIDATION: bool = Field(
         False, description="At the final epoch, one pass per non-empty proper subset of the components."
     )
-    EXHAUSTIVE_META_COMPONENTS: list[str] = Field(default_factory=list)
+    EXHAUSTIVE_META_COMPONENTS: list[str] = Field(
+        default_factory=list,
+        description="The metadata components (at least 2) whose subsets the exhaustive passes mask "
+        "(3 components: 6 passes); they replace that boundary's PARTIAL_MASK_META passes.",
+    )
 
     def problems(self) -> list[Problem]:
         problems = []
@@ -86,12 +103,34 @@ class FinalEpochValidation(Section):
 
 
 class ValidationSchedule(Section):
-    INTERVAL_EPOCHS: StepsOrOff | None = Field(None, description="Standard validation every N epochs.")
-    INTERVAL_STEPS: StepsOrOff | None = None
-    INTERVAL_FRACTION: Fraction | None = None
-    MASK_META_INTERVAL_EPOCHS: StepsOrOff | None = Field(None, description="Pass with all metadata masked.")
-    MASK_META_INTERVAL_STEPS: StepsOrOff | None = None
-    MASK_META_INTERVAL_FRACTION: Fraction | None = None
+    """Validation passes, run at epoch boundaries."""
+
+    INTERVAL_EPOCHS: StepsOrOff | None = Field(
+        None,
+        description="Standard validation (metric prefix val) every N epochs. With any INTERVAL_* set the "
+        "final epoch always validates; with none, validation never runs.",
+    )
+    INTERVAL_STEPS: StepsOrOff | None = Field(
+        None, description="Standard validation at the first epoch boundary at or after every N global steps."
+    )
+    INTERVAL_FRACTION: Fraction | None = Field(
+        None,
+        description="Standard validation at the first epoch boundary at or after every fraction of total "
+        "steps (0: never).",
+    )
+    MASK_META_INTERVAL_EPOCHS: StepsOrOff | None = Field(
+        None,
+        description="A pass with all metadata masked (metric prefix val_mask_meta) every N epochs; not "
+        "forced at the final epoch.",
+    )
+    MASK_META_INTERVAL_STEPS: StepsOrOff | None = Field(
+        None, description="The all-masked pass at the first epoch boundary at or after every N global steps."
+    )
+    MASK_META_INTERVAL_FRACTION: Fraction | None = Field(
+        None,
+        description="The all-masked pass at the first epoch boundary at or after every fraction of total "
+        "steps (0: never).",
+    )
     PARTIAL_MASK_META: PartialMaskMetaValidation = Field(default_factory=PartialMaskMetaValidation)
     FINAL_EPOCH: FinalEpochValidation = Field(default_factory=FinalEpochValidation)
 
@@ -103,11 +142,22 @@ class ValidationSchedule(Section):
 
 
 class CheckpointSchedule(Section):
+    """When checkpoints are written and which are kept."""
+
     INTERVAL_EPOCHS: StepsOrOff | None = Field(
-        None, description="Checkpoint every N epochs (final epoch always)."
+        None,
+        description="Checkpoint every N epochs (the final epoch always checkpoints, even with no INTERVAL_*).",
     )
-    INTERVAL_STEPS: StepsOrOff | None = None
-    INTERVAL_FRACTION: Fraction | None = None
+    INTERVAL_STEPS: StepsOrOff | None = Field(
+        None,
+        description="Checkpoint at the first epoch boundary at or after every N global steps (at the step "
+        "itself with MID_EPOCH).",
+    )
+    INTERVAL_FRACTION: Fraction | None = Field(
+        None,
+        description="Checkpoint at the first epoch boundary at or after every fraction of total steps (at "
+        "the step itself with MID_EPOCH; 0: never).",
+    )
     KEEP_TOP_N: NonNegativeInt = Field(
         1, description="Keep the N best by METRIC (0 with KEEP_LAST_N 0: keep all)."
     )
@@ -144,12 +194,20 @@ class CheckpointSchedule(Section):
 class ProbabilityRamp(Section):
     """A probability moving linearly from START_PROB at step 0 to END_PROB at the END step."""
 
-    ENABLED: bool = False
-    START_PROB: Probability = 1.0
-    END_PROB: Probability = 0.0
-    END_STEPS: NonNegativeInt | None = None
-    END_FRACTION: Fraction | None = None
-    END_EPOCHS: NonNegativeFloat | None = None
+    ENABLED: bool = Field(False, description="Turns the ramp on; off, the probability is 0 at every step.")
+    START_PROB: Probability = Field(1.0, description="Probability at global step 0.")
+    END_PROB: Probability = Field(0.0, description="Probability from the END step on.")
+    END_STEPS: NonNegativeInt | None = Field(
+        None,
+        description="Global step at which END_PROB is reached (0: END_PROB from the start); one of "
+        "END_* is required when ENABLED.",
+    )
+    END_FRACTION: Fraction | None = Field(
+        None, description="The END step as a fraction of total steps (0: END_PROB from the start)."
+    )
+    END_EPOCHS: NonNegativeFloat | None = Field(
+        None, description="The END step in epochs (may be fractional)."
+    )
 
     def problems(self) -> list[Problem]:
         required = "when ENABLED is true (the step at which END_PROB is reached)" if self.ENABLED else None
@@ -159,20 +217,44 @@ class ProbabilityRamp(Section):
 class PartialMetaMasking(Section):
     """Masking one WHITELIST combination of components, within the [START, END) window."""
 
-    ENABLED: bool = False
-    START_STEPS: NonNegativeInt | None = Field(None, description="Window start; unset: step 0.")
-    START_FRACTION: Fraction | None = None
-    START_EPOCHS: NonNegativeFloat | None = None
-    END_STEPS: NonNegativeInt | None = Field(
-        None, description="Window end (exclusive); unset: end of training."
+    ENABLED: bool = Field(
+        False,
+        description="Turns partial masking on: within the window, a sample not fully masked has one "
+        "WHITELIST combination masked with the ramp's probability.",
     )
-    END_FRACTION: Fraction | None = None
-    END_EPOCHS: NonNegativeFloat | None = None
-    START_PROB: Probability = 0.0
-    END_PROB: Probability = 0.0
-    PROB_END_STEPS: NonNegativeInt | None = Field(None, description="Step at which END_PROB is reached.")
-    PROB_END_FRACTION: Fraction | None = None
-    PROB_END_EPOCHS: NonNegativeFloat | None = None
+    START_STEPS: NonNegativeInt | None = Field(
+        None, description="Window start in global steps (inclusive); unset: step 0."
+    )
+    START_FRACTION: Fraction | None = Field(
+        None, description="Window start as a fraction of total steps; unset: step 0."
+    )
+    START_EPOCHS: NonNegativeFloat | None = Field(
+        None, description="Window start in epochs (may be fractional); unset: step 0."
+    )
+    END_STEPS: NonNegativeInt | None = Field(
+        None, description="Window end in global steps (exclusive); unset: end of training."
+    )
+    END_FRACTION: Fraction | None = Field(
+        None, description="Window end as a fraction of total steps (exclusive); unset: end of training."
+    )
+    END_EPOCHS: NonNegativeFloat | None = Field(
+        None, description="Window end in epochs (exclusive, may be fractional); unset: end of training."
+    )
+    START_PROB: Probability = Field(
+        0.0,
+        description="Probability at global step 0 (the ramp counts from step 0, not from the window start).",
+    )
+    END_PROB: Probability = Field(0.0, description="Probability from the PROB_END step on.")
+    PROB_END_STEPS: NonNegativeInt | None = Field(
+        None,
+        description="Global step at which END_PROB is reached; one of PROB_END_* is required when ENABLED.",
+    )
+    PROB_END_FRACTION: Fraction | None = Field(
+        None, description="The PROB_END step as a fraction of total steps."
+    )
+    PROB_END_EPOCHS: NonNegativeFloat | None = Field(
+        None, description="The PROB_END step in epochs (may be fractional)."
+    )
     WHITELIST: list[list[str]] = Field(
         default_factory=list, description="Component combinations to draw from."
     )
@@ -221,10 +303,11 @@ class PartialMetaMasking(Section):
 
 
 class MetaMasking(ProbabilityRamp):
-    """Probability that all of a training sample's metadata is masked."""
+    """Probability that all of a training sample's metadata is masked (drawn per sample), moving
+    linearly from START_PROB at step 0 to END_PROB at the END step."""
 
-    START_PROB: Probability = 1.0
-    END_PROB: Probability = 0.05
+    START_PROB: Probability = Field(1.0, description="Probability at global step 0.")
+    END_PROB: Probability = Field(0.05, description="Probability from the END step on.")
     PARTIAL: PartialMetaMasking = Field(default_factory=PartialMetaMasking)
 
 
@@ -271,26 +354,66 @@ class Mixup(Section):
 
 
 class MetricsSchedule(Section):
-    """How often step metrics are logged (global steps)."""
+    """How often step metrics are logged, in global steps. The training metrics are read from the
+    device only every STEP_INTERVAL steps (the window's one host sync): the console and tracker
+    intervals pick among those records, so they are rounded up to a multiple of it."""
 
-    STEP_INTERVAL: StepsOrOff | None = Field(None, description="Training metrics every N steps.")
-    STEP_FRACTION: Fraction | None = Field(None, description="...or every fraction of training.")
-    CONSOLE_INTERVAL: StepsOrOff | None = Field(
-        None, description="Console line every N steps; default STEP interval."
+    STEP_INTERVAL: StepsOrOff | None = Field(
+        None,
+        description="Every N global steps (and at the last step), the training metrics of the steps since "
+        "(loss, per-group LR, gradient norm, throughput, data-loading time share) are read from the "
+        "device and written to metrics.jsonl; default 50 when STEP_FRACTION is not set either.",
     )
-    WANDB_INTERVAL: StepsOrOff | None = Field(
-        None, description="W&B logging every N steps; default STEP interval."
+    STEP_FRACTION: Fraction | None = Field(
+        None, description="Instead of STEP_INTERVAL: every this fraction of the run's total steps."
+    )
+    CONSOLE_INTERVAL: StepsOrOff | None = Field(
+        None,
+        description="The progress bar's loss, lr and samples/s are updated every N global steps; default: "
+        "at every metrics record. Rounded up to a multiple of the metrics interval (the values exist only "
+        "there); `plan` prints what it resolves to.",
+    )
+    # linnaeus spells it WANDB_INTERVAL; it applies to every tracker (both together: a duplicate key).
+    TRACKER_INTERVAL: StepsOrOff | None = Field(
+        None,
+        validation_alias=AliasChoices("TRACKER_INTERVAL", "WANDB_INTERVAL"),
+        description="The training metrics go to the trackers (EXPERIMENT.TRACKERS) every N global steps; "
+        "default: every metrics record (metrics.jsonl keeps every record either way; validation results "
+        "always go). Rounded up to a multiple of the metrics interval. WANDB_INTERVAL is linnaeus' "
+        "spelling of this key.",
     )
     LR_INTERVAL: StepsOrOff | None = Field(
-        None, description="Per-group LR every N steps; default STEP interval."
+        None,
+        description="lr/<group label> of every parameter group is logged (metrics.jsonl and trackers) "
+        "every N global steps; default: with every metrics record. Any N works, 1 included: the LR is a "
+        "function of the step, known without reading the device. Training records on other steps leave "
+        "it out.",
     )
-    PIPELINE_INTERVAL: StepsOrOff | None = Field(None, description="Data-pipeline stats every N steps.")
+    PIPELINE_INTERVAL: Any = Field(
+        None,
+        description="Removed: the data-pipeline statistics (perf/data_time_share: the share of time the "
+        "loop waited for batches; perf/samples_per_s, perf/tokens_per_s) are in every training metrics "
+        "record, every STEP_INTERVAL steps. Must be left unset (null).",
+    )
 
     def problems(self) -> list[Problem]:
-        return one_unit_problems(self, "STEP", units=("INTERVAL", "FRACTION"))
+        problems = one_unit_problems(self, "STEP", units=("INTERVAL", "FRACTION"))
+        if self.PIPELINE_INTERVAL is not None:
+            problems.append(
+                Problem(
+                    ("PIPELINE_INTERVAL",),
+                    "{0} was removed: the data-pipeline statistics (perf/data_time_share, the share of "
+                    "time the loop waited for batches, and perf/samples_per_s) are in every training "
+                    "metrics record, every SCHEDULE.METRICS.STEP_INTERVAL steps; delete the key (or set "
+                    "it to null)",
+                )
+            )
+        return problems
 
 
 class ScheduleConfig(Section):
+    """Everything timed during training, besides the LR."""
+
     VALIDATION: ValidationSchedule = Field(default_factory=ValidationSchedule)
     CHECKPOINT: CheckpointSchedule = Field(default_factory=CheckpointSchedule)
     META_MASKING: MetaMasking = Field(default_factory=MetaMasking)

@@ -17,6 +17,7 @@ from .base import (
     Problem,
     Section,
     StepsOrOff,
+    accepts,
     at_most,
     canonical_metric_name,
 )
@@ -42,19 +43,29 @@ Seed = Annotated[NonNegativeInt, at_most(MAX_SEED, "numpy and torch take seeds f
 class EarlyStopConfig(Section):
     """Stopping rules checked at validation points (SPEC §7); MAX_STEPS is checked every step."""
 
-    ACTIVE: bool = False
+    ACTIVE: bool = Field(
+        False,
+        description="Turns early stopping on; off, none of the conditions below (MAX_STEPS included) is "
+        "checked, though the best METRIC is still tracked.",
+    )
     METRIC: str = Field("val/loss", description="Monitored metric; 'val_loss' is read as 'val/loss'.")
     MODE: Literal["min", "max"] | None = Field(
         None, description="Default: min if METRIC contains 'loss', else max."
     )
     PATIENCE_STEPS: StepsOrOff | None = Field(
-        None, description="Stop when this many global steps pass without improvement."
+        None,
+        description="Stop when this many global steps pass without improvement; checked only at "
+        "validation points, so it needs SCHEDULE.VALIDATION.",
     )
     MIN_DELTA: NonNegativeFloat = Field(
         0.0, description="An improvement must beat the best by more than this."
     )
     MAX_STEPS: StepsOrOff | None = Field(None, description="Hard cut-off after this many optimizer steps.")
-    MAX_LOSS: float | None = Field(None, description="Stop when the monitored metric exceeds this.")
+    MAX_LOSS: float | None = Field(
+        None,
+        description="Stop when the monitored metric exceeds this (a non-finite metric always stops an "
+        "active run).",
+    )
     MIN_LR: NonNegativeFloat | None = Field(
         None, description="Stop when the LR (group 0) falls below this after warmup."
     )
@@ -152,6 +163,8 @@ class TrainConfig(Section):
 
 
 class DatasetConfig(Section):
+    """The dataset to train and validate on."""
+
     NAME: str = Field("digits", description="A registered dataset (see linnaeus_accel.data.registry).")
     VAL_FRACTION: Fraction = Field(
         0.2, description="Share held out for validation when the dataset has no split."
@@ -162,6 +175,8 @@ class DatasetConfig(Section):
 
 
 class DataConfig(Section):
+    """Batches and data loading."""
+
     BATCH_SIZE: BatchSize = Field(64, description="Per-process training batch size.")
     BATCH_SIZE_VAL: BatchSize | None = Field(
         None, description="Per-process validation batch size; default BATCH_SIZE."
@@ -181,12 +196,15 @@ class DataConfig(Section):
 
 
 class ModelConfig(Section):
+    """The model to build, when the Trainer is not handed one."""
+
     TYPE: str = Field("digits_mlp", description="A registered model (see linnaeus_accel.models.registry).")
     OPTIONS: dict[str, Any] = Field(
         default_factory=dict, description="Extra keyword arguments for the model builder."
     )
 
 
+@accepts("number in [0, 1)")
 def _check_label_smoothing(value: float) -> float:
     if not math.isfinite(value) or not 0.0 <= value < 1.0:
         raise ValueError(f"must be in [0, 1): 1 would make every target uniform (got {value})")
@@ -233,17 +251,28 @@ class TaskConfig(Section):
 
 
 class GradNormConfig(Section):
-    GRADNORM_ENABLED: bool = False
+    """GradNorm: per-component loss weights adjusted during training to balance gradient norms."""
+
+    GRADNORM_ENABLED: bool = Field(
+        False,
+        description="Adjust the loss components' weights (starting from LOSS.TASK_WEIGHTS) with GradNorm at "
+        "optimizer steps k >= GRADNORM_WARMUP_STEPS with k % UPDATE_INTERVAL == 0. Needs a task with at "
+        "least 2 loss components; not under FSDP or DeepSpeed.",
+    )
     GRADNORM_WARMUP_STEPS: NonNegativeInt = Field(0, description="No weight update before this global step.")
     UPDATE_INTERVAL: PositiveInt = Field(1, description="Update task weights every N global steps.")
     ALPHA: NonNegativeFloat = Field(1.5, description="GradNorm asymmetry.")
 
 
 class GradWeightingConfig(Section):
+    """Loss-weighting methods."""
+
     TASK: GradNormConfig = Field(default_factory=GradNormConfig)
 
 
 class LossConfig(Section):
+    """How the task's loss components (e.g. one per label level) are weighted."""
+
     TASK_WEIGHTS: list[NonNegativeFloat] | None = Field(
         None, description="Per-level loss weights; default equal."
     )
@@ -267,7 +296,15 @@ class LossConfig(Section):
 
 
 class BucketConfig(Section):
-    ENABLED: bool = False
+    """A Backblaze B2 copy of the run's checkpoints."""
+
+    ENABLED: bool = Field(
+        False,
+        description="Upload each committed checkpoint to <BUCKET>/<PREFIX>/<EXPERIMENT.NAME>/checkpoints/ "
+        "in the background (remote retention follows local retention; a run with an empty output "
+        "directory resumes from the bucket). Needs the b2 extra and B2_APPLICATION_KEY_ID and "
+        "B2_APPLICATION_KEY in the environment.",
+    )
     BUCKET: str | None = Field(
         None, description="Backblaze B2 bucket name (credentials come from the environment)."
     )
@@ -280,11 +317,15 @@ class BucketConfig(Section):
 
 
 class OutputConfig(Section):
+    """Where a run writes."""
+
     BASE_DIR: str = Field("outputs", description="Runs are written to <BASE_DIR>/<EXPERIMENT.NAME>.")
     BUCKET: BucketConfig = Field(default_factory=BucketConfig)
 
 
 class EnvConfig(Section):
+    """The machine: output location, device peak FLOP/s, collective timeout."""
+
     OUTPUT: OutputConfig = Field(default_factory=OutputConfig)
     PEAK_FLOPS: PositiveFloat | None = Field(
         None,
@@ -303,24 +344,91 @@ class EnvConfig(Section):
         description="Seconds a collective operation (all-reduce, barrier) waits for the other processes "
         "before every process exits with an error (torch's default is 30 minutes).",
     )
+    PROGRESS_BAR: bool | Literal["auto"] = Field(
+        "auto",
+        description="The console's progress bar: auto draws it when stdout is a terminal; otherwise "
+        "(a log file, a batch job, a notebook) the run prints one plain line per console interval "
+        "(step, loss, LR, samples/s, time left). true: always the bar; false: always plain lines.",
+    )
+
+
+# The trackers Accelerate supports (``accelerate.tracking.LOGGER_TYPE_TO_CLASS``; tests/test_trackers.py
+# keeps this list in step with it). Spelt here because the config layer does not import accelerate.
+TRACKER_NAMES = (
+    "wandb",
+    "tensorboard",
+    "comet_ml",
+    "aim",
+    "mlflow",
+    "clearml",
+    "dvclive",
+    "swanlab",
+    "trackio",
+)
+DEFAULT_PROJECT = "linnaeus-accel"
 
 
 class WandbConfig(Section):
-    ENABLED: bool = False
-    PROJECT: str | None = Field(None, description="Default: linnaeus-accel.")
-    ENTITY: str | None = None
-    TAGS: list[str] = Field(default_factory=list)
+    """Weights & Biases: linnaeus' switch for the wandb tracker, and the W&B run's project, entity, tags."""
+
+    ENABLED: bool = Field(
+        False,
+        description="Log to Weights & Biases: the same as listing wandb in EXPERIMENT.TRACKERS (either "
+        "turns it on; false does not remove a wandb listed there).",
+    )
+    PROJECT: str | None = Field(
+        None,
+        description=f"The tracker project (default {DEFAULT_PROJECT}): the W&B project, and the project "
+        "name Accelerate gives every other tracker too (comet_ml, mlflow's experiment, ...); TensorBoard "
+        "writes to <run dir>/tensorboard whatever it is.",
+    )
+    ENTITY: str | None = Field(None, description="W&B entity (user or team); default: the logged-in user's.")
+    TAGS: list[str] = Field(
+        default_factory=list, description="Tags of the W&B run, added to EXPERIMENT.TAGS."
+    )
 
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 class ExperimentConfig(Section):
-    NAME: str = Field("default", description="Run directory name under ENV.OUTPUT.BASE_DIR.")
+    NAME: str = Field(
+        "default",
+        description="Run directory name under ENV.OUTPUT.BASE_DIR; also the W&B run's display name.",
+    )
     SEED: Seed = Field(0, description="Seeds data order, masking and mixup draws (keyed by sample).")
-    TAGS: list[str] = Field(default_factory=list)
-    NOTES: str = ""
+    TAGS: list[str] = Field(default_factory=list, description="Tags of the W&B run (with WANDB.TAGS).")
+    NOTES: str = Field("", description="Notes of the W&B run.")
+    TRACKERS: list[str] = Field(
+        default_factory=list,
+        description="Experiment trackers, through Accelerate's tracker API: any of "
+        + ", ".join(TRACKER_NAMES)
+        + ". Each gets the step metrics (every SCHEDULE.METRICS.TRACKER_INTERVAL steps) and every "
+        "validation result, at the global step, and the resolved config. wandb: a resumed run continues "
+        "the same W&B run; tensorboard: event files in <run dir>/tensorboard, which a resumed run appends "
+        "to. A tracker whose package is not installed is an error at start (install its extra, e.g. "
+        "linnaeus-accel[tensorboard]). WANDB.ENABLED: true adds wandb to this list.",
+    )
     WANDB: WandbConfig = Field(default_factory=WandbConfig)
+
+    @field_validator("TRACKERS")
+    @classmethod
+    def _known_trackers(cls, value: list[str]) -> list[str]:
+        unknown = [name for name in value if name not in TRACKER_NAMES]
+        if unknown:
+            raise ValueError(
+                f"{', '.join(map(repr, unknown))} {'is not a tracker' if len(unknown) == 1 else 'are not trackers'} "
+                f"Accelerate supports: choose from {', '.join(TRACKER_NAMES)}"
+            )
+        return value
+
+    @property
+    def trackers(self) -> tuple[str, ...]:
+        """The trackers to log to: TRACKERS (each once), and wandb when WANDB.ENABLED."""
+        names = dict.fromkeys(self.TRACKERS)
+        if self.WANDB.ENABLED:
+            names.setdefault("wandb")
+        return tuple(names)
 
     @field_validator("NAME")
     @classmethod

@@ -118,16 +118,15 @@ class OpsSchedule:
         return self._every(self.plan.metrics_interval, global_step)
 
     def should_log_console(self, global_step: int) -> bool:
+        """Whether the progress bar shows this step's metrics record (a metrics step)."""
         return self._every(self.plan.console_interval, global_step)
 
-    def should_log_wandb(self, global_step: int) -> bool:
-        return self._every(self.plan.wandb_interval, global_step)
+    def should_log_to_trackers(self, global_step: int) -> bool:
+        """Whether this step's metrics record also goes to the trackers (a metrics step)."""
+        return self._every(self.plan.tracker_interval, global_step)
 
     def should_log_lr(self, global_step: int) -> bool:
         return self._every(self.plan.lr_interval, global_step)
-
-    def should_log_pipeline(self, global_step: int) -> bool:
-        return self._every(self.plan.pipeline_interval, global_step)
 
     # -- whole-run views, for ``plan`` -----------------------------------------------------------
     def events(self) -> dict[str, EventEpochs]:

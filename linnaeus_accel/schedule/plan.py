@@ -49,11 +49,10 @@ class ResolvedPlan:
     partial_mask: PartialMasking
     mixup: Ramp
     mixup_group_level: str | None
-    metrics_interval: int
-    console_interval: int
-    wandb_interval: int
-    lr_interval: int
-    pipeline_interval: int
+    metrics_interval: int  # training metrics read from the device (the window's host sync)
+    console_interval: int  # a multiple of metrics_interval
+    tracker_interval: int  # a multiple of metrics_interval
+    lr_interval: int  # any step: the LR needs no device read
     gradnorm_enabled: bool
     gradnorm_warmup_steps: int
     gradnorm_interval: int
@@ -96,12 +95,19 @@ def resolve_plan(
     if world_size < 1:
         raise ConfigError([("--world-size", f"must be >= 1 (got {world_size})")], source="plan")
     if batches_per_epoch < 1:
+        # Only what is known: a streaming dataset has no size to print.
+        facts = [f"{dataset_size} samples"] if dataset_size is not None else []
+        facts += [
+            f"batches of {config.DATA.BATCH_SIZE}",
+            f"{world_size} process{'es' if world_size > 1 else ''}",
+        ]
+        facts += ["DROP_LAST"] if config.DATA.DROP_LAST else []
         raise ConfigError(
             [
                 (
                     "DATA.BATCH_SIZE",
-                    f"the training data yields no batch per process (dataset size {dataset_size}, "
-                    f"{world_size} processes{', DROP_LAST' if config.DATA.DROP_LAST else ''}): lower BATCH_SIZE or add data",
+                    f"the training data yields no batch per process ({', '.join(facts)}): lower BATCH_SIZE "
+                    "or add data",
                 )
             ],
             source="plan",
@@ -162,7 +168,7 @@ def resolve_plan(
 
     curves = [_curve("default", lrc, None, scale, total, steps)]
     curves += [_curve(g.LABEL, lrc, g, scale, total, steps) for g in lrc.PARAMETER_GROUPS]
-    _check_lr_bounds(curves, lrc)
+    _check_lr_bounds(curves, lrc, effective)
 
     pm = sched.META_MASKING.PARTIAL
     partial_start = steps(pm, "START") or 0
@@ -213,10 +219,9 @@ def resolve_plan(
         mixup=ramp(sched.MIXUP.PROB),
         mixup_group_level=sched.MIXUP.GROUP_LEVELS[0] if sched.MIXUP.GROUP_LEVELS else None,
         metrics_interval=log_every,
-        console_interval=metrics.CONSOLE_INTERVAL or log_every,
-        wandb_interval=metrics.WANDB_INTERVAL or log_every,
+        console_interval=multiple_of(log_every, metrics.CONSOLE_INTERVAL),
+        tracker_interval=multiple_of(log_every, metrics.TRACKER_INTERVAL),
         lr_interval=metrics.LR_INTERVAL or log_every,
-        pipeline_interval=metrics.PIPELINE_INTERVAL or log_every,
         gradnorm_enabled=gradnorm.GRADNORM_ENABLED,
         gradnorm_warmup_steps=gradnorm.GRADNORM_WARMUP_STEPS,
         gradnorm_interval=gradnorm.UPDATE_INTERVAL,
@@ -227,6 +232,12 @@ def resolve_plan(
         total_tokens=total_tokens,
     )
     return replace(plan, warnings=tuple(sanity_warnings(config, plan)))
+
+
+def multiple_of(step: int, interval: int | None) -> int:
+    """``interval`` rounded up to a multiple of ``step`` (``step`` itself when unset): the console and
+    the trackers can only show the metrics records, which exist every ``step`` steps."""
+    return step if interval is None else ceil_div(interval, step) * step
 
 
 def _steps_for_target_tokens(
@@ -361,24 +372,32 @@ def _curve(
     )
 
 
-def _check_lr_bounds(curves: list[LRCurve], lrc: LRSchedulerConfig) -> None:
+def _peak_lr_terms(lrc: LRSchedulerConfig, effective: int, group: ParameterGroup | None) -> str:
+    """How a curve's peak LR is made, with every factor's value: the fix depends on which one is off."""
+    if lrc.REFERENCE_BS:
+        ratio = f"effective batch {effective} / REFERENCE_BS {lrc.REFERENCE_BS}"
+        scale = f"batch-size scale {effective / lrc.REFERENCE_BS:g} ({ratio})"
+    else:
+        scale = "batch-size scale 1 (REFERENCE_BS null: no scaling)"
+    multiplier = f" x LR_MULTIPLIER {group.LR_MULTIPLIER:g}" if group is not None else ""
+    return f"BASE_LR {lrc.BASE_LR:g} x {scale}{multiplier}"
+
+
+def _check_lr_bounds(curves: list[LRCurve], lrc: LRSchedulerConfig, effective: int) -> None:
     problems = []
     for i, c in enumerate(curves):
         where = "LR_SCHEDULER" if i == 0 else f"LR_SCHEDULER.PARAMETER_GROUPS.{i - 1}"
+        group = lrc.PARAMETER_GROUPS[i - 1] if i else None
+        peak = f"the peak LR {c.base_lr:g} = {_peak_lr_terms(lrc, effective, group)}"
         if c.min_lr > c.base_lr:
             problems.append(
-                (
-                    f"{where}.MIN_LR",
-                    f"{c.min_lr:g} is above the peak LR {c.base_lr:g} "
-                    f"(BASE_LR x scale {'x multiplier ' if i else ''}): lower MIN_LR",
-                )
+                (f"{where}.MIN_LR", f"{c.min_lr:g} is above {peak}: lower MIN_LR or raise the peak")
             )
         if c.warmup_lr > c.base_lr:
             problems.append(
                 (
                     f"{where}.WARMUP_LR",
-                    f"{c.warmup_lr:g} is above the peak LR {c.base_lr:g}: "
-                    "warmup would go down; lower WARMUP_LR",
+                    f"{c.warmup_lr:g} is above {peak}: warmup would go down; lower WARMUP_LR or raise the peak",
                 )
             )
     if problems:

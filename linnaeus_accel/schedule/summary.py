@@ -106,15 +106,36 @@ def summary_text(config: Config, plan: ResolvedPlan) -> str:
     lines.append(f"Checkpoints:           {_epochs_text(events['checkpoint'])}; keep {keep}")
     lines.append("")
     lines += _ramp_lines(config, plan)
-    lines.append(
-        f"Logging:  metrics every {plan.metrics_interval} steps, console every {plan.console_interval}"
-    )
+    lines += _logging_lines(config, plan)
     if plan.max_steps is not None:
         lines.append(f"MAX_STEPS: training stops after step {plan.max_steps} of {plan.total_steps}")
     lines += ["", *timeline(plan, events)]
     if plan.warnings:
         lines += ["", "Warnings:", *(f"  - {w}" for w in plan.warnings)]
     return "\n".join(lines) + "\n"
+
+
+def _logging_lines(config: Config, plan: ResolvedPlan) -> list[str]:
+    """What every SCHEDULE.METRICS interval resolves to, with the rounding said where it happened."""
+    metrics = config.SCHEDULE.METRICS
+    every = plan.metrics_interval
+
+    def steps(n: int) -> str:
+        return "every step" if n == 1 else f"every {n} steps"
+
+    def rounded(key: str, asked: int | None, resolved: int) -> str:
+        if asked is None or asked == resolved:
+            return steps(resolved)
+        return f"{steps(resolved)} ({key} {asked} rounded up to a multiple of {every})"
+
+    trackers = ", ".join(config.EXPERIMENT.trackers) or "none"
+    return [
+        f"Logging:  metrics.jsonl {steps(every)} and at the last step; "
+        f"console {rounded('CONSOLE_INTERVAL', metrics.CONSOLE_INTERVAL, plan.console_interval)}",
+        f"          trackers ({trackers}) "
+        f"{rounded('TRACKER_INTERVAL', metrics.TRACKER_INTERVAL, plan.tracker_interval)}, "
+        f"validation results at every pass; lr/<group> {steps(plan.lr_interval)}",
+    ]
 
 
 def _steps_line(plan: ResolvedPlan) -> str:
@@ -296,6 +317,13 @@ def plan_json(config: Config, plan: ResolvedPlan, with_series: bool = True) -> d
             for c in plan.lr_curves
         ],
         "events": events,
+        "logging": {
+            "metrics_interval": plan.metrics_interval,
+            "console_interval": plan.console_interval,
+            "tracker_interval": plan.tracker_interval,
+            "lr_interval": plan.lr_interval,
+            "trackers": list(config.EXPERIMENT.trackers),
+        },
         "warnings": list(plan.warnings),
     }
     if with_series:

@@ -31,7 +31,9 @@ FORWARD_ONLY = (
     "ENV.",
     "EXPERIMENT.NAME",  # the output directory: a checkpoint may be resumed into another
     "EXPERIMENT.WANDB.",
+    "EXPERIMENT.TRACKERS",
     "EXPERIMENT.TAGS",
+    "EXPERIMENT.NOTES",
     "DATA.NUM_WORKERS",
     "DATA.BATCH_SIZE_VAL",
     "TASK.FLOPS_PER_TOKEN",

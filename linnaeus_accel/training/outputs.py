@@ -9,19 +9,26 @@ import logging
 import math
 import os
 import shutil
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 from accelerate import Accelerator
-from tqdm.auto import tqdm
 
 from ..config import Config, output_dir_problem
+from ..schedule.plan import ResolvedPlan
+from ..schedule.plot import write_schedule_plot
 from ..schedule.summary import write_schedule_summary
+from .console import Console
 from .run_lock import RunLock, RunLocked
+from .trackers import TENSORBOARD_DIR
 
 log = logging.getLogger(__name__)
+
+SUMMARY_FILE = "schedule_summary.txt"  # written by write_schedule_summary
+CONFIG_FILE = "config.yaml"
 
 
 class RunOutputs:
@@ -33,8 +40,8 @@ class RunOutputs:
         self.dir.mkdir(parents=True, exist_ok=True)
         self._metrics_path = self.dir / "metrics.jsonl"
         self._metrics = self._metrics_path.open("a", encoding="utf-8")
-        self._bar = tqdm(total=total_steps, desc="train", unit="step", dynamic_ncols=True)
-        self._epoch = 0
+        self.console = Console(total_steps, config.ENV.PROGRESS_BAR)
+        self._plotting: threading.Thread | None = None
 
     def truncate_metrics(self, after_step: int) -> None:
         """Forget what a killed run logged after its checkpoint at ``after_step`` (and that
@@ -65,31 +72,47 @@ class RunOutputs:
         tmp.replace(self._metrics_path)
         self._metrics = self._metrics_path.open("a", encoding="utf-8")
 
-    def write_assets(self, config: Config, summary_text: str) -> None:
+    def write_assets(self, config: Config, summary_text: str, plan: ResolvedPlan) -> None:
+        """The schedule summary, the resolved config and the schedule plot. The plot (~0.5 s:
+        importing matplotlib and drawing) is drawn on a thread of its own, so the run does not
+        wait for it, and not again when a resumed run's summary and config are unchanged."""
+        assets = self.dir / "assets"
+        config_text = yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+        plot = assets / "schedule.png"
+        unchanged = plot.is_file() and [_read(assets / SUMMARY_FILE), _read(assets / CONFIG_FILE)] == [
+            summary_text,
+            config_text,
+        ]
         write_schedule_summary(self.dir, summary_text)
-        resolved = config.model_dump(mode="json")
-        (self.dir / "assets" / "config.yaml").write_text(
-            yaml.safe_dump(resolved, sort_keys=False), encoding="utf-8"
-        )
+        (assets / CONFIG_FILE).write_text(config_text, encoding="utf-8")
+        if not unchanged:
+            self._plotting = threading.Thread(
+                target=_draw_schedule,
+                args=(plot, config, plan),
+                name="linnaeus-accel schedule plot",
+                daemon=True,
+            )
+            self._plotting.start()
 
-    def log(self, metrics: dict[str, float], step: int) -> None:
-        """One logging event: a line of metrics.jsonl and, if configured, the trackers (step axis =
-        global step)."""
+    def log(self, metrics: dict[str, float], step: int, tracked: dict[str, float] | None = None) -> None:
+        """One logging event: a line of metrics.jsonl, and ``tracked`` (default: all of ``metrics``;
+        nothing when empty) to the trackers, at the global step."""
         record = {"global_step": step, **{k: _json_number(v) for k, v in metrics.items()}}
         self._metrics.write(json.dumps(record) + "\n")
         self._metrics.flush()
-        self.accelerator.log(metrics, step=step)
+        tracked = metrics if tracked is None else tracked
+        if tracked:
+            self.accelerator.log(tracked, step=step)
+
+    def start_progress(self, step: int, epoch: int) -> None:
+        """Training starts (or resumes) at ``step``: the progress bar starts there."""
+        self.console.start(step, epoch)
 
     def advance(self, steps: int, epoch: int, postfix: dict[str, str] | None = None) -> None:
-        if epoch != self._epoch:  # not every step: set_description redraws the bar
-            self._epoch = epoch
-            self._bar.set_description(f"epoch {epoch}", refresh=False)
-        self._bar.update(steps)
-        if postfix is not None:
-            self._bar.set_postfix(postfix, refresh=False)
+        self.console.advance(steps, epoch, postfix)
 
     def say(self, message: str) -> None:
-        self._bar.write(message)
+        self.console.say(message)
 
     def write_json(self, relative: str, data: dict[str, Any]) -> Path:
         path = self.dir / relative
@@ -100,7 +123,9 @@ class RunOutputs:
         return path
 
     def close(self) -> None:
-        self._bar.close()
+        if self._plotting is not None:
+            self._plotting.join()  # a run that ends has its plot
+        self.console.close()
         self._metrics.close()
 
 
@@ -114,11 +139,16 @@ class SilentRunOutputs(RunOutputs):
     def truncate_metrics(self, after_step: int) -> None:
         pass
 
-    def write_assets(self, config: Config, summary_text: str) -> None:
+    def write_assets(self, config: Config, summary_text: str, plan: ResolvedPlan) -> None:
         pass
 
-    def log(self, metrics: dict[str, float], step: int) -> None:
-        self.accelerator.log(metrics, step=step)  # a no-op off the main process, but collective-safe
+    def log(self, metrics: dict[str, float], step: int, tracked: dict[str, float] | None = None) -> None:
+        tracked = metrics if tracked is None else tracked
+        if tracked:  # a no-op off the main process, but collective-safe
+            self.accelerator.log(tracked, step=step)
+
+    def start_progress(self, step: int, epoch: int) -> None:
+        pass
 
     def advance(self, steps: int, epoch: int, postfix: dict[str, str] | None = None) -> None:
         pass
@@ -154,9 +184,25 @@ def _json_number(value: float) -> float | str | None:
     return value if math.isfinite(value) else str(value)
 
 
+def _read(path: Path) -> str | None:
+    return path.read_text(encoding="utf-8") if path.is_file() else None
+
+
+def _draw_schedule(path: Path, config: Config, plan: ResolvedPlan) -> None:
+    """``assets/schedule.png``, written whole or not at all (a killed run leaves no half image);
+    skipped without matplotlib. A failure is a warning: the plot is not worth a run."""
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    try:
+        if write_schedule_plot(tmp, config, plan) is not None:
+            tmp.replace(path)
+    except Exception as exc:
+        log.warning("could not draw %s: %s: %s", path, type(exc).__name__, exc)
+        tmp.unlink(missing_ok=True)
+
+
 def clear_run(out: Path) -> None:
     """``--overwrite``: remove what a previous run wrote here (and nothing else)."""
-    for name in ("checkpoints", "final", "assets", "wandb"):
+    for name in ("checkpoints", "final", "assets", "eval", "wandb", TENSORBOARD_DIR):
         shutil.rmtree(out / name, ignore_errors=True)
     for name in ("metrics.jsonl", "metrics.jsonl.tmp", "summary.json", "summary.json.tmp"):
         (out / name).unlink(missing_ok=True)
@@ -244,21 +290,3 @@ def claim_output_dir(
         return ("EXPERIMENT.NAME", str(locked)), None
     except OSError as e:
         return ("ENV.OUTPUT.BASE_DIR", f"cannot use the run directory {config.output_dir}: {e}"), None
-
-
-def init_trackers(accelerator: Accelerator, config: Config, resumed_run_id: str | None) -> None:
-    """Start the configured trackers (W&B); a resumed run continues its W&B run."""
-    wandb = config.EXPERIMENT.WANDB
-    if not wandb.ENABLED:
-        return
-    run: dict[str, Any] = {
-        "name": config.EXPERIMENT.NAME,
-        "dir": str(config.output_dir),
-        "tags": wandb.TAGS or None,
-        "entity": wandb.ENTITY,
-    }
-    if resumed_run_id:
-        run.update(id=resumed_run_id, resume="allow")
-    accelerator.init_trackers(
-        wandb.PROJECT or "linnaeus-accel", config=config.model_dump(mode="json"), init_kwargs={"wandb": run}
-    )

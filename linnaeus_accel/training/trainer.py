@@ -28,7 +28,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from ..config import Config, ConfigError
-from ..progress import TrainingProgress
+from ..progress import TrainingConsistencyChecker, TrainingProgress
 from ..schedule import EarlyStopping, OpsSchedule, ResolvedPlan, StopDecision, resolve_plan
 from ..schedule.summary import summary_text
 from ..tasks import Task, TaskContext, ValidationPass, build_task
@@ -40,7 +40,7 @@ from .failures import NonFiniteGuard, RunFailed, collective_timeout
 from .faults import fault_point
 from .loss import GradNorm
 from .meter import NonFiniteLoss, TrainMeter
-from .outputs import claim_output_dir, init_trackers, run_outputs
+from .outputs import claim_output_dir, run_outputs
 from .preemption import PreemptionWatch
 from .resume import compatible_position, own_rank_state, plan_identity
 from .run_info import run_info
@@ -49,6 +49,7 @@ from .setup import OptimizerFactory, as_loader, build_optimizer, default_optimiz
 from .shared_storage import check_shared_output
 from .step import OptimizerStep
 from .task_checks import check_task, first_batch
+from .trackers import check_log_with, init_trackers, log_with
 from .validation import run_pass, validation_line
 
 
@@ -84,13 +85,12 @@ class Trainer:
         ``ConfigError``."""
         self.config = config
         accum = config.TRAIN.accumulation
-        wandb = config.EXPERIMENT.WANDB
         launched = int(os.environ.get("WORLD_SIZE", "1"))
         self.accelerator = acc = accelerator or Accelerator(
             # Under torchrun on a machine without CUDA, Accelerate needs cpu=True to form the gloo group.
             cpu=launched > 1 and not torch.cuda.is_available(),
             gradient_accumulation_steps=accum,
-            log_with="wandb" if wandb.ENABLED else None,
+            log_with=log_with(config),  # a tracker whose package is missing: a ConfigError
             project_dir=str(config.output_dir),
             step_scheduler_with_optimizer=False,
             # A DataLoader given with shuffle=True gets a sampler seeded by (seed, epoch), so a resumed
@@ -115,6 +115,7 @@ class Trainer:
                     )
                 ]
             )
+        check_log_with(acc, config)
         check_backend(acc, config)  # before prepare: DeepSpeed reads its config there
         set_seed(config.EXPERIMENT.SEED)
         rank, world = acc.process_index, acc.num_processes
@@ -182,6 +183,8 @@ class Trainer:
             skip_nonfinite=config.TRAIN.NONFINITE == "skip",
         )
         self.last_validation: dict[str, float] = {}
+        self.validation_passes_done: dict[str, dict[str, float]] = {}  # by prefix, at the latest boundary
+        self.consistency = TrainingConsistencyChecker.for_plan(self.plan, config.DATA.DROP_LAST)
         self.checkpointer = Checkpointer(acc, config, remote, mode=self.ranking_mode)
         self.nonfinite = NonFiniteGuard(acc, self.meter, self.model, config.TRAIN.NONFINITE)
         self.preemption = PreemptionWatch(acc)
@@ -193,6 +196,29 @@ class Trainer:
         self.resumed_wandb_id: str | None = None
         self.resumed_data_state: dict[str, Any] | None = None
         self.final_boundary_done = False
+
+    def dump_metrics_state(self) -> dict[str, Any]:
+        """For debugging validation metrics (linnaeus' ``MetricsTracker.dump_metrics_state``): a
+        plain, JSON-serialisable snapshot of what the run has measured. ``stage`` and the passes
+        ``pending``/``completed`` at the current boundary, ``passes`` (each finished pass's metrics
+        by prefix, at the latest boundary, filled as they finish), ``last`` (the latest boundary's
+        metrics, as logged), ``best_metric``, ``early_stopping``'s state, and ``train_window``:
+        this process's open training-loss window (read from the device: not for every step)."""
+        progress = self.progress.state_dict()
+        return {
+            "global_step": progress["global_step"],
+            "epoch": progress["epoch"],
+            "stage": progress["current_stage"],
+            "validation": {
+                "pending": progress["pending_validations"],
+                "completed": progress["completed_validations"],
+                "passes": {prefix: dict(m) for prefix, m in self.validation_passes_done.items()},
+                "last": dict(self.last_validation),
+            },
+            "best_metric": progress["best_metric"],
+            "early_stopping": self.early_stopping.state_dict(),
+            "train_window": self.meter.state_dict(),
+        }
 
     def _meter(self) -> TrainMeter:
         task, cfg = self.task, self.config.TASK
@@ -270,6 +296,7 @@ class Trainer:
         progress, plan, batches = self.progress, self.plan, self.train_batches
         batches.set_epoch(epoch)
         done = progress.batches_seen_in_epoch  # > 0 when resuming mid-epoch
+        first_step = progress.global_step
         if done == 0:
             progress.start_training_epoch(epoch)
         else:  # nothing is loaded for the skipped batches (a stream continues from its saved position)
@@ -284,6 +311,10 @@ class Trainer:
                 return stop
             if epoch_ends:
                 break  # TRAIN.TARGET_TOKENS: the last epoch ends where the target is reached
+        # Once, after the first epoch trained whole: a loader shorter than its length shifts every boundary.
+        steps = progress.global_step - first_step
+        if done == 0 and (problem := self.consistency.epoch_problem(epoch, steps)):
+            self.out.say(f"warning: {problem}")
         return None
 
     def _after_optimizer_step(self, epoch: int, epoch_ends: bool) -> StopDecision | None:
@@ -303,11 +334,13 @@ class Trainer:
         return stop
 
     def _log_train_metrics(self, epoch: int, last: bool) -> None:
-        step = self.progress.global_step
-        if not (last or self.ops.should_log_metrics(step)):
+        step, ops = self.progress.global_step, self.ops
+        if not (last or ops.should_log_metrics(step)):
+            if ops.should_log_lr(step):  # the LR is known on the host: no device read
+                self.out.log({f"lr/{label}": lr for label, lr in self._lrs(step).items()}, step)
             self.out.advance(1, epoch)
             return
-        lrs = {c.label: self.plan.lr(step - 1, i) for i, c in enumerate(self.plan.lr_curves)}
+        lrs = self._lrs(step) if last or ops.should_log_lr(step) else {}
         wait = self.train_batches.take_data_wait()
         try:
             metrics = self.meter.flush(self.progress.samples_seen, self.progress.tokens_seen, lrs, wait)
@@ -316,9 +349,19 @@ class Trainer:
             raise self.nonfinite.failure(what, self.checkpointer.current) from None
         self.progress.tokens_seen = int(metrics.get("tokens_seen", self.progress.tokens_seen))
         metrics.update(self.checkpointer.take_timings())
-        self.out.log(metrics, step)
-        shown = {"loss": f"{metrics['train/loss']:.4f}", "lr": f"{metrics['lr/default']:.2e}"}
+        # SCHEDULE.METRICS.TRACKER_INTERVAL: the other records send the trackers their LR alone.
+        to_trackers = last or ops.should_log_to_trackers(step)
+        tracked = metrics if to_trackers else {f"lr/{label}": lr for label, lr in lrs.items()}
+        self.out.log(metrics, step, tracked)
+        if not (last or ops.should_log_console(step)):
+            self.out.advance(1, epoch)
+            return
+        shown = {"loss": f"{metrics['train/loss']:.4f}", "lr": f"{self.plan.lr(step - 1):.2e}"}
         self.out.advance(1, epoch, {**shown, "samples/s": f"{metrics['perf/samples_per_s']:.0f}"})
+
+    def _lrs(self, step: int) -> dict[str, float]:
+        """The LR of every parameter group at the optimizer step that made ``step``, by label."""
+        return {c.label: self.plan.lr(step - 1, i) for i, c in enumerate(self.plan.lr_curves)}
 
     def _epoch_boundary(self, epoch: int, final: bool, preempted: bool = False) -> StopDecision | None:
         """SPEC §5 order: checkpoint (recording the passes still due), then the standard, mask-meta
@@ -352,6 +395,7 @@ class Trainer:
     ) -> StopDecision | None:
         epoch, step = int(boundary["epoch"]), self.progress.global_step
         journal = self.checkpointer.current if self.checkpointer.current_step == step else None
+        self.validation_passes_done = done  # filled pass by pass: dump_metrics_state() shows it
         results: dict[str, float] = {}
         for vpass in passes:
             if self.preemption.should_stop(step, now=True):
@@ -370,7 +414,7 @@ class Trainer:
             return None
         results["epoch"] = float(epoch)
         self.out.log(results, step)
-        self.out.say(validation_line(epoch, results))
+        self.out.say(validation_line(epoch, results, self.task.metric_directions))
         self.last_validation = results
         self.checkpointer.record_metric(step, results)
         return self._check_early_stop(results)
@@ -484,9 +528,10 @@ class Trainer:
             self.out.say(f"config changed since the checkpoint, applied: {line}")
 
     def _wandb_run_id(self) -> str | None:
-        if not self.config.EXPERIMENT.WANDB.ENABLED or not self.accelerator.is_main_process:
+        if not self.accelerator.is_main_process:
             return None
-        run = getattr(self.accelerator.get_tracker("wandb", unwrap=True), "id", None)
+        wandb = next((t.tracker for t in self.accelerator.trackers if t.name == "wandb"), None)
+        run = getattr(wandb, "id", None)
         return str(run) if run else None
 
     # -- start and end ---------------------------------------------------------------------------
@@ -511,11 +556,11 @@ class Trainer:
             self.run_info = run_info(acc)
             self.out.write_json("assets/run_info.json", self.run_info)
         self._resume(resume_from)
-        self.out.advance(self.progress.global_step, self.progress.current_epoch)
         text = summary_text(config, self.plan)
-        self.out.write_assets(config, text)
+        self.out.write_assets(config, text, self.plan)
         self.out.say(text)
-        init_trackers(acc, config, self.resumed_wandb_id)
+        init_trackers(acc, config, self.resumed_wandb_id, self.progress.global_step)
+        self.out.start_progress(self.progress.global_step, self.progress.current_epoch)  # after the summary
         self.model.train()
         return None
 

@@ -7,6 +7,8 @@ the end of the pass, and the task turns them into metrics.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 from accelerate import Accelerator
 from torch import nn
@@ -35,6 +37,34 @@ def run_pass(
     return task.validation_metrics(total.tolist(), vpass)
 
 
-def validation_line(epoch: int, results: dict[str, float]) -> str:
-    shown = [f"{k} {v:.4f}" for k, v in results.items() if k.startswith("val/")]
-    return f"epoch {epoch}: " + ", ".join(shown)
+CONSOLE_WIDTH = 100  # a validation line wraps before this many characters
+
+
+def validation_line(
+    epoch: int, results: dict[str, float], directions: Mapping[str, str] | None = None
+) -> str:
+    """The console's report of a boundary's validation passes: every metric of the standard pass
+    (``val/``), then the headline metric of each other pass (e.g. ``val_mask_meta/chain_acc``),
+    wrapped onto indented lines of at most ``CONSOLE_WIDTH`` characters. A pass's headline is its
+    first metric that ``directions`` (the task's ``metric_directions``) says is better higher (an
+    accuracy), else its first metric."""
+    passes: dict[str, list[str]] = {}
+    for key in results:
+        prefix, _, name = key.partition("/")
+        if name and prefix.startswith("val"):
+            passes.setdefault(prefix, []).append(name)
+    higher = [name for name, direction in (directions or {}).items() if direction == "max"]
+    shown: list[str] = []
+    for prefix, names in passes.items():
+        if prefix != "val":
+            names = [next((n for n in higher if n in names), names[0])]
+        shown += [f"{prefix}/{name} {results[f'{prefix}/{name}']:.4f}" for name in names]
+    lines, line = [], f"epoch {epoch}:"
+    for i, item in enumerate(shown):
+        separator = "," if i else ""
+        if i and len(line) + len(item) + 2 > CONSOLE_WIDTH:
+            lines.append(line + ",")
+            line, separator = " ", ""
+        line += f"{separator} {item}"
+    lines.append(line)
+    return "\n".join(lines)

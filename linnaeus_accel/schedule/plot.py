@@ -1,0 +1,354 @@
+"""The schedule as a picture (``linnaeus-accel plan --plot FILE``, ``assets/schedule.png``).
+
+Every value drawn is read from the resolved plan, the same calls ``plan --json`` makes: the LR of
+each parameter group, the meta-mask, partial-mask and mixup probabilities, the epoch boundaries and
+the validation and checkpoint events. Long runs are drawn from a sample of their steps (plus the
+steps either side of every kink: phase edges, ramp ends), so a plot of 10**9 steps costs what one of
+a thousand does, and its shape is still exact where it bends.
+
+matplotlib is the ``plot`` extra and is imported only here, on first use, on its Agg canvas (no
+pyplot state: a notebook's own backend is left alone).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..config import Config, ConfigError
+from .ops import EventEpochs, OpsSchedule
+from .plan import ResolvedPlan
+
+if TYPE_CHECKING:
+    from matplotlib.artist import Artist
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+PLOT_EXTRA = "pip install 'linnaeus-accel[plot]'"
+# Steps drawn: every step up to this many, else this many evenly spaced plus the kinks. The
+# figure is ~1300 pixels wide, so more points would only cost time.
+MAX_POINTS = 4000
+# At most one event marker per this many columns of the step axis (long runs: 10**7 epochs).
+MARKER_COLUMNS = 2000
+DPI = 110
+
+PHASE_COLORS = {
+    "warmup": "#f4a259",
+    "stable": "#8cb369",
+    "decay": "#5b8ec7",
+    "cosine": "#5b8ec7",
+    "linear": "#5b8ec7",
+    "step": "#5b8ec7",
+    "min": "#bbbbbb",
+}
+PHASE_NAMES = {"min": "held at MIN_LR"}
+# (events key, row label, marker, colour); the partial row also shows the final exhaustive passes.
+EVENT_ROWS = (
+    ("validation", "validation", "v", "#2a7f3f"),
+    ("mask_meta_validation", "mask-meta val.", "D", "#8e44ad"),
+    ("partial_mask_meta_validation", "partial-mask val.", "s", "#c0392b"),
+    ("checkpoint", "checkpoint", "o", "#1f4e79"),
+)
+PROBABILITIES = (
+    ("meta_mask", "meta-mask", "#8e44ad"),
+    ("partial_mask", "partial-mask", "#c0392b"),
+    ("mixup", "mixup", "#d68910"),
+)
+
+
+def matplotlib_problem() -> str | None:
+    """Why the plot cannot be drawn here (matplotlib is not installed), else None."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return f"needs matplotlib, the 'plot' extra: {PLOT_EXTRA}"
+    return None
+
+
+def plot_steps(plan: ResolvedPlan, max_points: int = MAX_POINTS) -> list[int]:
+    """The steps ``k`` (0-based optimizer updates) drawn: all of them for a short run, else
+    ``max_points`` evenly spaced ones plus each kink of the curves and ramps and the step before it."""
+    t = plan.total_steps
+    if t <= max_points:
+        return list(range(t))
+    steps = {round(i * (t - 1) / (max_points - 1)) for i in range(max_points)}
+    for kink in _kinks(plan, max_points):
+        steps.update(k for k in (kink - 1, kink) if 0 <= k < t)
+    return sorted(steps)
+
+
+def _kinks(plan: ResolvedPlan, limit: int) -> set[int]:
+    out: set[int] = set()
+    for curve in plan.lr_curves:
+        for first, last in curve.phases().values():
+            out.update((first, last + 1))
+        if curve.kind == "step" and curve.decay_every:
+            drops = range(curve.warmup_steps + curve.decay_every, plan.total_steps, curve.decay_every)
+            if len(drops) <= limit:  # more drops than points: the sample shows them as a slope
+                out.update(drops)
+    for ramp in (plan.meta_mask, plan.mixup, plan.partial_mask.prob):
+        out.add(ramp.end_step)
+    out.update((plan.partial_mask.start_step, plan.partial_mask.end_step))
+    return out
+
+
+def schedule_figure(config: Config, plan: ResolvedPlan) -> Figure:
+    """The schedule of ``plan`` as a matplotlib Figure (not yet drawn to a file).
+
+    Artists carry a ``gid`` for whoever reads the figure back: ``lr:<group label>``,
+    ``prob:meta_mask`` / ``prob:partial_mask`` / ``prob:mixup``, ``event:<events key>`` (x = the
+    global step at which the event happens), ``phase:<LR phase>`` (spans of group 0's phases);
+    the axes are labelled ``lr``, ``probabilities``, ``events`` and ``epochs`` (the top axis,
+    ticks at epoch boundaries)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter
+
+    t = plan.total_steps
+    steps = plot_steps(plan)
+    events = OpsSchedule(plan).events()
+    rows = [
+        row for row in EVENT_ROWS if row[0] in ("validation", "checkpoint") or _has_events(events, row[0])
+    ]
+    any_probability = plan.meta_mask.enabled or plan.partial_mask.enabled or plan.mixup.enabled
+    fig = Figure(figsize=(12, 7.5), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    heights = [3, 2 if any_probability else 0.8, 0.35 * len(rows) + 0.3]
+    lr_ax, prob_ax, event_ax = fig.subplots(3, 1, sharex=True, height_ratios=heights)
+    for ax, label in ((lr_ax, "lr"), (prob_ax, "probabilities"), (event_ax, "events")):
+        ax.set_label(label)
+    phase_handles = _draw_phases(plan, (lr_ax, prob_ax, event_ax))
+    _draw_lr(lr_ax, plan, steps, phase_handles)
+    _draw_probabilities(prob_ax, plan, steps, any_probability)
+    _draw_events(event_ax, plan, events, rows)
+    if plan.max_steps is not None and plan.max_steps < t:
+        for ax in (lr_ax, prob_ax, event_ax):
+            ax.axvline(plan.max_steps, color="black", linestyle="--", linewidth=1, gid="max_steps")
+        lr_ax.annotate(
+            "MAX_STEPS",
+            (plan.max_steps, 1.0),
+            xycoords=("data", "axes fraction"),
+            xytext=(3, -12),
+            textcoords="offset points",
+            fontsize=8,
+        )
+    # A little room either side, so that the markers of the first and last boundaries show whole.
+    lr_ax.set_xlim(-0.01 * t, 1.015 * t)
+    event_ax.set_xlabel("global step (optimizer updates)")
+    event_ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:,.0f}"))
+    _epoch_axis(lr_ax, (prob_ax, event_ax), plan)
+    fig.suptitle(_title(config, plan), fontsize=10)
+    return fig
+
+
+def _draw_phases(plan: ResolvedPlan, axes: tuple[Axes, ...]) -> list[Artist]:
+    """Shade group 0's LR phases on every axes; the legend entries that name them."""
+    from matplotlib.patches import Patch
+
+    handles: list[Artist] = []
+    for name, (first, last) in plan.lr_curves[0].phases().items():
+        color = PHASE_COLORS.get(name, "#dddddd")
+        for ax in axes:
+            ax.axvspan(first, last + 1, color=color, alpha=0.18, linewidth=0, gid=f"phase:{name}")
+        where = f"step {first:,}" if first == last else f"steps {first:,}-{last:,}"
+        handles.append(Patch(color=color, alpha=0.35, label=f"{PHASE_NAMES.get(name, name)}: {where}"))
+    return handles
+
+
+def _draw_lr(ax: Axes, plan: ResolvedPlan, steps: list[int], phase_handles: list[Artist]) -> None:
+    from matplotlib.ticker import FuncFormatter
+
+    for i, curve in enumerate(plan.lr_curves):
+        label = f"group {i} '{curve.label}': {curve.kind}, peak {curve.base_lr:.3g}"
+        if i:
+            label += f"\n  (params matching {', '.join(plan.group_patterns[i - 1])})"
+        ax.plot(
+            steps,
+            [curve(k) for k in steps],
+            gid=f"lr:{curve.label}",
+            label=label,
+            linewidth=1.8 if i == 0 else 1.4,
+        )
+    ax.set_ylabel("learning rate")
+    ax.set_ylim(bottom=0)
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:.3g}"))
+    lines, _ = ax.get_legend_handles_labels()
+    title = "LR phases shaded: group 0's" if len(plan.lr_curves) > 1 else None
+    ax.legend(
+        handles=[*lines, *phase_handles],
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+        fontsize=8,
+        title=title,
+        title_fontsize=8,
+    )
+
+
+def _draw_probabilities(ax: Axes, plan: ResolvedPlan, steps: list[int], any_on: bool) -> None:
+    ramps: dict[str, tuple[Callable[[int], float], bool]] = {
+        "meta_mask": (plan.meta_mask, plan.meta_mask.enabled),
+        "partial_mask": (plan.partial_mask, plan.partial_mask.enabled),
+        "mixup": (plan.mixup, plan.mixup.enabled),
+    }
+    for key, label, color in PROBABILITIES:
+        fn, on = ramps[key]
+        ax.plot(
+            steps,
+            [fn(k) for k in steps],
+            color=color,
+            gid=f"prob:{key}",
+            label=label if on else f"{label} (off)",
+            linestyle="-" if on else ":",
+        )
+    ax.set_ylim(-0.03, 1.03)
+    ax.set_ylabel("probability")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    if not any_on:
+        ax.text(0.5, 0.5, "metadata masking and mixup: off", transform=ax.transAxes, ha="center", va="center")
+
+
+def _draw_events(
+    ax: Axes, plan: ResolvedPlan, events: dict[str, EventEpochs], rows: list[tuple[str, str, str, str]]
+) -> None:
+    """One row of markers per event kind, at the global steps where they happen."""
+    labels = []
+    for y, (key, label, marker, color) in enumerate(reversed(rows)):
+        at = _event_steps(plan, events, key)
+        ax.plot(
+            at, [y] * len(at), linestyle="none", marker=marker, color=color, markersize=6, gid=f"event:{key}"
+        )
+        if key == "partial_mask_meta_validation" and plan.exhaustive_combinations:
+            label = "partial-mask val.\n(last: exhaustive)"
+        labels.append(label)
+    ax.set_yticks(range(len(rows)), labels, fontsize=8)
+    ax.set_ylim(-0.6, len(rows) - 0.4)
+
+
+def _title(config: Config, plan: ResolvedPlan) -> str:
+    ope = plan.optimizer_steps_per_epoch
+    epochs = f"{plan.epochs:,} epoch{'s' if plan.epochs > 1 else ''}"
+    if plan.last_epoch_steps < ope:
+        epochs += f", the last of {plan.last_epoch_steps:,} steps"
+    lrc = config.LR_SCHEDULER
+    scale = (
+        f"LR scale {plan.lr_scale:g} (= {plan.effective_batch_size} / {lrc.REFERENCE_BS})"
+        if lrc.REFERENCE_BS
+        else "LR scaling off"
+    )
+    tokens = f"; {plan.tokens_per_step:,} tokens per step" if plan.tokens_per_step else ""
+    return (
+        f"{config.EXPERIMENT.NAME}: {plan.total_steps:,} optimizer steps ({ope:,} per epoch; {epochs})\n"
+        f"effective batch {plan.effective_batch_size:,}{tokens}; {scale}"
+    )
+
+
+def save_schedule_figure(fig: Figure, path: str | Path) -> Path:
+    """Write ``fig`` to ``path`` (the format from its suffix: .png, .svg, .pdf)."""
+    path = Path(path)
+    fig.savefig(path, dpi=DPI)
+    return path
+
+
+def write_schedule_plot(path: str | Path, config: Config, plan: ResolvedPlan) -> Path | None:
+    """Draw and save the plot; None, writing nothing, when matplotlib is not installed (the
+    run's ``assets/schedule.png`` is optional)."""
+    if matplotlib_problem() is not None:
+        return None
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return save_schedule_figure(schedule_figure(config, plan), path)
+
+
+def plot_for_cli(path: str, config: Config, plan: ResolvedPlan) -> Path:
+    """``plan --plot FILE``: a file that cannot be written is an error naming the argument."""
+    try:
+        return save_schedule_figure(schedule_figure(config, plan), path)
+    except (OSError, ValueError) as exc:  # ValueError: a suffix matplotlib has no format for
+        raise ConfigError([("--plot", f"cannot write {path}: {exc}")], source="arguments") from None
+
+
+def _has_events(events: dict[str, EventEpochs], key: str) -> bool:
+    if key == "partial_mask_meta_validation":
+        return bool(events[key].first(1) or events["exhaustive_validation"].first(1))
+    return bool(events[key].first(1))
+
+
+def _event_steps(plan: ResolvedPlan, events: dict[str, EventEpochs], key: str) -> list[int]:
+    """Global steps at which the event happens: every one while the epochs fit in MARKER_COLUMNS,
+    else the first of each column. Mid-epoch checkpoints (CHECKPOINT.MID_EPOCH) add the multiples
+    of their step interval."""
+    own, exhaustive = events[key], events["exhaustive_validation"]
+
+    def after(e: int) -> int | None:
+        if key != "partial_mask_meta_validation":
+            return own.after(e)
+        return min((x for x in (own.after(e), exhaustive.after(e)) if x is not None), default=None)
+
+    t, ope = plan.total_steps, plan.optimizer_steps_per_epoch
+    out: list[int] = []
+    epoch = after(1)
+    while epoch is not None:
+        step = plan.boundary_step(epoch)
+        out.append(step)
+        next_column_step = -(-(step * MARKER_COLUMNS // t + 1) * t // MARKER_COLUMNS)
+        epoch = after(max(epoch + 1, -(-next_column_step // ope)))
+    interval = plan.checkpoint
+    if (
+        key == "checkpoint"
+        and plan.mid_epoch_checkpoints
+        and interval is not None
+        and interval.unit == "steps"
+    ):
+        count = (t - 1) // interval.every
+        stride = interval.every * max(1, math.ceil(count / MARKER_COLUMNS))
+        out = sorted({*out, *(s for s in range(interval.every, t, stride) if s % ope)})
+    return out
+
+
+def _epoch_axis(lr_ax: Axes, others: tuple[Axes, ...], plan: ResolvedPlan) -> None:
+    """Epoch numbers along the top, at the boundary steps; a light line at every boundary when
+    there are few enough to see."""
+    epochs = plan.epochs
+    every = _label_every(epochs, 20 if epochs < 1000 else 10)
+    labelled = [0, *range(every, epochs + 1, every)]
+    top = lr_ax.secondary_xaxis("top")
+    top.set_label("epochs")
+    top.set_xticks([plan.boundary_step(e) for e in labelled], [_compact(e) for e in labelled], fontsize=8)
+    top.set_xlabel("epoch (completed)", fontsize=9)
+    if epochs <= 60:
+        boundaries = [plan.boundary_step(e) for e in range(1, epochs + 1)]
+        top.set_xticks(boundaries, minor=True)
+        for ax in (lr_ax, *others):
+            ax.vlines(
+                boundaries,
+                0,
+                1,
+                transform=ax.get_xaxis_transform(),
+                color="#999999",
+                linewidth=0.5,
+                alpha=0.5,
+                zorder=0,
+                gid="epoch_boundaries",
+            )
+
+
+def _label_every(count: int, most: int) -> int:
+    """The smallest of 1, 2, 5, 10, 20, 50, ... that leaves at most ``most`` labels of ``count``."""
+    every, magnitude = 1, 1
+    while True:
+        for m in (1, 2, 5):
+            every = m * magnitude
+            if count / every <= most:
+                return every
+        magnitude *= 10
+
+
+def _compact(n: int) -> str:
+    """12, 1,500, 25k, 2.5M: epoch numbers short enough to sit side by side."""
+    if n >= 1_000_000:
+        return f"{n / 1_000_000:g}M"
+    if n >= 10_000:
+        return f"{n / 1000:g}k"
+    return f"{n:,}"

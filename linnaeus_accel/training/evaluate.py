@@ -1,0 +1,240 @@
+"""``linnaeus-accel evaluate``: the configured validation passes on a checkpoint's weights or a
+run's final weights, on any number of processes.
+
+Everything but the weights comes from the config, through a ``Trainer`` built from it as ``train``
+builds it: the same validation data, batches and sharding across processes, the same task, and the
+trainer's own ``run_pass``. The passes are those of the final boundary (what the trainer runs at the
+end of a run), so every checkpoint is measured with the same set.
+
+The run directory is read, never changed, except for the result file (by default
+``<run dir>/eval/<checkpoint name>.json``): a checkpoint is verified as resume verifies it, the bucket
+is not contacted, no tracker is started, and the run's lock is not taken (a run may go on training
+meanwhile).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate.utils import broadcast_object_list, find_tied_parameters, set_seed
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+from torch import nn
+from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
+
+from ..checkpoint import MARKER, MarkerError, read_marker
+from ..config import Config, ConfigError
+from .checkpoint_state import checkpoint_store
+from .validation import run_pass
+
+KEY = "--checkpoint"
+FINAL_DIR = "final"
+EVAL_DIR = "eval"
+WEIGHTS = "model.safetensors"  # Accelerate's name for the first model's weights (save_state, save_model)
+WEIGHTS_INDEX = "model.safetensors.index.json"  # final/ weights saved in shards
+# Prefixes a wrapped model's state dict may carry (torch.compile's, DDP's): the weights are loaded
+# into the bare model.
+WRAPPER_PREFIXES = ("module.", "_orig_mod.")
+
+
+@dataclass(frozen=True)
+class Weights:
+    """What ``--checkpoint`` names: a committed checkpoint or a run's ``final/`` directory."""
+
+    path: Path
+    committed: bool  # a checkpoint with COMMITTED.json (verified before use); else final/
+    step: int | None  # its global step (final/: from the run's summary.json, when there is one)
+    run_dir: Path
+
+    @property
+    def default_out(self) -> Path:
+        return self.run_dir / EVAL_DIR / f"{self.path.name}.json"
+
+
+def locate(path: str | Path) -> Weights:
+    """Cheap checks (no file is read but small JSON), on every process; raises ``ConfigError``."""
+    path = Path(path)
+    if not path.is_dir():
+        why = "does not exist" if not path.exists() else "is not a directory"
+        raise _refused(f"{path} {why}")
+    if (path / MARKER).exists():
+        try:
+            step = int(read_marker(path)["step"])
+        except MarkerError as exc:
+            raise _refused(f"{path} is damaged: {exc}") from None
+        run_dir = path.parent.parent if path.parent.name == "checkpoints" else path.parent
+        return Weights(path, True, step, run_dir)
+    if path.name == FINAL_DIR:
+        if not (path / WEIGHTS).is_file() and not (path / WEIGHTS_INDEX).is_file():
+            raise _refused(f"{path} holds no {WEIGHTS}: the run did not finish writing its final weights")
+        return Weights(path, False, _summary_step(path.parent), path.parent)
+    raise _refused(
+        f"{path} is not a committed checkpoint (no {MARKER}: its write did not finish, or it is not "
+        f"a checkpoint) nor a run's {FINAL_DIR}/ directory: pass <run dir>/checkpoints/step_XXXXXXXX "
+        f"with {MARKER}, or <run dir>/{FINAL_DIR}"
+    )
+
+
+def verify(weights: Weights) -> str | None:
+    """What makes ``weights`` unusable (None: nothing). A checkpoint: every file against its
+    manifest (digests included) and our state, as resume verifies it. Reads everything: main process."""
+    if not weights.committed:
+        return None
+    problem = checkpoint_store(weights.path.parent).verify(weights.path, deep=True)
+    if problem is not None:
+        return f"{weights.path} is damaged: {problem}"
+    listed = {entry["path"] for entry in read_marker(weights.path)["files"]}
+    if WEIGHTS not in listed:
+        return (
+            f"{weights.path} holds no {WEIGHTS} (a checkpoint written under FSDP or DeepSpeed keeps "
+            f"the weights in their own format): evaluate the run's {FINAL_DIR}/ instead"
+        )
+    return None
+
+
+def load_weights(model: nn.Module, directory: Path) -> None:
+    """Load ``model.safetensors`` (or the shards its index names) into ``model`` (unwrapped),
+    whichever number of processes wrote it; every parameter and buffer must be there (tied ones
+    are saved once)."""
+    index = directory / WEIGHTS_INDEX
+    try:
+        if index.is_file():
+            shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+            state: dict[str, torch.Tensor] = {}
+            for shard in shards:
+                state.update(load_file(str(directory / shard)))
+        else:
+            state = load_file(str(directory / WEIGHTS))
+    except (OSError, ValueError, KeyError, SafetensorError) as exc:
+        raise _refused(f"cannot read the weights in {directory}: {type(exc).__name__}: {exc}") from None
+    for prefix in WRAPPER_PREFIXES:
+        consume_prefix_in_state_dict_if_present(state, prefix)
+    own = model.state_dict()
+    tied = {name for group in find_tied_parameters(model) if set(group) & state.keys() for name in group}
+    unfit = [
+        ("missing", [name for name in own if name not in state and name not in tied]),
+        ("unexpected", [name for name in state if name not in own]),
+        (
+            "other shapes",
+            [
+                f"{name} {tuple(tensor.shape)} (the model's: {tuple(own[name].shape)})"
+                for name, tensor in state.items()
+                if name in own and tensor.shape != own[name].shape
+            ],
+        ),
+    ]
+    shown = [f"{what}: {', '.join(names[:3])}" for what, names in unfit if names]
+    if shown:
+        raise ConfigError(
+            [
+                (
+                    "MODEL",
+                    f"the weights in {directory} do not fit the model this config builds "
+                    f"({'; '.join(shown)}): use the run's own config",
+                )
+            ]
+        )
+    model.load_state_dict(state, strict=False)  # strict but for the tied names saved once
+
+
+def evaluate(config: Config, checkpoint: str | Path, out: str | Path | None = None) -> dict[str, Any]:
+    """Run the final boundary's validation passes on the weights at ``checkpoint``; every process
+    takes part. Returns the result (also written to ``out``, by the main process) and prints one
+    line per pass on the main process. Raises ``ConfigError`` for anything refused."""
+    from ..data import build_dataset, dataset_problems
+    from ..models import build_model
+    from .trainer import Trainer
+
+    weights = locate(checkpoint)
+    target = Path(out) if out is not None else weights.default_out
+    train_data, val_data = build_dataset(config, "train"), build_dataset(config, "val")
+    problems = dataset_problems(config, train_data)
+    if problems:
+        raise ConfigError(problems)
+    set_seed(config.EXPERIMENT.SEED)
+    trainer = Trainer(_without_bucket(config), build_model(config, train_data), train_data, val_data)
+    acc = trainer.accelerator
+    if trainer.val_batches is None:
+        raise ConfigError([("DATA", "the configured dataset has no validation split to evaluate on")])
+    passes = trainer.task.validation_passes(trainer.ops, trainer.plan.epochs, True)
+    if not passes:
+        raise ConfigError(
+            [("SCHEDULE.VALIDATION", "no validation pass is configured: set an INTERVAL_* to validate")]
+        )
+    problem = verify(weights) if acc.is_main_process else None
+    problem = broadcast_object_list([problem], from_process=0)[0]
+    if problem is not None:
+        raise _refused(problem)
+    load_weights(acc.unwrap_model(trainer.model), weights.path)
+    by_pass = {
+        vpass.prefix: run_pass(acc, trainer.model, trainer.val_batches, trainer.task, vpass)
+        for vpass in passes
+    }
+    result = {
+        "checkpoint": str(weights.path.resolve()),
+        "global_step": weights.step,
+        "num_processes": acc.num_processes,
+        "metrics": {k: v for metrics in by_pass.values() for k, v in metrics.items()},
+        "passes": by_pass,
+    }
+    if acc.is_main_process:
+        step = f"step {weights.step}" if weights.step is not None else "final weights"
+        print(f"evaluating {weights.path} ({step}) on {acc.num_processes} process(es)")
+        for prefix, metrics in by_pass.items():
+            print(f"{prefix}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+        _write_json(target, result)
+        print(f"wrote {target}")
+    acc.wait_for_everyone()
+    acc.end_training()
+    return result
+
+
+def _refused(message: str) -> ConfigError:
+    return ConfigError([(KEY, message)], source="arguments")
+
+
+def _without_bucket(config: Config) -> Config:
+    """The config with ENV.OUTPUT.BUCKET off: evaluating reads local weights and uploads nothing."""
+    output = config.ENV.OUTPUT
+    bucket = output.BUCKET.model_copy(update={"ENABLED": False})
+    env = config.ENV.model_copy(update={"OUTPUT": output.model_copy(update={"BUCKET": bucket})})
+    return config.model_copy(update={"ENV": env})
+
+
+def _summary_step(run_dir: Path) -> int | None:
+    """The final step from the run's summary.json, read only (a corrupt one is not moved aside here)."""
+    try:
+        step = json.loads((run_dir / "summary.json").read_bytes())["global_step"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return step if type(step) is int else None
+
+
+def _write_json(target: Path, data: dict[str, Any]) -> None:
+    """Whole or not at all: a temporary file next to ``target``, renamed over it."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(_finite(data), indent=2) + "\n"
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}-", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no NaN or Infinity: such a metric is written as a string, as metrics.jsonl does."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    return value
