@@ -242,10 +242,12 @@ def test_series_is_sampled_above_100000_steps() -> None:
     assert all(p > 0 for p in inside)
 
 
+# The speed tests below time this process's CPU (time.process_time), not the wall clock: the
+# claim is the work plan does, which other processes (parallel test workers) do not change.
 def test_ten_million_steps_without_series_is_fast() -> None:
-    start = time.perf_counter()
+    start = time.process_time()
     rc, out, err = run_cli("plan", "--cfg", CFG, "--json", "--no-series", *T10M_ARGS)
-    elapsed = time.perf_counter() - start
+    elapsed = time.process_time() - start
     assert rc == 0, err
     d = json.loads(out)
     assert d["total_steps"] == 10**7
@@ -257,9 +259,9 @@ def test_ten_million_epochs_plan_is_fast() -> None:
     # The summary and timeline walk the boundary events by arithmetic on their intervals, not
     # epoch by epoch (before: 24 s and 1 GB for this command).
     args = ["--dataset-size", "1000", "--opts", "TRAIN.EPOCHS", str(10**7)]
-    start = time.perf_counter()
+    start = time.process_time()
     text = plan_text(*args)
-    elapsed = time.perf_counter() - start
+    elapsed = time.process_time() - start
     assert "x 10000000 epochs = 320000000 total steps" in text
     assert "Validation:            after epochs 1, 2, 3, 4, 5, 6, ..., 9999998, 9999999, 10000000" in text
     assert (
@@ -273,9 +275,9 @@ def test_million_epochs_json_lists_every_event_fast() -> None:
     # asked in turn) and written by json's C encoder (before: json.dump's Python one): 3-4 s before,
     # 0.3 s after, in process on the 2-core CI machines.
     args = ["--dataset-size", "32", "--opts", "TRAIN.EPOCHS", str(10**6)]
-    start = time.perf_counter()
+    start = time.process_time()
     d = plan_json("--no-series", *args)
-    elapsed = time.perf_counter() - start
+    elapsed = time.process_time() - start
     events = d["events"]
     assert events["validation"] == list(range(1, 10**6 + 1))
     assert events["checkpoint"] == list(range(5, 10**6 + 1, 5))

@@ -361,9 +361,9 @@ def test_ten_million_step_plan_resolves_fast() -> None:
             "METRICS": {"STEP_FRACTION": 0.0001},
         },
     )
-    start = time.perf_counter()
+    start = time.process_time()  # this process's CPU: parallel test workers do not change it
     plan = resolve_plan(config, 1_000_000, 1)
-    elapsed = time.perf_counter() - start
+    elapsed = time.process_time() - start
     assert elapsed < 0.5
     assert plan.total_steps == 10**7
     assert plan.warmup_steps == 500_000
