@@ -265,7 +265,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Every process stops for the same reason; each says so once, naming itself when there are several.
         rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE", "1")
         where = f"process {rank}: " if rank is not None and world != "1" else ""
-        print(f"linnaeus-accel: {where}{failed}", file=sys.stderr)
+        print(f"linnaeus-accel: {where}{failed}", file=sys.stderr, flush=True)
+        if where:
+            # Every process reached this together (the failure was agreed), but the launcher kills
+            # the others the moment one exits: the one with more to clean up (the main process
+            # removes the partial checkpoint) was killed before it printed (seen under load).
+            time.sleep(_REPORT_GRACE_S)
         return EXIT_FAILED
 
 

@@ -626,6 +626,11 @@ def test_a_full_disk_stops_two_processes_together(tmp_path: Path) -> None:
     # Both processes stopped (neither waits at a barrier for the other), each naming the cause.
     assert len(errors) == 2, f"{errors}\n{result.tail()}"
     assert all("ENOSPC" in line for line in errors), errors
+    # Each names the resume point the main process committed (only the main process commits).
+    assert all(
+        line.rstrip().endswith("the resume point is still " + str(run.dir / "checkpoints" / "step_00000006"))
+        for line in errors
+    ), errors
     # (the launcher prints its own traceback for a worker that exited 1; none goes through our code)
     assert "linnaeus_accel/training" not in result.output, result.tail()
     assert sorted(p.name for p in after.iterdir()) == ["step_00000006"]

@@ -289,11 +289,15 @@ class Checkpointer:
         """Collective: every process learns whether any failed (``failure``: this one's step, error
         in words and exception); if one did, the main process removes what was written and every
         process raises ``CheckpointWriteError``."""
+        acc = self.accelerator
         mine = failure[:2] if failure is not None else None
-        everyone: list[tuple[int, str] | None] = gather_object([mine])
+        # The main process commits, so only it knows the resume point: it travels with its answer.
+        committed = str(self._committed) if acc.is_main_process and self._committed is not None else None
+        answers: list[tuple[tuple[int, str] | None, str | None]] = gather_object([(mine, committed)])
+        everyone = [answer for answer, _ in answers]
         if not any(everyone):
             return
-        acc = self.accelerator
+        resume_point = answers[0][1]
         if acc.is_main_process:
             for step in {entry[0] for entry in everyone if entry}:
                 shutil.rmtree(self.store.staging_path(step), ignore_errors=True)
@@ -301,8 +305,8 @@ class Checkpointer:
                 if final.is_dir() and not (final / MARKER).exists():  # a commit cut before its marker
                     shutil.rmtree(final, ignore_errors=True)
         kept = (
-            f"the resume point is still {self._committed}"
-            if self._committed is not None
+            f"the resume point is still {resume_point}"
+            if resume_point is not None
             else "there is no earlier checkpoint to resume from"
         )
         if mine is not None:
