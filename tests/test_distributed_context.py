@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,8 +16,6 @@ import pytest
 import torch
 
 from linnaeus_accel import DistributedContext
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 def observe(out: Path) -> dict[str, Any]:
@@ -73,12 +69,6 @@ def observe(out: Path) -> dict[str, Any]:
     }
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.usefixtures("fresh_accelerate_state")
 def test_one_process_is_its_own_master(tmp_path: Path) -> None:
     seen = observe(tmp_path)
@@ -101,11 +91,9 @@ def test_one_process_is_its_own_master(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_two_gloo_processes(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELERATE_")}
-    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(name, None)
-    env.update(ACCELERATE_USE_CPU="true", OMP_NUM_THREADS="1", HF_HOME=str(tmp_path / "hf_home"))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    from test_distributed import free_port, launch_env
+
+    env = launch_env(tmp_path)
     command = [
         sys.executable,
         "-m",

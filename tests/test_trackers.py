@@ -21,8 +21,8 @@ import pytest
 from accelerate import Accelerator
 from accelerate.tracking import LOGGER_TYPE_TO_CLASS
 from conftest import REPO, reset_accelerate, run_cli
+from test_trainer import train
 
-from linnaeus_accel.cli import main
 from linnaeus_accel.config import ConfigError, load_config, validate_config
 from linnaeus_accel.config.sections import TRACKER_NAMES
 from linnaeus_accel.data import build_dataset
@@ -70,14 +70,6 @@ def wandb_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ):
         monkeypatch.setenv(var, str(tmp_path / "wandb_env" / sub))
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
-
-
-def train(opts: list[str]) -> int:
-    reset_accelerate()
-    try:
-        return main(["train", "--cfg", CFG, "--opts", *opts])
-    finally:
-        reset_accelerate()
 
 
 def read_metrics(out: Path) -> list[dict[str, Any]]:
