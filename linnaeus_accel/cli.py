@@ -120,7 +120,60 @@ def build_parser() -> argparse.ArgumentParser:
         help="where to write the metrics as JSON (default: <run dir>/eval/<checkpoint name>.json, "
         "e.g. eval/step_00000045.json or eval/final.json)",
     )
+    tokenize = commands.add_parser(
+        "tokenize",
+        help="turn text corpora into a token file (.bin or .npy) and its sidecar, for training",
+        description="Tokenize text files (.txt, .jsonl/.json, .parquet; .txt and .jsonl also gzipped) into "
+        "a token file that training memory-maps, each document followed by an end-of-document token, and "
+        "write the sidecar <PATH>.json beside it. Both appear whole or not at all.",
+    )
+    _add_tokenize_args(tokenize)
     return parser
+
+
+def _add_tokenize_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "inputs", nargs="+", metavar="INPUT", help="a text file or a glob pattern (quoted; expanded sorted)"
+    )
+    parser.add_argument(
+        "--output",
+        required=True,
+        metavar="PATH",
+        help="the token file: PATH.bin (raw little-endian uint16, or uint32 for a vocabulary over 65536) "
+        "or PATH.npy",
+    )
+    parser.add_argument(
+        "--tokenizer",
+        metavar="FILE",
+        default=None,
+        help="a Hugging Face tokenizer.json (needs the 'data' extra); default: UTF-8 bytes "
+        "(ids 0-255, end of document 256)",
+    )
+    parser.add_argument(
+        "--eos-token",
+        metavar="TOKEN",
+        default=None,
+        help="the tokenizer's end-of-document token; default: the first of <|endoftext|>, </s>, <eos>, "
+        "<|end_of_text|> it has",
+    )
+    parser.add_argument(
+        "--field",
+        metavar="NAME",
+        default="text",
+        help="the text field of .jsonl/.json objects, or the column of .parquet files (default: text)",
+    )
+    parser.add_argument(
+        "--text-unit",
+        choices=("file", "line"),
+        default="file",
+        help="a .txt document: the whole file (default) or each non-empty line",
+    )
+    parser.add_argument(
+        "--workers", type=int, default=1, metavar="N", help="processes that tokenize in parallel (default 1)"
+    )
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace an existing token file and its sidecar"
+    )
 
 
 def plan_for(
@@ -242,7 +295,27 @@ def run_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"plan": run_plan, "train": run_train, "evaluate": run_evaluate}
+def run_tokenize(args: argparse.Namespace) -> int:
+    from .data.tokenize import tokenize_files
+
+    sidecar = tokenize_files(
+        args.inputs,
+        args.output,
+        tokenizer=args.tokenizer,
+        eos_token=args.eos_token,
+        field=args.field,
+        text_unit=args.text_unit,
+        workers=args.workers,
+        overwrite=args.overwrite,
+    )
+    print(
+        f"{sidecar.num_documents:,} documents, {sidecar.num_tokens:,} tokens ({sidecar.dtype}) "
+        f"written to {args.output}"
+    )
+    return 0
+
+
+COMMANDS = {"plan": run_plan, "train": run_train, "evaluate": run_evaluate, "tokenize": run_tokenize}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
