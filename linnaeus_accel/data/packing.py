@@ -12,6 +12,7 @@ windows lazily from documents joined by an end-of-document token, in order or sh
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -55,16 +56,39 @@ def _sample(window: torch.Tensor) -> dict[str, torch.Tensor]:
     return {"input_ids": window.clone(), "labels": window.clone()}
 
 
-class PackedTokens(Dataset[dict[str, torch.Tensor]]):
-    """Item ``k``: the ``seq_len`` tokens from ``k * (seq_len - 1)``, as ``input_ids`` and ``labels``."""
+def window_sample(
+    tokens: torch.Tensor | np.ndarray[Any, Any], start: int, seq_len: int
+) -> dict[str, torch.Tensor]:
+    """``input_ids`` and ``labels`` of the ``seq_len`` tokens from ``start``, as int64: only this
+    window is converted, so the tokens stay in their own (small, possibly memory-mapped) dtype."""
+    window = tokens[start : start + seq_len]
+    if isinstance(window, np.ndarray):
+        ids = torch.from_numpy(window.astype(np.int64))  # a copy: nothing refers to the mapping
+    else:
+        ids = window.to(torch.int64, copy=True)
+    return {"input_ids": ids, "labels": ids.clone()}
 
-    def __init__(self, tokens: torch.Tensor, seq_len: int) -> None:
-        if tokens.dim() != 1 or tokens.is_floating_point() or tokens.is_complex():
+
+class PackedTokens(Dataset[dict[str, torch.Tensor]]):
+    """Item ``k``: the ``seq_len`` tokens from ``k * (seq_len - 1)``, as ``input_ids`` and ``labels``.
+
+    ``tokens``: a 1-D integer tensor or NumPy array (a ``np.memmap`` too), kept as it is given:
+    each window is converted to int64 when it is read, so a ``uint16`` corpus costs 2 bytes a token,
+    not 8. For corpora on disk see ``TokenFiles``.
+    """
+
+    def __init__(self, tokens: torch.Tensor | np.ndarray[Any, Any], seq_len: int) -> None:
+        integer = (
+            tokens.dtype.kind in "iu"
+            if isinstance(tokens, np.ndarray)
+            else not (tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool)
+        )
+        if tokens.ndim != 1 or not integer:
             raise ValueError(
-                f"tokens must be a 1-D integer tensor, got {tokens.dtype} of shape {tuple(tokens.shape)}"
+                f"tokens must be a 1-D integer tensor or array, got {tokens.dtype} of shape {tuple(tokens.shape)}"
             )
         _check_lengths(len(tokens), seq_len)
-        self.tokens = tokens.to(torch.int64)
+        self.tokens = tokens
         self.seq_len = seq_len
         self.tokens_per_sample = seq_len - 1  # targets per sample: what a tokens/s meter counts
 
@@ -75,8 +99,7 @@ class PackedTokens(Dataset[dict[str, torch.Tensor]]):
         n = len(self)
         if not -n <= k < n:
             raise IndexError(f"sample {k} out of range for {n} samples")
-        start = (k % n) * self.tokens_per_sample
-        return _sample(self.tokens[start : start + self.seq_len])
+        return window_sample(self.tokens, (k % n) * self.tokens_per_sample, self.seq_len)
 
 
 def _as_tokens(document: Sequence[int] | torch.Tensor) -> torch.Tensor:

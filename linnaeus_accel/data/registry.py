@@ -31,7 +31,9 @@ DATASETS: Registry[DatasetBuilder] = Registry(
     {
         "digits": "linnaeus_accel.data.digits",
         "digits_images": "linnaeus_accel.data.digits",
+        "mixture": "linnaeus_accel.data.mixture",
         "python_docs": "linnaeus_accel.data.text",
+        "token_files": "linnaeus_accel.data.token_files",
     },
 )
 register_dataset = DATASETS.register

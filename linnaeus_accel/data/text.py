@@ -23,7 +23,6 @@ from functools import lru_cache
 from typing import Any
 
 import numpy as np
-import torch
 
 from ..config import Config, ConfigError
 from ..schedule.steps import decimal_of, round_half_up
@@ -70,9 +69,9 @@ class PythonDocs(PackedTokens):
 
     def __init__(self, topics: Sequence[tuple[str, bytes]], seq_len: int) -> None:
         self.topics = tuple(name for name, _ in topics)
-        eos = np.array([BYTE_EOS], dtype=np.int64)
+        eos = np.array([BYTE_EOS], dtype=np.uint16)
         pieces = [p for _, text in topics for p in (np.frombuffer(text, dtype=np.uint8), eos)]
-        super().__init__(torch.from_numpy(np.concatenate(pieces).astype(np.int64)), seq_len)
+        super().__init__(np.concatenate(pieces).astype(np.uint16), seq_len)
 
 
 class PythonDocsStream(PackedTokenStream):

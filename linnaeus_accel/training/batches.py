@@ -37,12 +37,23 @@ class BatchSource:
     """One process's view of a training or validation DataLoader."""
 
     def __init__(
-        self, accelerator: Accelerator, loader: Any, size: int, batch_size: int, *, stream: bool, seed: int
+        self,
+        accelerator: Accelerator,
+        loader: Any,
+        size: int,
+        batch_size: int,
+        *,
+        stream: bool,
+        seed: int,
+        sampler: Any = None,
     ) -> None:
         """``size``: samples per pass over all processes; ``stream``: ``loader`` is a
-        ``stream_loader`` (not prepared by Accelerate, so batches are moved to the device here)."""
+        ``stream_loader`` (not prepared by Accelerate, so batches are moved to the device here);
+        ``sampler``: the map-style loader's ``EpochSeededSampler`` (None for a DataLoader given
+        with a sampler of its own)."""
         self.accelerator = accelerator
         self.loader = loader
+        self.sampler = sampler
         self.size = size
         self.batch_size = batch_size
         self.stream = stream
@@ -52,6 +63,10 @@ class BatchSource:
         self.generator: torch.Generator | None = getattr(loader, "generator", None)
         self.rank, self.world = accelerator.process_index, accelerator.num_processes
         self.data_wait = 0.0  # seconds spent waiting for training batches (see ``windows``)
+        self.drop_last = False  # set by the trainer for the training data (DATA.DROP_LAST)
+        # Set when the window just yielded is the pass's last (only known ahead for a stream
+        # without __len__, whose end every process agrees on; map-style ends are in the plan).
+        self.pass_ended = False
 
     def set_epoch(self, epoch: int) -> None:
         """Training: the epoch's data order. Validation passes call it with 0 before each pass."""
@@ -96,15 +111,27 @@ class BatchSource:
         if window:
             yield window
 
+    def samples_in(self, window: list[MicroBatch]) -> int:
+        """Real samples in ``window``'s micro-batches over all processes (``samples_in_window``)."""
+        return samples_in_window(window, self.size, self.batch_size, self.world, self.drop_last)
+
     def take_data_wait(self) -> float:
         """Seconds spent waiting for training batches since the last call."""
         wait, self.data_wait = self.data_wait, 0.0
         return wait
 
     def _loader_from(self, start: int) -> Any:
-        if start and not self.stream:  # skipped through the batch sampler: nothing is loaded
-            return self.accelerator.skip_first_batches(self.loader, start)
-        return self.loader
+        if not start or self.stream:
+            return self.loader
+        # Skipped through the batch sampler: nothing is loaded. Our sampler also skips the indices
+        # themselves (resume_at): the first global round, then the epoch from batch ``start`` on, so
+        # each process drops one batch whatever the position.
+        resume_at = getattr(self.sampler, "resume_at", None)
+        if callable(resume_at):
+            per_round = self.batch_size * self.world
+            resume_at(start * per_round, per_round)
+            return self.accelerator.skip_first_batches(self.loader, 1)
+        return self.accelerator.skip_first_batches(self.loader, start)
 
     def real_rows(self, index: int, batch: Any) -> Tensor | None:
         real = real_in_batch(self.size, self.batch_size, self.world, index, self.rank)

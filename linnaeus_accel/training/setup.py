@@ -66,6 +66,7 @@ class Loader(NamedTuple):
     batch_size: int  # per process
     batches_per_epoch: int | None  # per process, for a stream; map-style: the prepared loader's length
     stream: bool
+    sampler: Any = None  # our EpochSeededSampler, when the loader is ours (it resumes in O(1))
 
 
 def as_loader(
@@ -109,13 +110,15 @@ def as_loader(
         drop_last = config.DATA.DROP_LAST if train else False
         batches = batches_per_process(size, expected, world_size, drop_last)
         return Loader(loader, dataset, loader.dataset.collate_fn, size, expected, batches, stream=True)
+    sampler = None
     if not isinstance(data, DataLoader):
         data = make_dataloader(config, data, train, collate_fn)
+        sampler = data.sampler
     elif data.generator is None:
         # Else creating its iterator would draw from the global RNG and shift a resumed run's dropout.
         data.generator = torch.Generator()
     size = len(data.sampler)  # type: ignore[arg-type]
-    return Loader(data, dataset, data.collate_fn, size, expected, None, stream=False)
+    return Loader(data, dataset, data.collate_fn, size, expected, None, stream=False, sampler=sampler)
 
 
 def shared_parameters(model: nn.Module) -> list[nn.Parameter]:

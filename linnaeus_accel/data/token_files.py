@@ -1,0 +1,327 @@
+"""``TokenFiles``: training windows cut from token files on disk, memory-mapped, never copied.
+
+A sample is ``seq_len`` consecutive tokens of one file; windows overlap by one token, as
+``PackedTokens`` cuts them (window ``k`` of a file starts at token ``k * (seq_len - 1)``, so every
+token after a file's first is a target exactly once and ``tokens_per_sample = seq_len - 1``). A
+file's last tokens that do not fill a window are left out; windows never span two files.
+
+Start-up reads no token: a file's token count comes from its length (``.npy``: its header), its
+dtype and vocabulary from the ``tokenize`` sidecar (``<file>.json``) when there is one. So a corpus
+of any size starts in the time it takes to list its files. Each process (and DataLoader worker)
+maps the files it reads lazily, read-only; a window is converted to int64 when it is read. Resident
+memory does not grow with the corpus: a few open mappings (``_OPEN_FILES``), and every mapping is
+dropped and made again now and then (``_REMAP_EVERY`` windows), so that the pages a long shuffled
+run touched are not all counted against the process (the kernel's page cache keeps them anyway).
+
+Token ids are checked against the vocabulary without reading every token at start: a file with a
+sidecar records its largest id, compared with ``vocab_size`` at construction; a file without one
+has each window checked as it is read (the maximum of ``seq_len`` tokens, next to the int64 copy
+made anyway), and a bad id stops the run naming the file and the token's position.
+"""
+
+from __future__ import annotations
+
+import bisect
+import glob
+import os
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from ..config import Config, ConfigError
+from ..schedule.steps import decimal_of, round_half_up
+from .options import DatasetOptions
+from .packing import window_sample
+from .registry import Split, register_dataset
+from .token_format import (
+    BIN_DTYPES,
+    TOKEN_SUFFIXES,
+    TokenFileError,
+    TokenFileLayout,
+    TokenSidecar,
+    bin_layout,
+    npy_layout,
+    open_tokens,
+    read_sidecar,
+)
+
+_OPEN_FILES = 64  # mappings kept open per process: each holds a file descriptor
+_REMAP_EVERY = 4096  # windows read between two drops of every mapping
+
+
+@dataclass(frozen=True)
+class TokenFile:
+    """One file's tokens and what its sidecar (if any) says about them."""
+
+    layout: TokenFileLayout
+    sidecar: TokenSidecar | None
+
+    @property
+    def path(self) -> str:
+        return self.layout.path
+
+    def windows(self, seq_len: int) -> int:
+        return max(0, (self.layout.num_tokens - 1) // (seq_len - 1))
+
+
+@dataclass(frozen=True)
+class FileWindows:
+    """Windows ``first .. first + count - 1`` of a file (a split takes a range of each file)."""
+
+    file: TokenFile
+    first: int
+    count: int
+
+
+def expand_paths(patterns: Sequence[str]) -> list[Path]:
+    """Files and glob patterns, each pattern's matches in sorted order, in the order given. A
+    pattern matches token files only (``.bin``, ``.npy``), never their ``.json`` sidecars."""
+    paths: list[Path] = []
+    for pattern in patterns:
+        expanded = os.path.expanduser(pattern)
+        if glob.has_magic(expanded):
+            matches = sorted(m for m in glob.glob(expanded, recursive=True) if m.endswith(TOKEN_SUFFIXES))
+            if not matches:
+                raise TokenFileError(f"{pattern!r} matches no .bin or .npy file")
+            paths += [Path(m) for m in matches]
+            continue
+        path = Path(expanded)
+        if not path.is_file():
+            raise TokenFileError(f"{pattern!r} is not a file")
+        if not path.name.endswith(TOKEN_SUFFIXES):
+            raise TokenFileError(f"{pattern!r} is not a token file: expected .bin (raw) or .npy")
+        paths.append(path)
+    seen: set[Path] = set()
+    for path in paths:
+        if path.resolve() in seen:
+            raise TokenFileError(f"{path} is listed twice: each file would be trained on twice per epoch")
+        seen.add(path.resolve())
+    return paths
+
+
+def open_token_file(path: Path, dtype: str | None) -> TokenFile:
+    """A file's layout from its header and length; the dtype of a ``.bin`` from its sidecar, or
+    from ``dtype`` when it has none (given both, they must agree)."""
+    sidecar = read_sidecar(path)
+    if path.suffix == ".npy":
+        layout = npy_layout(path)
+        if sidecar is not None and sidecar.dtype != layout.dtype:
+            raise TokenFileError(f"{path} holds {layout.dtype} tokens but its sidecar says {sidecar.dtype}")
+    else:
+        if sidecar is not None and dtype is not None and sidecar.dtype != dtype:
+            raise TokenFileError(
+                f"{path}'s sidecar says its tokens are {sidecar.dtype}, but dtype is {dtype}: leave dtype out"
+            )
+        chosen = sidecar.dtype if sidecar is not None else dtype
+        if chosen is None:
+            raise TokenFileError(
+                f"{path} has no sidecar ({path.name}.json) to say its dtype: give dtype ({' or '.join(BIN_DTYPES)})"
+            )
+        layout = bin_layout(path, chosen)
+    if sidecar is not None and sidecar.num_tokens != layout.num_tokens:
+        raise TokenFileError(
+            f"{path} holds {layout.num_tokens} tokens but its sidecar says {sidecar.num_tokens}: "
+            "the file was changed or truncated after tokenize wrote it"
+        )
+    return TokenFile(layout, sidecar)
+
+
+def corpus_vocabulary(files: Sequence[TokenFile], vocab_size: int | None) -> tuple[int | None, int | None]:
+    """``(vocab_size, eos_id)`` of a corpus: what the sidecars say (they must agree), or
+    ``vocab_size`` as given, which must exceed every id the sidecars recorded."""
+    described = [f for f in files if f.sidecar is not None]
+    eos_id: int | None = None
+    if described:
+        first = described[0]
+        assert first.sidecar is not None
+        for other in described[1:]:
+            assert other.sidecar is not None
+            for name in ("vocab_size", "eos_id", "tokenizer"):
+                if getattr(other.sidecar, name) != getattr(first.sidecar, name):
+                    raise TokenFileError(
+                        f"{first.path} and {other.path} were tokenized differently ({name} "
+                        f"{getattr(first.sidecar, name)!r} vs {getattr(other.sidecar, name)!r}): one run trains on one vocabulary"
+                    )
+        eos_id = first.sidecar.eos_id
+        vocab_size = first.sidecar.vocab_size if vocab_size is None else vocab_size
+        largest = max(described, key=lambda f: f.sidecar.max_token_id if f.sidecar else -1)
+        assert largest.sidecar is not None
+        if largest.sidecar.max_token_id >= vocab_size:
+            raise TokenFileError(
+                f"{largest.path} holds token id {largest.sidecar.max_token_id} (its sidecar's max_token_id), "
+                f"not below vocab_size {vocab_size}: raise vocab_size to at least {largest.sidecar.max_token_id + 1}"
+            )
+    return vocab_size, eos_id
+
+
+class TokenFiles(Dataset[dict[str, torch.Tensor]]):
+    """Map-style windows over token files (see the module docstring). Sample ``k`` is found by a
+    binary search over the files' window counts: O(log files), no token read but the window's."""
+
+    def __init__(
+        self,
+        parts: Sequence[FileWindows],
+        seq_len: int,
+        *,
+        vocab_size: int | None = None,
+        eos_id: int | None = None,
+    ) -> None:
+        if seq_len < 2:
+            raise ValueError(f"seq_len must be at least 2 (one input and one target token), got {seq_len}")
+        self.parts = [p for p in parts if p.count > 0]
+        self.seq_len = seq_len
+        self.tokens_per_sample = seq_len - 1
+        self.vocab_size = vocab_size
+        self.eos_id = eos_id
+        self._ends = np.cumsum([p.count for p in self.parts]).tolist()
+        # Windows of files without a sidecar are checked as they are read (their max id is unknown).
+        self._check_ids = [vocab_size is not None and p.file.sidecar is None for p in self.parts]
+        self._maps: OrderedDict[int, np.ndarray[Any, Any]] = OrderedDict()
+        self._reads = 0
+
+    @classmethod
+    def from_paths(
+        cls,
+        paths: Sequence[str | os.PathLike[str]],
+        seq_len: int,
+        *,
+        dtype: str | None = None,
+        vocab_size: int | None = None,
+    ) -> TokenFiles:
+        """Every window of the files (and glob patterns) ``paths``."""
+        files = [open_token_file(p, dtype) for p in expand_paths([str(p) for p in paths])]
+        vocab, eos = corpus_vocabulary(files, vocab_size)
+        return cls(
+            [FileWindows(f, 0, f.windows(seq_len)) for f in files], seq_len, vocab_size=vocab, eos_id=eos
+        )
+
+    def __len__(self) -> int:
+        return self._ends[-1] if self._ends else 0
+
+    @property
+    def num_tokens(self) -> int:
+        """Target tokens over all samples (``tokens_per_sample`` each)."""
+        return len(self) * self.tokens_per_sample
+
+    def locate(self, k: int) -> tuple[int, int]:
+        """``(part, token offset in its file)`` of sample ``k``."""
+        n = len(self)
+        if not 0 <= k < n:
+            raise IndexError(f"sample {k} out of range for {n} samples")
+        part = bisect.bisect_right(self._ends, k)
+        window = self.parts[part].first + k - (self._ends[part - 1] if part else 0)
+        return part, window * self.tokens_per_sample
+
+    def __getitem__(self, k: int) -> dict[str, torch.Tensor]:
+        part, start = self.locate(int(k))
+        sample = window_sample(self._tokens(part), start, self.seq_len)
+        if self._check_ids[part]:
+            self._check_window(part, start, sample["input_ids"])
+        return sample
+
+    def _tokens(self, part: int) -> np.ndarray[Any, Any]:
+        self._reads += 1
+        if self._reads % _REMAP_EVERY == 0:
+            self._maps.clear()
+        tokens = self._maps.get(part)
+        if tokens is None:
+            tokens = self._maps[part] = open_tokens(self.parts[part].file.layout)
+            if len(self._maps) > _OPEN_FILES:
+                self._maps.popitem(last=False)
+        else:
+            self._maps.move_to_end(part)
+        return tokens
+
+    def _check_window(self, part: int, start: int, ids: torch.Tensor) -> None:
+        assert self.vocab_size is not None
+        largest = int(ids.max())
+        if largest >= self.vocab_size or int(ids.min()) < 0:
+            bad = int(torch.nonzero((ids >= self.vocab_size) | (ids < 0))[0, 0])
+            raise TokenFileError(
+                f"{self.parts[part].file.path}: token {start + bad} has id {int(ids[bad])}, outside the "
+                f"vocabulary of {self.vocab_size} (vocab_size): the file is not of this tokenizer, or "
+                "vocab_size is too small"
+            )
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A DataLoader worker maps the files itself: a mapping is not sent across processes.
+        state = dict(self.__dict__)
+        state["_maps"] = OrderedDict()
+        return state
+
+    def __repr__(self) -> str:
+        files = len({p.file.path for p in self.parts})
+        return f"TokenFiles({files} files, {len(self)} windows of {self.seq_len} tokens)"
+
+
+# -- the built-in dataset ``token_files`` -----------------------------------------------------------
+OPTIONS_KEY = "DATA.DATASET.OPTIONS"
+DEFAULT_SEQ_LEN = 1024
+
+
+def held_out(count: int, fraction: float) -> int:
+    """Windows of a ``count``-window file held out for validation: its last ``fraction``, rounded
+    half up (the split of every file, so validation samples every source of a corpus)."""
+    return round_half_up(decimal_of(fraction) * count)
+
+
+def split_parts(files: Sequence[TokenFile], seq_len: int, fraction: float, split: Split) -> list[FileWindows]:
+    parts = []
+    for f in files:
+        total = f.windows(seq_len)
+        val = held_out(total, fraction)
+        parts.append(FileWindows(f, total - val, val) if split == "val" else FileWindows(f, 0, total - val))
+    return parts
+
+
+@register_dataset("token_files")
+def build_token_files(config: Config, split: Split) -> TokenFiles:
+    """``DATA.DATASET.OPTIONS``: ``paths`` (files or glob patterns), ``seq_len`` (default 1024),
+    ``dtype`` (uint16 or uint32, for a ``.bin`` without sidecar), ``vocab_size`` (default the
+    sidecar's; more is allowed, e.g. padded to a multiple of 64), ``val_paths`` (validation files;
+    without them, the last ``DATA.DATASET.VAL_FRACTION`` of every file's windows is held out)."""
+    options = DatasetOptions("token_files", config.DATA.DATASET.OPTIONS, OPTIONS_KEY)
+    paths = options.strings("paths", required=True)
+    val_paths = options.strings("val_paths")
+    seq_len = options.integer("seq_len", DEFAULT_SEQ_LEN, minimum=2)
+    dtype = options.text("dtype", None, BIN_DTYPES)
+    vocab_size = options.integer("vocab_size", None, minimum=1)
+    options.finish()
+    assert paths is not None
+    chosen, key = (val_paths, "val_paths") if split == "val" and val_paths else (paths, "paths")
+    try:
+        files = [open_token_file(p, dtype) for p in expand_paths(chosen)]
+        vocab, eos = corpus_vocabulary(files, vocab_size)
+    except (TokenFileError, OSError) as exc:
+        raise ConfigError([(f"{OPTIONS_KEY}.{key}", f"token_files: {exc}")]) from None
+    if val_paths:
+        parts = [FileWindows(f, 0, f.windows(seq_len)) for f in files]
+    else:
+        parts = split_parts(files, seq_len, config.DATA.DATASET.VAL_FRACTION, split)
+    dataset = TokenFiles(parts, seq_len, vocab_size=vocab, eos_id=eos)
+    if len(dataset) == 0:
+        where = f"{OPTIONS_KEY}.{key}"
+        if split == "val" and not val_paths:
+            raise ConfigError(
+                [
+                    (
+                        "DATA.DATASET.VAL_FRACTION",
+                        f"holds out no window of {seq_len} tokens for validation: raise it, or give {OPTIONS_KEY}.val_paths",
+                    )
+                ]
+            )
+        raise ConfigError(
+            [
+                (
+                    where,
+                    f"token_files: the {split} files hold no window of seq_len {seq_len} tokens: add data or lower seq_len",
+                )
+            ]
+        )
+    return dataset
