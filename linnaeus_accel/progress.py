@@ -47,6 +47,7 @@ class TrainingProgress:
     current_stage: TrainingStage = TrainingStage.TRAINING
     epoch: int = 0
     global_step: int = 0
+    epoch_start_step: int = 0  # global_step when the epoch being trained began (its previous boundary)
     batches_seen_in_epoch: int = 0
     samples_seen: int = 0
     tokens_seen: int = 0
@@ -68,7 +69,8 @@ class TrainingProgress:
             self.epoch = epoch - 1
         self.current_stage = TrainingStage.TRAINING
         self.batches_seen_in_epoch = 0
-        self._clear_validations()
+        self.epoch_start_step = self.global_step
+        self.clear_validations()
 
     def update_step(self, batch_size: int, is_accumulation_step: bool = False) -> bool:
         """Record one micro-batch of ``batch_size`` samples (over all processes); returns whether it
@@ -118,7 +120,8 @@ class TrainingProgress:
     def has_pending_validations(self) -> bool:
         return bool(self.pending_validations)
 
-    def _clear_validations(self) -> None:
+    def clear_validations(self) -> None:
+        """Forget the passes of the previous event point (a new one begins)."""
         self.pending_validations.clear()
         self.completed_validations.clear()
         self.partial_validation_indices.clear()
@@ -160,6 +163,7 @@ class TrainingProgress:
             "current_stage": self.current_stage.value,
             "epoch": self.epoch,
             "global_step": self.global_step,
+            "epoch_start_step": self.epoch_start_step,
             "batches_seen_in_epoch": self.batches_seen_in_epoch,
             "samples_seen": self.samples_seen,
             "tokens_seen": self.tokens_seen,
@@ -184,6 +188,7 @@ class TrainingProgress:
             "total_epochs",
             "epoch",
             "global_step",
+            "epoch_start_step",
             "batches_seen_in_epoch",
             "samples_seen",
             "tokens_seen",
@@ -238,11 +243,12 @@ class TrainingConsistencyChecker:
         """Expect what the resolved plan says (its steps per epoch, a partial last epoch of a
         TRAIN.TARGET_TOKENS run included), not a recount from the dataset size: a sampler of the
         user's may legitimately draw another number of samples than the dataset holds."""
-        checker = cls(plan.epochs, plan.batch_size, plan.world_size, plan.accumulation, drop_last)
-        checker.expected_steps_per_epoch = plan.optimizer_steps_per_epoch
+        checker = cls(plan.epochs or 0, plan.batch_size, plan.world_size, plan.accumulation, drop_last)
         checker.expected_total_steps = plan.total_steps
-        checker._batches_per_epoch = plan.batches_per_epoch
-        checker._last_epoch_steps = plan.last_epoch_steps
+        if plan.known_epochs:  # a stream without __len__ has no expected epoch length to check
+            checker.expected_steps_per_epoch = plan.optimizer_steps_per_epoch
+            checker._batches_per_epoch = plan.batches_per_epoch
+            checker._last_epoch_steps = plan.last_epoch_steps
         return checker
 
     def epoch_problem(self, epoch: int, actual_steps: int) -> str | None:

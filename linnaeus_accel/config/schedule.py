@@ -103,7 +103,7 @@ class FinalEpochValidation(Section):
 
 
 class ValidationSchedule(Section):
-    """Validation passes, run at epoch boundaries."""
+    """Validation passes, run at epoch boundaries (and, with MID_EPOCH, at steps inside epochs)."""
 
     INTERVAL_EPOCHS: StepsOrOff | None = Field(
         None,
@@ -133,12 +133,42 @@ class ValidationSchedule(Section):
     )
     PARTIAL_MASK_META: PartialMaskMetaValidation = Field(default_factory=PartialMaskMetaValidation)
     FINAL_EPOCH: FinalEpochValidation = Field(default_factory=FinalEpochValidation)
+    MID_EPOCH: bool = Field(
+        False,
+        description="Validation intervals given in steps or fractions (INTERVAL_*, MASK_META_INTERVAL_*, "
+        "PARTIAL_MASK_META.INTERVAL_*) fire at the step itself, mid-epoch, instead of at the first "
+        "epoch boundary after it: for long epochs and streams. A checkpoint due at the same step is "
+        "written first, so a run killed during those passes resumes with the passes still due.",
+    )
+
+    def step_intervals(self) -> list[str]:
+        """The validation intervals set in steps or as a fraction (what MID_EPOCH applies to)."""
+        blocks = (
+            ("", self, "INTERVAL"),
+            ("", self, "MASK_META_INTERVAL"),
+            ("PARTIAL_MASK_META.", self.PARTIAL_MASK_META, "INTERVAL"),
+        )
+        return [
+            f"{prefix}{stem}_{unit}"
+            for prefix, block, stem in blocks
+            for unit in ("STEPS", "FRACTION")
+            if getattr(block, f"{stem}_{unit}") is not None
+        ]
 
     def problems(self) -> list[Problem]:
-        return merge_problems(
+        problems = merge_problems(
             one_unit_problems(self, "INTERVAL", units=INTERVAL_UNITS),
             one_unit_problems(self, "MASK_META_INTERVAL", units=INTERVAL_UNITS),
         )
+        if self.MID_EPOCH and not self.step_intervals():
+            problems.append(
+                Problem(
+                    ("MID_EPOCH",),
+                    "{0} needs a validation interval in steps or as a fraction (INTERVAL_STEPS, INTERVAL_FRACTION, "
+                    "MASK_META_INTERVAL_STEPS, ...): the steps at which to validate",
+                )
+            )
+        return problems
 
 
 class CheckpointSchedule(Section):

@@ -96,12 +96,18 @@ DEFAULT_EPOCHS = 10
 
 
 class TrainConfig(Section):
-    """How long to train: EPOCHS or TARGET_TOKENS (one of them; neither means EPOCHS: 10)."""
+    """How long to train: EPOCHS, STEPS or TARGET_TOKENS (one of them; none means EPOCHS: 10)."""
 
     EPOCHS: PositiveInt | None = Field(
         None,
         description=f"Training epochs; total steps = EPOCHS x optimizer steps per epoch "
-        f"(default {DEFAULT_EPOCHS} when TARGET_TOKENS is not set either).",
+        f"(default {DEFAULT_EPOCHS} when neither STEPS nor TARGET_TOKENS is set).",
+    )
+    STEPS: PositiveInt | None = Field(
+        None,
+        description="Train for exactly this many optimizer steps (T = STEPS) instead of EPOCHS. Epochs "
+        "are still passes over the data: they end where the data ends (a stream without __len__ "
+        "included), and the last one may be partial.",
     )
     TARGET_TOKENS: PositiveInt | None = Field(
         None,
@@ -130,32 +136,41 @@ class TrainConfig(Section):
     )
     EARLY_STOP: EarlyStopConfig = Field(default_factory=EarlyStopConfig)
 
-    @field_validator("TARGET_TOKENS", mode="before")
+    @field_validator("STEPS", "TARGET_TOKENS", mode="before")
     @classmethod
     def _whole_number(cls, value: Any) -> Any:
-        # Token budgets are written 2.5e9; YAML reads that as a float, which is fine when it is whole.
+        # Budgets are written 2.5e9 or 1e5; YAML reads that as a float, which is fine when it is whole.
         if isinstance(value, float) and math.isfinite(value) and value.is_integer():
             return int(value)
         return value
 
     def problems(self) -> list[Problem]:
-        if self.EPOCHS is not None and self.TARGET_TOKENS is not None:
+        given = tuple(k for k in ("EPOCHS", "STEPS", "TARGET_TOKENS") if getattr(self, k) is not None)
+        if len(given) > 1:
             return [
                 Problem(
-                    ("EPOCHS", "TARGET_TOKENS"),
-                    "{0} and {1} are set together: a run is measured in epochs or in target tokens, "
-                    "so keep exactly one (unset the other with null)",
+                    given,
+                    " and ".join(f"{{{i}}}" for i in range(len(given)))
+                    + " are set together: a run's length is given once, in epochs, optimizer steps or "
+                    "target tokens, so keep exactly one (unset the others with null)",
                 )
             ]
         return []
 
     @property
     def epochs(self) -> int | None:
-        """Epochs of an EPOCHS run (DEFAULT_EPOCHS when neither is set); None for a TARGET_TOKENS
-        run, whose epoch count depends on the data (see ``resolve_plan``)."""
+        """Epochs of an EPOCHS run (DEFAULT_EPOCHS when no length is set); None for a STEPS or
+        TARGET_TOKENS run, whose epoch count depends on the data (see ``resolve_plan``)."""
         if self.EPOCHS is not None:
             return self.EPOCHS
-        return None if self.TARGET_TOKENS is not None else DEFAULT_EPOCHS
+        return None if self.STEPS is not None or self.TARGET_TOKENS is not None else DEFAULT_EPOCHS
+
+    @property
+    def length_key(self) -> str:
+        """The key that sets the run's length (TRAIN.EPOCHS when none is set: its default)."""
+        if self.STEPS is not None:
+            return "TRAIN.STEPS"
+        return "TRAIN.TARGET_TOKENS" if self.TARGET_TOKENS is not None else "TRAIN.EPOCHS"
 
     @property
     def accumulation(self) -> int:

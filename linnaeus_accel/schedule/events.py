@@ -14,6 +14,22 @@ from typing import Literal
 
 
 @dataclass(frozen=True)
+class EventPoint:
+    """A point where the loop asks which events are due: an epoch boundary, or (``mid``) the end of
+    an optimizer step inside an epoch (SPEC §12: mid-epoch validation and checkpoints).
+
+    ``epoch``: completed epochs at a boundary (1-based, as SPEC §5 numbers them), the epoch being
+    trained mid-epoch; ``step``: global steps completed; ``previous_step``: the previous boundary's
+    step (mid-epoch: ``step - 1``); ``final``: the run's last boundary (never mid-epoch)."""
+
+    epoch: int
+    step: int
+    previous_step: int
+    final: bool = False
+    mid: bool = False
+
+
+@dataclass(frozen=True)
 class Interval:
     unit: Literal["epochs", "steps"]
     every: int
@@ -22,6 +38,17 @@ class Interval:
         if self.unit == "epochs":
             return epoch % self.every == 0
         return previous_step // self.every != step // self.every
+
+    def fires_at(self, point: EventPoint, at_step: bool) -> bool:
+        """Whether the interval fires at ``point``. ``at_step`` (MID_EPOCH): a step interval fires at
+        each multiple itself, so at a boundary only when the boundary's step is one; otherwise at
+        the first boundary that crosses a multiple, never mid-epoch. An epoch interval fires at
+        boundaries only."""
+        if self.unit == "epochs":
+            return not point.mid and point.epoch % self.every == 0
+        if at_step:
+            return point.step % self.every == 0
+        return not point.mid and self.fires(point.epoch, point.step, point.previous_step)
 
     def describe(self) -> str:
         return (

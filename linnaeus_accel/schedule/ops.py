@@ -4,72 +4,114 @@ Step-keyed questions take ``k``, the index of the optimizer update being made (0
 ``global_step`` before it is incremented). Boundary questions take the number of completed epochs
 ``epoch`` (1-based) and ``final``, true at the last boundary of the run (the last epoch, or an
 early stop / MAX_STEPS cut-off). The boundary after epoch ``e`` is at ``plan.boundary_step(e)``; a
-TARGET_TOKENS run's last epoch may be partial and ends at ``total_steps``, mid-epoch.
-"""
+STEPS or TARGET_TOKENS run's last epoch may be partial and ends at ``total_steps``, mid-epoch.
+
+Where the loop itself knows the point better than the plan (an epoch of a stream of unknown
+length ends where the stream ends; a mid-epoch validation or checkpoint after a step), it asks a
+view bound to that ``EventPoint``: ``ops.at(point)``."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator
 
-from .events import Interval, mask_pass_name
+from .events import EventPoint, Interval, mask_pass_name
 from .plan import ResolvedPlan
 
 
 class OpsSchedule:
-    def __init__(self, plan: ResolvedPlan) -> None:
+    def __init__(self, plan: ResolvedPlan, point: EventPoint | None = None) -> None:
         self.plan = plan
+        self._point = point
 
-    # -- epoch boundaries (SPEC §5) ------------------------------------------------------------
+    def at(self, point: EventPoint) -> OpsSchedule:
+        """This schedule with its boundary questions answered at ``point``, whatever ``(epoch,
+        final)`` they are asked with: a mid-epoch point, or a boundary whose steps the loop found
+        itself (a stream of unknown length ends where it ends). A task's ``validation_passes(ops,
+        epoch, final)`` is handed such a view, so a task of one's own needs no change for them."""
+        return OpsSchedule(self.plan, point)
+
+    # -- events (SPEC §5, §12) ---------------------------------------------------------------------
+    def boundary(self, epoch: int, final: bool = False) -> EventPoint:
+        """The boundary after ``epoch`` completed epochs (the point this view is bound to, if any)."""
+        if self._point is not None:
+            return self._point
+        plan = self.plan
+        last = plan.epochs is not None and epoch >= plan.epochs
+        return EventPoint(epoch, plan.boundary_step(epoch), plan.boundary_step(epoch - 1), final or last)
+
+    def final_point(self) -> EventPoint:
+        """The run's last boundary, at ``total_steps``. Epochs of unknown length: where the last
+        pass began is found as the run goes; taken as step 0, every step interval counts as crossed."""
+        plan = self.plan
+        if plan.epochs is not None and plan.known_epochs:
+            return self.boundary(plan.epochs, True)
+        return EventPoint(0, plan.total_steps, 0, final=True)
+
+    def after_step(self, epoch: int, global_step: int) -> EventPoint:
+        """The point after optimizer step ``global_step - 1`` inside epoch ``epoch`` (1-based)."""
+        return EventPoint(epoch, global_step, global_step - 1, mid=True)
+
     def is_final_epoch(self, epoch: int) -> bool:
-        return epoch >= self.plan.epochs
+        return self.boundary(epoch).final
 
     def should_end_epoch(self, epoch: int, global_step: int) -> bool:
         """Whether ``epoch`` is over after ``global_step`` completed optimizer steps: its dataloader
-        is exhausted then, except in the partial last epoch of a TARGET_TOKENS run, which ends at
-        ``total_steps`` with batches left."""
+        is exhausted then, except in the partial last epoch of a STEPS or TARGET_TOKENS run, which
+        ends at ``total_steps`` with batches left. (Epochs of unknown length end where the stream
+        does; only ``total_steps`` ends one early.)"""
+        if self.plan.optimizer_steps_per_epoch is None:
+            return global_step >= self.plan.total_steps
         return global_step >= self.plan.boundary_step(epoch)
 
     def _is_boundary_step(self, global_step: int) -> bool:
-        return global_step % self.plan.optimizer_steps_per_epoch == 0 or global_step >= self.plan.total_steps
+        ope = self.plan.optimizer_steps_per_epoch
+        return global_step >= self.plan.total_steps or (ope is not None and global_step % ope == 0)
 
-    def _fires(self, interval: Interval | None, epoch: int) -> bool:
-        if interval is None:
-            return False
-        step = self.plan.boundary_step(epoch)
-        return interval.fires(epoch, step, self.plan.boundary_step(epoch - 1))
+    @staticmethod
+    def _fires(interval: Interval | None, point: EventPoint, at_step: bool) -> bool:
+        return interval is not None and interval.fires_at(point, at_step)
 
     def should_save_checkpoint(self, epoch: int, final: bool = False) -> bool:
-        if self.plan.mid_epoch_checkpoints and self.plan.checkpoint is not None:
-            # Steps fire where they fall; one that falls on this boundary is this boundary's checkpoint.
-            on_boundary = self.plan.boundary_step(epoch) % self.plan.checkpoint.every == 0
-            return final or self.is_final_epoch(epoch) or on_boundary
-        return final or self.is_final_epoch(epoch) or self._fires(self.plan.checkpoint, epoch)
+        point, plan = self.boundary(epoch, final), self.plan
+        return point.final or self._fires(plan.checkpoint, point, plan.mid_epoch_checkpoints)
 
     def should_save_mid_epoch_checkpoint(self, global_step: int) -> bool:
         """``CHECKPOINT.MID_EPOCH``: at each multiple of the step interval, unless that step ends an
         epoch or the run (the boundary checkpoint covers it, with its validations)."""
-        interval, plan = self.plan.checkpoint, self.plan
-        if not plan.mid_epoch_checkpoints or interval is None or interval.unit != "steps":
+        if self._is_boundary_step(global_step):
             return False
-        return global_step % interval.every == 0 and not self._is_boundary_step(global_step)
+        return self.at(self.after_step(0, global_step)).should_save_checkpoint(0)
 
     def should_validate(self, epoch: int, final: bool = False) -> bool:
-        if self.plan.validation is None:
+        point, plan = self.boundary(epoch, final), self.plan
+        if plan.validation is None:
             return False
-        return final or self.is_final_epoch(epoch) or self._fires(self.plan.validation, epoch)
+        return point.final or self._fires(plan.validation, point, plan.mid_epoch_validation)
 
     def should_validate_mask_meta(self, epoch: int, final: bool = False) -> bool:
-        return self._fires(self.plan.mask_meta_validation, epoch)
+        point = self.boundary(epoch, final)
+        return self._fires(self.plan.mask_meta_validation, point, self.plan.mid_epoch_validation)
 
     def should_run_exhaustive_validation(self, epoch: int, final: bool = False) -> bool:
-        return bool(self.plan.exhaustive_combinations) and (final or self.is_final_epoch(epoch))
+        return bool(self.plan.exhaustive_combinations) and self.boundary(epoch, final).final
 
     def should_validate_partial_mask_meta(self, epoch: int, final: bool = False) -> bool:
         # The exhaustive passes replace the whitelist passes at the final boundary.
         if self.should_run_exhaustive_validation(epoch, final):
             return False
-        return self._fires(self.plan.partial_mask_meta_validation, epoch)
+        point = self.boundary(epoch, final)
+        return self._fires(self.plan.partial_mask_meta_validation, point, self.plan.mid_epoch_validation)
+
+    def should_validate_mid_epoch(self, global_step: int) -> bool:
+        """Whether any validation pass is due after step ``global_step - 1`` inside an epoch
+        (``SCHEDULE.VALIDATION.MID_EPOCH``); the task then says which."""
+        plan = self.plan
+        if not plan.mid_epoch_validation or self._is_boundary_step(global_step):
+            return False
+        point = self.after_step(0, global_step)
+        intervals = (plan.validation, plan.mask_meta_validation, plan.partial_mask_meta_validation)
+        return any(self._fires(interval, point, True) for interval in intervals)
 
     def partial_mask_combinations(self, epoch: int, final: bool = False) -> tuple[tuple[str, ...], ...]:
         """The component combinations to mask at this boundary, one validation pass each."""
@@ -133,16 +175,20 @@ class OpsSchedule:
         """The epochs of every boundary event, computed from their intervals (see ``EventEpochs``)."""
         plan = self.plan
         last = plan.epochs
-        mid = plan.mid_epoch_checkpoints and plan.checkpoint is not None
+        assert last is not None, "epochs of unknown length have no event epochs"
+        ckpt, val = plan.mid_epoch_checkpoints, plan.mid_epoch_validation
         return {
-            "validation": EventEpochs(plan, plan.validation, self.should_validate(last)),
+            "validation": EventEpochs(plan, plan.validation, self.should_validate(last), on_step=val),
             "mask_meta_validation": EventEpochs(
-                plan, plan.mask_meta_validation, self.should_validate_mask_meta(last)
+                plan, plan.mask_meta_validation, self.should_validate_mask_meta(last), on_step=val
             ),
             "partial_mask_meta_validation": EventEpochs(
-                plan, plan.partial_mask_meta_validation, self.should_validate_partial_mask_meta(last)
+                plan,
+                plan.partial_mask_meta_validation,
+                self.should_validate_partial_mask_meta(last),
+                on_step=val,
             ),
-            "checkpoint": EventEpochs(plan, plan.checkpoint, self.should_save_checkpoint(last), on_step=mid),
+            "checkpoint": EventEpochs(plan, plan.checkpoint, self.should_save_checkpoint(last), on_step=ckpt),
             "exhaustive_validation": EventEpochs(plan, None, self.should_run_exhaustive_validation(last)),
         }
 
@@ -165,17 +211,20 @@ class EventEpochs:
         self, plan: ResolvedPlan, interval: Interval | None, at_last: bool, on_step: bool = False
     ) -> None:
         self.plan, self.interval, self.at_last = plan, interval, at_last
+        if plan.optimizer_steps_per_epoch is None or plan.epochs is None:
+            raise ValueError("epochs of unknown length (a stream without __len__) have no event epochs")
+        self.ope, self.last_epoch = plan.optimizer_steps_per_epoch, plan.epochs
         # Fires every N epochs; or, ``on_step`` (MID_EPOCH checkpoints: a boundary has one when it
         # falls on a multiple of S steps), every S / gcd(S, ope) epochs, where e * ope is one.
         self.every_epochs: int | None = None
         if interval is not None and interval.unit == "epochs":
             self.every_epochs = interval.every
         elif interval is not None and on_step:
-            self.every_epochs = interval.every // math.gcd(interval.every, plan.optimizer_steps_per_epoch)
+            self.every_epochs = interval.every // math.gcd(interval.every, self.ope)
 
     def _next_before_last(self, epoch: int) -> int | None:
         """The first epoch ``>= epoch`` (>= 1) and before the last at which the interval fires."""
-        iv, ope, last = self.interval, self.plan.optimizer_steps_per_epoch, self.plan.epochs
+        iv, ope, last = self.interval, self.ope, self.last_epoch
         if iv is None:
             return None
         if self.every_epochs is not None:
@@ -186,7 +235,7 @@ class EventEpochs:
 
     def _previous_before_last(self, epoch: int) -> int | None:
         """The last epoch ``<= epoch`` (< the last epoch) at which the interval fires."""
-        iv, ope = self.interval, self.plan.optimizer_steps_per_epoch
+        iv, ope = self.interval, self.ope
         if iv is None or epoch < 1:
             return None
         if self.every_epochs is not None:
@@ -196,7 +245,7 @@ class EventEpochs:
 
     def after(self, epoch: int) -> int | None:
         """The first event epoch at or after ``epoch`` (None: no more)."""
-        last = self.plan.epochs
+        last = self.last_epoch
         found = self._next_before_last(max(epoch, 1)) if epoch < last else None
         if found is not None:
             return found
@@ -204,14 +253,14 @@ class EventEpochs:
 
     def before(self, epoch: int) -> int | None:
         """The last event epoch at or before ``epoch`` (None: none)."""
-        last = self.plan.epochs
+        last = self.last_epoch
         if epoch >= last and self.at_last:
             return last
         return self._previous_before_last(min(epoch, last - 1))
 
     def all(self) -> list[int]:
         """Every event epoch, in order."""
-        iv, ope, last = self.interval, self.plan.optimizer_steps_per_epoch, self.plan.epochs
+        iv, ope, last = self.interval, self.ope, self.last_epoch
         out: list[int]
         if iv is None:
             out = []
@@ -239,7 +288,7 @@ class EventEpochs:
 
     def last(self, n: int) -> list[int]:
         out: list[int] = []
-        epoch = self.before(self.plan.epochs)
+        epoch = self.before(self.last_epoch)
         while epoch is not None and len(out) < n:
             out.append(epoch)
             epoch = self.before(epoch - 1)

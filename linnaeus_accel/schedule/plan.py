@@ -10,7 +10,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
+
+from pydantic import BaseModel
 
 from ..config import Config, ConfigError
 from ..config.lr import LRSchedulerConfig, ParameterGroup
@@ -30,9 +32,9 @@ class ResolvedPlan:
     world_size: int
     batch_size: int
     accumulation: int
-    batches_per_epoch: int
-    optimizer_steps_per_epoch: int
-    epochs: int
+    batches_per_epoch: int | None  # None: a stream without __len__ (epochs end where it ends)
+    optimizer_steps_per_epoch: int | None
+    epochs: int | None  # None when the epochs' length is unknown
     total_steps: int
     effective_batch_size: int
     lr_scale: float
@@ -45,6 +47,7 @@ class ResolvedPlan:
     exhaustive_combinations: tuple[tuple[str, ...], ...]  # empty when disabled
     checkpoint: Interval | None
     mid_epoch_checkpoints: bool
+    mid_epoch_validation: bool
     meta_mask: Ramp
     partial_mask: PartialMasking
     mixup: Ramp
@@ -58,7 +61,8 @@ class ResolvedPlan:
     gradnorm_interval: int
     max_steps: int | None
     dataset_size: int | None = None
-    target_tokens: int | None = None  # TRAIN.TARGET_TOKENS; None for an EPOCHS run
+    target_tokens: int | None = None  # TRAIN.TARGET_TOKENS; None for an EPOCHS or STEPS run
+    length_key: str = "TRAIN.EPOCHS"  # the key that set total_steps
     tokens_per_step: int | None = None  # target tokens in one global step, when samples have a fixed count
     total_tokens: int | None = None  # target tokens the whole run trains on (each sample counted once)
     warnings: tuple[str, ...] = field(default=(), compare=False)
@@ -70,31 +74,40 @@ class ResolvedPlan:
     def lr(self, step: int, group: int = 0) -> float:
         return self.lr_curves[group](step)
 
+    @property
+    def known_epochs(self) -> bool:
+        """Whether epochs have a known number of steps (false for a stream without ``__len__``)."""
+        return self.optimizer_steps_per_epoch is not None
+
     def boundary_step(self, epoch: int) -> int:
-        """Global step count once ``epoch`` epochs are complete. A TARGET_TOKENS run ends at
-        ``total_steps``, possibly inside its last epoch: that step is the last (final) boundary."""
+        """Global step count once ``epoch`` epochs are complete. A STEPS or TARGET_TOKENS run ends
+        at ``total_steps``, possibly inside its last epoch: that step is the last (final) boundary."""
+        if self.optimizer_steps_per_epoch is None:
+            raise ValueError("epochs of a stream without __len__ have no known boundary steps")
         return min(epoch * self.optimizer_steps_per_epoch, self.total_steps)
 
     @property
     def last_epoch_steps(self) -> int:
         """Optimizer steps the last epoch runs (``optimizer_steps_per_epoch`` unless it is partial)."""
+        assert self.epochs is not None
         return self.total_steps - self.boundary_step(self.epochs - 1)
 
 
 def resolve_plan(
     config: Config,
-    batches_per_epoch: int,
+    batches_per_epoch: int | None,
     world_size: int = 1,
     dataset_size: int | None = None,
     tokens_per_sample: int | None = None,
 ) -> ResolvedPlan:
-    """Resolve ``config`` for a dataloader of ``batches_per_epoch`` batches per process.
+    """Resolve ``config`` for a dataloader of ``batches_per_epoch`` batches per process (None: a
+    stream without ``__len__``, whose epochs end where it ends: SPEC §12).
 
     ``tokens_per_sample``: target tokens in every training sample, when the dataset declares a fixed
     count (packed sequences); TRAIN.TARGET_TOKENS needs it."""
     if world_size < 1:
         raise ConfigError([("--world-size", f"must be >= 1 (got {world_size})")], source="plan")
-    if batches_per_epoch < 1:
+    if batches_per_epoch is not None and batches_per_epoch < 1:
         # Only what is known: a streaming dataset has no size to print.
         facts = [f"{dataset_size} samples"] if dataset_size is not None else []
         facts += [
@@ -113,28 +126,32 @@ def resolve_plan(
             source="plan",
         )
     accum = config.TRAIN.accumulation
-    ope = optimizer_steps_per_epoch(batches_per_epoch, accum)
-    sched, lrc = config.SCHEDULE, config.LR_SCHEDULER
-    effective = config.DATA.BATCH_SIZE * world_size * accum
-    tokens_per_step = None if tokens_per_sample is None else effective * tokens_per_sample
-    epochs = config.TRAIN.epochs
-    total_tokens: int | None
-    if epochs is not None:
-        total = ope * epochs
-        per_epoch = _epoch_tokens(config, batches_per_epoch, world_size, dataset_size, tokens_per_sample)
-        total_tokens = None if per_epoch is None else per_epoch * epochs
-    else:  # TRAIN.TARGET_TOKENS
-        total, tokens_per_step = _steps_for_target_tokens(
-            config, batches_per_epoch, world_size, dataset_size, tokens_per_sample
-        )
-        epochs = ceil_div(total, ope)  # the last epoch may be partial
-        total_tokens = total * tokens_per_step
-    if total > MAX_TOTAL_STEPS:
-        key = "TRAIN.EPOCHS" if config.TRAIN.TARGET_TOKENS is None else "TRAIN.TARGET_TOKENS"
+    ope = None if batches_per_epoch is None else optimizer_steps_per_epoch(batches_per_epoch, accum)
+    if ope is None and (keys := epoch_unit_keys(config)):
         raise ConfigError(
             [
                 (
                     key,
+                    "the training data is a stream without __len__, so an epoch has no known number of steps: "
+                    + (
+                        "give the run's length as TRAIN.STEPS or TRAIN.TARGET_TOKENS"
+                        if key == "TRAIN.EPOCHS"
+                        else f"give it in steps or as a fraction of the run ({key.removesuffix('_EPOCHS')}_STEPS / _FRACTION)"
+                    ),
+                )
+                for key in keys
+            ],
+            source="plan",
+        )
+    sched, lrc = config.SCHEDULE, config.LR_SCHEDULER
+    effective = config.DATA.BATCH_SIZE * world_size * accum
+    length = _run_length(config, batches_per_epoch, world_size, dataset_size, tokens_per_sample)
+    total, epochs = length.total_steps, length.epochs
+    if total > MAX_TOTAL_STEPS:
+        raise ConfigError(
+            [
+                (
+                    config.TRAIN.length_key,
                     f"resolves to {total:,} optimizer steps, more than 2**53 = {MAX_TOTAL_STEPS:,}: the "
                     "schedules' step arithmetic is exact only up to there (and at 10,000 steps a second such "
                     "a run would take 28,000 years); lower it",
@@ -150,7 +167,7 @@ def resolve_plan(
             fraction=getattr(block, f"{stem}_FRACTION", None),
             epochs=getattr(block, f"{stem}_EPOCHS", None),
             total_steps=total,
-            steps_per_epoch=ope,
+            steps_per_epoch=ope or 0,  # unknown: no *_EPOCHS key is set (checked above)
         )
 
     def interval(block: Any, stem: str) -> Interval | None:
@@ -214,6 +231,7 @@ def resolve_plan(
         else (),
         checkpoint=interval(sched.CHECKPOINT, "INTERVAL"),
         mid_epoch_checkpoints=sched.CHECKPOINT.MID_EPOCH,
+        mid_epoch_validation=val.MID_EPOCH,
         meta_mask=ramp(sched.META_MASKING),
         partial_mask=partial,
         mixup=ramp(sched.MIXUP.PROB),
@@ -228,8 +246,9 @@ def resolve_plan(
         max_steps=config.TRAIN.EARLY_STOP.MAX_STEPS if config.TRAIN.EARLY_STOP.ACTIVE else None,
         dataset_size=dataset_size,
         target_tokens=config.TRAIN.TARGET_TOKENS,
-        tokens_per_step=tokens_per_step,
-        total_tokens=total_tokens,
+        tokens_per_step=length.tokens_per_step,
+        total_tokens=length.total_tokens,
+        length_key=config.TRAIN.length_key,
     )
     return replace(plan, warnings=tuple(sanity_warnings(config, plan)))
 
@@ -240,9 +259,87 @@ def multiple_of(step: int, interval: int | None) -> int:
     return step if interval is None else ceil_div(interval, step) * step
 
 
+class RunLength(NamedTuple):
+    total_steps: int
+    epochs: int | None  # None: epochs of unknown length
+    tokens_per_step: int | None  # target tokens of a full global step, when samples have a fixed count
+    total_tokens: int | None  # target tokens of the whole run, when known exactly
+
+
+def _run_length(
+    config: Config,
+    batches_per_epoch: int | None,
+    world_size: int,
+    dataset_size: int | None,
+    tokens_per_sample: int | None,
+) -> RunLength:
+    """SPEC §1, §11, §12: T from TRAIN.EPOCHS (T = steps per epoch x EPOCHS), TRAIN.STEPS (T = STEPS)
+    or TRAIN.TARGET_TOKENS (T = ceil(TARGET_TOKENS / tokens per step)); the last two end where T
+    falls, possibly inside an epoch."""
+    accum = config.TRAIN.accumulation
+    ope = None if batches_per_epoch is None else optimizer_steps_per_epoch(batches_per_epoch, accum)
+    per_step = None
+    if tokens_per_sample is not None:
+        per_step = config.DATA.BATCH_SIZE * world_size * accum * tokens_per_sample
+    train = config.TRAIN
+    if train.TARGET_TOKENS is not None:
+        total, per_step = _steps_for_target_tokens(
+            config, batches_per_epoch, world_size, dataset_size, tokens_per_sample
+        )
+        return RunLength(total, _epochs_for(total, ope), per_step, total * per_step)
+    if train.STEPS is not None:
+        total = train.STEPS
+        epochs = _epochs_for(total, ope)
+        tokens = None
+        if per_step is not None and epochs is not None and batches_per_epoch is not None:
+            epoch_tokens = _epoch_tokens(
+                config, batches_per_epoch, world_size, dataset_size, tokens_per_sample
+            )
+            if epoch_tokens is not None:
+                assert ope is not None
+                # The last epoch's steps before its end hold full batches only (a padded batch or a
+                # short window is an epoch's last step).
+                last = total - (epochs - 1) * ope
+                tokens = (epochs - 1) * epoch_tokens + (epoch_tokens if last == ope else last * per_step)
+        return RunLength(total, epochs, per_step, tokens)
+    epochs = train.epochs
+    # An EPOCHS run of a stream without __len__ was refused by the caller (epoch_unit_keys).
+    assert epochs is not None
+    assert ope is not None
+    assert batches_per_epoch is not None
+    epoch_tokens = _epoch_tokens(config, batches_per_epoch, world_size, dataset_size, tokens_per_sample)
+    return RunLength(ope * epochs, epochs, per_step, None if epoch_tokens is None else epoch_tokens * epochs)
+
+
+def _epochs_for(total: int, steps_per_epoch: int | None) -> int | None:
+    return None if steps_per_epoch is None else ceil_div(total, steps_per_epoch)  # the last may be partial
+
+
+def epoch_unit_keys(config: Config) -> list[str]:
+    """Every key that gives a time in epochs (``TRAIN.EPOCHS`` when the run's length is in epochs):
+    what a stream without ``__len__`` cannot resolve."""
+    keys = ["TRAIN.EPOCHS"] if config.TRAIN.epochs is not None else []
+
+    def walk(model: BaseModel, prefix: str) -> None:
+        for name in type(model).model_fields:
+            value = getattr(model, name)
+            if isinstance(value, BaseModel):
+                walk(value, f"{prefix}{name}.")
+            elif name.endswith("_EPOCHS") and value is not None and not isinstance(value, list):
+                keys.append(f"{prefix}{name}")
+            elif isinstance(value, list):
+                for i, item in enumerate(value):
+                    if isinstance(item, BaseModel):
+                        walk(item, f"{prefix}{name}.{i}.")
+
+    walk(config.SCHEDULE, "SCHEDULE.")
+    walk(config.LR_SCHEDULER, "LR_SCHEDULER.")
+    return keys
+
+
 def _steps_for_target_tokens(
     config: Config,
-    batches_per_epoch: int,
+    batches_per_epoch: int | None,
     world_size: int,
     dataset_size: int | None,
     tokens_per_sample: int | None,
@@ -258,8 +355,8 @@ def _steps_for_target_tokens(
                 key,
                 "needs a training dataset that declares `tokens_per_sample` (every sample holds the same "
                 "number of target tokens: packed fixed-length sequences, e.g. linnaeus_accel.data.PackedTokens); "
-                "this one does not, so use TRAIN.EPOCHS instead (`linnaeus-accel plan` takes the count as "
-                "--tokens-per-sample N)",
+                "this one does not, so use TRAIN.EPOCHS or TRAIN.STEPS instead (`linnaeus-accel plan` takes "
+                "the count as --tokens-per-sample N)",
             )
         )
     elif tokens_per_sample < 1:
@@ -269,7 +366,17 @@ def _steps_for_target_tokens(
     batch, accum = config.DATA.BATCH_SIZE, config.TRAIN.accumulation
     global_batch = batch * world_size
     procs = f"{world_size} process{'es' if world_size > 1 else ''}"
-    if not config.DATA.DROP_LAST:
+    if batches_per_epoch is None:
+        if not config.DATA.DROP_LAST:
+            problems.append(
+                (
+                    key,
+                    "needs every global step to hold the same number of samples, but a stream without "
+                    "__len__ ends each pass with a part-filled step: set DATA.DROP_LAST: true (each pass "
+                    "then ends at its last full optimizer step), or use TRAIN.STEPS",
+                )
+            )
+    elif not config.DATA.DROP_LAST:
         if dataset_size is None:
             problems.append(
                 (
@@ -287,7 +394,7 @@ def _steps_for_target_tokens(
                     f"of {global_batch}: set DATA.DROP_LAST: true (or use a dataset size that is a multiple of {global_batch})",
                 )
             )
-    if batches_per_epoch % accum:
+    if batches_per_epoch is not None and batches_per_epoch % accum:
         problems.append(
             (
                 key,

@@ -12,13 +12,12 @@ pyplot state: a notebook's own backend is left alone).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..config import Config, ConfigError
-from .ops import EventEpochs, OpsSchedule
+from .event_steps import event_steps
 from .plan import ResolvedPlan
 
 if TYPE_CHECKING:
@@ -108,9 +107,10 @@ def schedule_figure(config: Config, plan: ResolvedPlan) -> Figure:
 
     t = plan.total_steps
     steps = plot_steps(plan)
-    events = OpsSchedule(plan).events()
     rows = [
-        row for row in EVENT_ROWS if row[0] in ("validation", "checkpoint") or _has_events(events, row[0])
+        row
+        for row in EVENT_ROWS
+        if row[0] in ("validation", "checkpoint") or event_steps(plan, row[0], MARKER_COLUMNS)
     ]
     any_probability = plan.meta_mask.enabled or plan.partial_mask.enabled or plan.mixup.enabled
     fig = Figure(figsize=(12, 7.5), dpi=DPI, layout="constrained")
@@ -122,7 +122,7 @@ def schedule_figure(config: Config, plan: ResolvedPlan) -> Figure:
     phase_handles = _draw_phases(plan, (lr_ax, prob_ax, event_ax))
     _draw_lr(lr_ax, plan, steps, phase_handles)
     _draw_probabilities(prob_ax, plan, steps, any_probability)
-    _draw_events(event_ax, plan, events, rows)
+    _draw_events(event_ax, plan, rows)
     if plan.max_steps is not None and plan.max_steps < t:
         for ax in (lr_ax, prob_ax, event_ax):
             ax.axvline(plan.max_steps, color="black", linestyle="--", linewidth=1, gid="max_steps")
@@ -209,13 +209,12 @@ def _draw_probabilities(ax: Axes, plan: ResolvedPlan, steps: list[int], any_on: 
         ax.text(0.5, 0.5, "metadata masking and mixup: off", transform=ax.transAxes, ha="center", va="center")
 
 
-def _draw_events(
-    ax: Axes, plan: ResolvedPlan, events: dict[str, EventEpochs], rows: list[tuple[str, str, str, str]]
-) -> None:
-    """One row of markers per event kind, at the global steps where they happen."""
+def _draw_events(ax: Axes, plan: ResolvedPlan, rows: list[tuple[str, str, str, str]]) -> None:
+    """One row of markers per event kind, at the global steps where they happen (every one while
+    they fit in MARKER_COLUMNS, else the first of each column)."""
     labels = []
     for y, (key, label, marker, color) in enumerate(reversed(rows)):
-        at = _event_steps(plan, events, key)
+        at = event_steps(plan, key, MARKER_COLUMNS)
         ax.plot(
             at, [y] * len(at), linestyle="none", marker=marker, color=color, markersize=6, gid=f"event:{key}"
         )
@@ -227,10 +226,13 @@ def _draw_events(
 
 
 def _title(config: Config, plan: ResolvedPlan) -> str:
-    ope = plan.optimizer_steps_per_epoch
-    epochs = f"{plan.epochs:,} epoch{'s' if plan.epochs > 1 else ''}"
-    if plan.last_epoch_steps < ope:
-        epochs += f", the last of {plan.last_epoch_steps:,} steps"
+    ope, epochs = plan.optimizer_steps_per_epoch, plan.epochs
+    if ope is None or epochs is None:
+        per_epoch = "epochs of unknown length: a stream without __len__"
+    else:
+        per_epoch = f"{ope:,} per epoch; {epochs:,} epoch{'s' if epochs > 1 else ''}"
+        if plan.last_epoch_steps < ope:
+            per_epoch += f", the last of {plan.last_epoch_steps:,} steps"
     lrc = config.LR_SCHEDULER
     scale = (
         f"LR scale {plan.lr_scale:g} (= {plan.effective_batch_size} / {lrc.REFERENCE_BS})"
@@ -239,7 +241,7 @@ def _title(config: Config, plan: ResolvedPlan) -> str:
     )
     tokens = f"; {plan.tokens_per_step:,} tokens per step" if plan.tokens_per_step else ""
     return (
-        f"{config.EXPERIMENT.NAME}: {plan.total_steps:,} optimizer steps ({ope:,} per epoch; {epochs})\n"
+        f"{config.EXPERIMENT.NAME}: {plan.total_steps:,} optimizer steps ({per_epoch})\n"
         f"effective batch {plan.effective_batch_size:,}{tokens}; {scale}"
     )
 
@@ -269,48 +271,12 @@ def plot_for_cli(path: str, config: Config, plan: ResolvedPlan) -> Path:
         raise ConfigError([("--plot", f"cannot write {path}: {exc}")], source="arguments") from None
 
 
-def _has_events(events: dict[str, EventEpochs], key: str) -> bool:
-    if key == "partial_mask_meta_validation":
-        return bool(events[key].first(1) or events["exhaustive_validation"].first(1))
-    return bool(events[key].first(1))
-
-
-def _event_steps(plan: ResolvedPlan, events: dict[str, EventEpochs], key: str) -> list[int]:
-    """Global steps at which the event happens: every one while the epochs fit in MARKER_COLUMNS,
-    else the first of each column. Mid-epoch checkpoints (CHECKPOINT.MID_EPOCH) add the multiples
-    of their step interval."""
-    own, exhaustive = events[key], events["exhaustive_validation"]
-
-    def after(e: int) -> int | None:
-        if key != "partial_mask_meta_validation":
-            return own.after(e)
-        return min((x for x in (own.after(e), exhaustive.after(e)) if x is not None), default=None)
-
-    t, ope = plan.total_steps, plan.optimizer_steps_per_epoch
-    out: list[int] = []
-    epoch = after(1)
-    while epoch is not None:
-        step = plan.boundary_step(epoch)
-        out.append(step)
-        next_column_step = -(-(step * MARKER_COLUMNS // t + 1) * t // MARKER_COLUMNS)
-        epoch = after(max(epoch + 1, -(-next_column_step // ope)))
-    interval = plan.checkpoint
-    if (
-        key == "checkpoint"
-        and plan.mid_epoch_checkpoints
-        and interval is not None
-        and interval.unit == "steps"
-    ):
-        count = (t - 1) // interval.every
-        stride = interval.every * max(1, math.ceil(count / MARKER_COLUMNS))
-        out = sorted({*out, *(s for s in range(interval.every, t, stride) if s % ope)})
-    return out
-
-
 def _epoch_axis(lr_ax: Axes, others: tuple[Axes, ...], plan: ResolvedPlan) -> None:
     """Epoch numbers along the top, at the boundary steps; a light line at every boundary when
     there are few enough to see."""
     epochs = plan.epochs
+    if epochs is None:  # boundaries of a stream without __len__ are found as it ends
+        return
     every = _label_every(epochs, 20 if epochs < 1000 else 10)
     labelled = [0, *range(every, epochs + 1, every)]
     top = lr_ax.secondary_xaxis("top")

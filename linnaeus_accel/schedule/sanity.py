@@ -26,19 +26,31 @@ def sanity_warnings(config: Config, plan: ResolvedPlan) -> list[str]:
     for key, interval in intervals.items():
         if interval is None or (interval.unit == "epochs" and interval.every == 1):
             continue  # every epoch is as often as a boundary event can be: nothing to warn about
-        length = interval.every * (plan.optimizer_steps_per_epoch if interval.unit == "epochs" else 1)
+        ope = plan.optimizer_steps_per_epoch
+        length = interval.every * (ope if interval.unit == "epochs" and ope is not None else 1)
         if length * 4 > plan.total_steps:
             before_final = (plan.total_steps - 1) // length
             out.append(
                 f"{key}: an interval of {_count(interval.every, interval.unit[:-1])} is longer than a quarter of the "
                 f"run ({plan.total_steps} steps), so it fires {_count(before_final, 'time')} before the final epoch"
             )
-    # Mid-epoch checkpoints happen at their steps, not at boundaries: their unit does not mix.
+    # Mid-epoch events happen at their steps, not at boundaries: their unit does not mix.
     at_boundaries = {
         k: i
         for k, i in intervals.items()
-        if not (plan.mid_epoch_checkpoints and k.startswith("SCHEDULE.CHECKPOINT"))
+        if not (
+            plan.mid_epoch_checkpoints if k.startswith("SCHEDULE.CHECKPOINT") else plan.mid_epoch_validation
+        )
     }
+    if not plan.known_epochs:
+        for key, interval in at_boundaries.items():
+            if interval is not None:
+                section = key.split(".")[1]
+                out.append(
+                    f"{key}: the training data is a stream without __len__, so a step interval fires only "
+                    f"when a pass over it ends (where is unknown) and at the last step; set "
+                    f"SCHEDULE.{section}.MID_EPOCH: true to act at the steps themselves"
+                )
     units = {i.unit for i in at_boundaries.values() if i is not None}
     if len(units) > 1:
         out.append(

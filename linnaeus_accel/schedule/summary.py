@@ -5,11 +5,11 @@ The same text is written to ``<output dir>/assets/schedule_summary.txt`` when tr
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ..config import Config
+from .event_steps import EVENT_KINDS, event_steps, forced_at_end, interval_of, mid_epoch_multiples
 from .lr import LRCurve
 from .ops import EventEpochs, OpsSchedule
 from .plan import ResolvedPlan
@@ -62,12 +62,15 @@ def _epochs_text(epochs: EventEpochs) -> str:
 
 
 def summary_text(config: Config, plan: ResolvedPlan) -> str:
-    events = OpsSchedule(plan).events()
     lines = ["Schedule summary", "================"]
-    data = f"{plan.dataset_size} training samples -> " if plan.dataset_size is not None else ""
     procs = f"{plan.world_size} process{'es' if plan.world_size > 1 else ''}"
+    if plan.batches_per_epoch is None:
+        data = "a stream without __len__: epochs end where it ends, their number of batches is unknown"
+    else:
+        size = f"{plan.dataset_size} training samples -> " if plan.dataset_size is not None else ""
+        data = f"{size}{plan.batches_per_epoch} batches per process per epoch"
     lines += [
-        f"Data:     {data}{plan.batches_per_epoch} batches per process per epoch (batch {plan.batch_size} x {procs})",
+        f"Data:     {data} (batch {plan.batch_size} x {procs})",
         _steps_line(plan),
         *_tokens_lines(plan),
         f"Batch:    effective batch size {plan.effective_batch_size}; LR scale {plan.lr_scale:g}"
@@ -85,13 +88,11 @@ def summary_text(config: Config, plan: ResolvedPlan) -> str:
         lines.append(f"{head}: peak {curve.base_lr:.4g}, min {curve.min_lr:.4g}")
         lines.append("  " + describe_lr(curve))
     lines.append("")
-    lines.append(f"Validation:            {_epochs_text(events['validation'])}")
-    lines.append(f"Mask-meta validation:  {_epochs_text(events['mask_meta_validation'])}")
-    partial = events["partial_mask_meta_validation"]
+    lines.append(f"Validation:            {_event_text(plan, 'validation')}")
+    lines.append(f"Mask-meta validation:  {_event_text(plan, 'mask_meta_validation')}")
     combos = "; ".join("+".join(c) for c in plan.partial_validation_whitelist)
-    lines.append(
-        f"Partial-mask validation: {_epochs_text(partial)}" + (f" ({combos})" if partial.first(1) else "")
-    )
+    partial = _event_text(plan, "partial_mask_meta_validation")
+    lines.append(f"Partial-mask validation: {partial}" + (f" ({combos})" if partial != "never" else ""))
     if plan.exhaustive_combinations:
         lines.append(
             f"Exhaustive validation: {len(plan.exhaustive_combinations)} passes at the final epoch: "
@@ -103,16 +104,40 @@ def summary_text(config: Config, plan: ResolvedPlan) -> str:
         if ck.KEEP_TOP_N == 0 and ck.KEEP_LAST_N == 0
         else f"best {ck.KEEP_TOP_N} + last {ck.KEEP_LAST_N}"
     )
-    lines.append(f"Checkpoints:           {_epochs_text(events['checkpoint'])}; keep {keep}")
+    lines.append(f"Checkpoints:           {_event_text(plan, 'checkpoint')}; keep {keep}")
     lines.append("")
     lines += _ramp_lines(config, plan)
     lines += _logging_lines(config, plan)
     if plan.max_steps is not None:
         lines.append(f"MAX_STEPS: training stops after step {plan.max_steps} of {plan.total_steps}")
-    lines += ["", *timeline(plan, events)]
+    lines += ["", *timeline(plan)]
     if plan.warnings:
         lines += ["", "Warnings:", *(f"  - {w}" for w in plan.warnings)]
     return "\n".join(lines) + "\n"
+
+
+def _event_text(plan: ResolvedPlan, kind: str) -> str:
+    """When an event happens: after which epochs, and at which steps inside them (MID_EPOCH). For
+    epochs of unknown length, what can be said before the run."""
+    every = mid_epoch_multiples(plan, kind)
+    mid = f"every {every} steps (at the step itself, mid-epoch)" if every is not None else None
+    if plan.known_epochs:
+        events = OpsSchedule(plan).events()
+        boundary = _epochs_text(events[kind])
+        if kind == "partial_mask_meta_validation" and boundary == "never" and plan.exhaustive_combinations:
+            boundary = _epochs_text(events["exhaustive_validation"])
+        if mid is None:
+            return boundary
+        return mid if boundary == "never" else f"{mid}; {boundary}"
+    interval, _ = interval_of(plan, kind)
+    parts = [mid] if mid is not None else []
+    if mid is None and interval is not None:
+        parts.append(
+            f"at the first end of a pass after every {interval.every} steps (where passes end is unknown)"
+        )
+    if forced_at_end(plan, kind):
+        parts.append(f"at the last step ({plan.total_steps})")
+    return ", and ".join(parts) or "never"
 
 
 def _logging_lines(config: Config, plan: ResolvedPlan) -> list[str]:
@@ -139,16 +164,25 @@ def _logging_lines(config: Config, plan: ResolvedPlan) -> list[str]:
 
 
 def _steps_line(plan: ResolvedPlan) -> str:
+    if plan.optimizer_steps_per_epoch is None:
+        return (
+            f"Steps:    {plan.total_steps} total steps from {plan.length_key}; optimizer steps per epoch "
+            f"unknown (accumulation {plan.accumulation})"
+        )
     per_epoch = (
         f"{plan.optimizer_steps_per_epoch} optimizer steps per epoch (accumulation {plan.accumulation})"
     )
-    if plan.target_tokens is None:
+    if plan.length_key == "TRAIN.EPOCHS":
         return f"Steps:    {per_epoch} x {plan.epochs} epochs = {plan.total_steps} total steps"
+    if plan.length_key == "TRAIN.STEPS":
+        return f"Steps:    {per_epoch}; {plan.total_steps} total steps from TRAIN.STEPS = {_epochs_of(plan)}"
     return f"Steps:    {per_epoch}; {plan.total_steps} total steps from TRAIN.TARGET_TOKENS (see Tokens)"
 
 
 def _epochs_of(plan: ResolvedPlan) -> str:
-    """'3 epochs', or '3 epochs, the last partial (40 of 100 steps)'."""
+    """'3 epochs', or '3 epochs, the last partial (40 of 100 steps)'; 'epochs of unknown length'."""
+    if plan.epochs is None or plan.optimizer_steps_per_epoch is None:
+        return "epochs of unknown length"
     text = f"{plan.epochs} epoch{'s' if plan.epochs > 1 else ''}"
     if plan.last_epoch_steps < plan.optimizer_steps_per_epoch:
         text += f", the last partial ({plan.last_epoch_steps} of {plan.optimizer_steps_per_epoch} steps)"
@@ -217,7 +251,7 @@ def _spark(values: list[float], lo: float, hi: float, bars: str = BARS) -> str:
     return "".join(bars[level(v)] for v in values)
 
 
-def timeline(plan: ResolvedPlan, events: dict[str, EventEpochs]) -> list[str]:
+def timeline(plan: ResolvedPlan) -> list[str]:
     """A text timeline, one column per ``T / width`` steps."""
     t = plan.total_steps
     width = min(TIMELINE_WIDTH, t)
@@ -244,34 +278,28 @@ def timeline(plan: ResolvedPlan, events: dict[str, EventEpochs]) -> list[str]:
                 phases[c] = phase_char[name]
     lrs = [curve(k) for k in mids]
 
-    def marks(after: Callable[[int], int | None], char: str) -> str:
-        """One mark per column holding an event; ``after(e)``: the first event epoch >= e. Each
-        column is visited once, so long runs cost the width, not their number of epochs."""
+    def marks(steps: list[int], char: str) -> str:
         row = [" "] * width
-        epoch = after(1)
-        while epoch is not None:
-            c = column(plan.boundary_step(epoch) - 1)
-            row[c] = char
-            # The first epoch whose mark falls in a later column: its boundary is past this column.
-            next_column_step = -(-(c + 1) * t // width)
-            epoch = after(max(epoch + 1, -(-(next_column_step + 1) // plan.optimizer_steps_per_epoch)))
+        for step in steps:
+            row[column(step - 1)] = char
         return "".join(row)
 
-    def every_epoch(e: int) -> int | None:
-        return e if e <= plan.epochs else None
-
-    def either(a: EventEpochs, b: EventEpochs) -> Callable[[int], int | None]:
-        return lambda e: min((x for x in (a.after(e), b.after(e)) if x is not None), default=None)
-
+    if plan.known_epochs:
+        ope = plan.optimizer_steps_per_epoch
+        assert ope is not None
+        # In each column, the first boundary (every ope steps, the last at T) it holds, if any.
+        epochs = marks([min(t, -(-(start + 1) // ope) * ope) for start in starts], "|")
+    else:
+        epochs = "?" * width  # where a stream's passes end is found as it ends
     rows = [
         f"Timeline: {t} steps, one column = {t / width:.4g} steps; lr {min(lrs):.3g}..{max(lrs):.3g}",
         f"  LR phase   |{''.join(phases)}|  w=warmup S=stable d=decay _=MIN_LR c/l/s=cosine/linear/step",
         f"  LR         |{_spark(lrs, min(lrs), max(lrs), BARS[1:])}|",
-        f"  epochs     |{marks(every_epoch, '|')}|",
-        f"  validation |{marks(events['validation'].after, 'V')}|",
-        f"  mask-meta  |{marks(events['mask_meta_validation'].after, 'M')}|",
-        f"  partial    |{marks(either(events['partial_mask_meta_validation'], events['exhaustive_validation']), 'P')}|",
-        f"  checkpoint |{marks(events['checkpoint'].after, 'C')}|",
+        f"  epochs     |{epochs}|",
+        f"  validation |{marks(event_steps(plan, 'validation', width), 'V')}|",
+        f"  mask-meta  |{marks(event_steps(plan, 'mask_meta_validation', width), 'M')}|",
+        f"  partial    |{marks(event_steps(plan, 'partial_mask_meta_validation', width), 'P')}|",
+        f"  checkpoint |{marks(event_steps(plan, 'checkpoint', width), 'C')}|",
     ]
     for label, fn in (("meta mask", plan.meta_mask), ("partial", plan.partial_mask), ("mixup", plan.mixup)):
         rows.append(f"  {label:<11}|{_spark([fn(k) for k in mids], 0.0, 1.0)}|  probability 0..1")
@@ -286,7 +314,7 @@ def series_steps(total_steps: int) -> list[int]:
 
 
 def plan_json(config: Config, plan: ResolvedPlan, with_series: bool = True) -> dict[str, Any]:
-    events = OpsSchedule(plan).event_epochs()
+    events = OpsSchedule(plan).event_epochs() if plan.known_epochs else None
     out: dict[str, Any] = {
         "experiment": config.EXPERIMENT.NAME,
         "output_dir": str(config.output_dir),
@@ -316,7 +344,15 @@ def plan_json(config: Config, plan: ResolvedPlan, with_series: bool = True) -> d
             }
             for c in plan.lr_curves
         ],
-        "events": events,
+        "events": events,  # epochs of each boundary event; null for epochs of unknown length
+        # Steps of the events that happen at steps (MID_EPOCH), and of every known event when the
+        # epochs' length is unknown (the final step, the mid-epoch multiples).
+        "event_steps": {
+            kind: event_steps(plan, kind, plan.total_steps)
+            for kind in EVENT_KINDS
+            if not plan.known_epochs or mid_epoch_multiples(plan, kind) is not None
+        },
+        "length_key": plan.length_key,
         "logging": {
             "metrics_interval": plan.metrics_interval,
             "console_interval": plan.console_interval,

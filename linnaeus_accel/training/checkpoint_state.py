@@ -82,6 +82,7 @@ _PROGRESS = {
     "samples_seen": _OPT_COUNT,
     "tokens_seen": _OPT_COUNT,
     "expected_total_steps": _OPT_COUNT,
+    "epoch_start_step": _OPT_COUNT,
     "version": ("an integer", _is_int),
     "current_stage": (f"one of {sorted(_STAGES)}", lambda v: isinstance(v, str) and v in _STAGES),
     "pending_validations": (
@@ -131,13 +132,18 @@ _BOUNDARY = {
     "epoch": ("an integer >= 0", _count),
     "final": ("true or false", lambda v: isinstance(v, bool)),
 }
+_BOUNDARY_OPTIONAL = {  # written since events may happen mid-epoch and epochs may have unknown length
+    "step": ("an integer >= 0", _count),
+    "previous_step": ("an integer >= 0", _count),
+    "mid": ("true or false", lambda v: isinstance(v, bool)),
+}
 _PLAN = {
     "total_steps": ("an integer >= 0", _count),
     **{key: ("an integer >= 1", lambda v: _is_int(v) and v >= 1) for key in ("world_size", "accumulation")},
     "batch_size": ("an integer >= 1", lambda v: _is_int(v) and v >= 1),
 }
-_PLAN_OPTIONAL = {  # written since configs are stored in checkpoints
-    "batches_per_epoch": ("an integer >= 1", lambda v: _is_int(v) and v >= 1),
+_PLAN_OPTIONAL = {  # written since configs are stored in checkpoints; null: a stream without __len__
+    "batches_per_epoch": ("an integer >= 1 or null", lambda v: v is None or (_is_int(v) and v >= 1)),
 }
 _METER = {
     "sums": ("a list of numbers or null", lambda v: v is None or _number_list(v)),
@@ -178,7 +184,12 @@ def state_problem(state: Any, step: int) -> str | None:
         return problem
     if progress["global_step"] != step:
         return f"{where}: progress.global_step is {progress['global_step']} but the checkpoint is for step {step}"
-    for key, rules in (("early_stopping", _EARLY_STOPPING), ("gradnorm", _GRADNORM), ("boundary", _BOUNDARY)):
+    boundary_rules = {**_BOUNDARY, **_BOUNDARY_OPTIONAL}
+    for key, rules in (
+        ("early_stopping", _EARLY_STOPPING),
+        ("gradnorm", _GRADNORM),
+        ("boundary", boundary_rules),
+    ):
         value = state.get(key)
         if value is None:
             continue

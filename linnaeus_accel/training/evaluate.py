@@ -163,7 +163,8 @@ def evaluate(config: Config, checkpoint: str | Path, out: str | Path | None = No
     acc = trainer.accelerator
     if trainer.val_batches is None:
         raise ConfigError([("DATA", "the configured dataset has no validation split to evaluate on")])
-    passes = trainer.task.validation_passes(trainer.ops, trainer.plan.epochs, True)
+    final = trainer.ops.final_point()
+    passes = trainer.task.validation_passes(trainer.ops.at(final), final.epoch, True)
     if not passes:
         raise ConfigError(
             [("SCHEDULE.VALIDATION", "no validation pass is configured: set an INTERVAL_* to validate")]

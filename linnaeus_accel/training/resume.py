@@ -14,7 +14,7 @@ from ..config import ConfigError
 from ..schedule import ResolvedPlan
 
 
-def plan_identity(plan: ResolvedPlan) -> dict[str, int]:
+def plan_identity(plan: ResolvedPlan) -> dict[str, int | None]:
     return {
         "total_steps": plan.total_steps,
         "world_size": plan.world_size,
@@ -25,7 +25,7 @@ def plan_identity(plan: ResolvedPlan) -> dict[str, int]:
 
 
 def compatible_position(
-    saved: dict[str, int] | None, now: dict[str, int], batches_seen: int, same_length: bool = True
+    saved: dict[str, Any] | None, now: dict[str, Any], batches_seen: int, same_length: bool = True
 ) -> int:
     """This run's batches already seen in the epoch, checking that the checkpoint's effective
     batch is this run's (and, with ``same_length``, its total steps: for checkpoints that do not
@@ -61,7 +61,7 @@ def compatible_position(
             ],
             source="resume",
         )
-    return samples // per_batch
+    return int(samples // per_batch)
 
 
 def own_rank_state(states: list[dict[str, Any]], rank: int, world_size: int) -> dict[str, Any]:

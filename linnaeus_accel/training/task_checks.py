@@ -18,6 +18,7 @@ from torch.utils.data import IterableDataset, default_collate
 
 from ..config import Config, ConfigError
 from ..schedule import OpsSchedule, ResolvedPlan
+from ..schedule.events import EventPoint
 from ..tasks import Task
 
 Problem = tuple[str, str]
@@ -55,10 +56,17 @@ def validation_prefixes(task: Task, plan: ResolvedPlan) -> set[str]:
     the passes due at the first epoch of each boundary event and at the final boundary (an early
     stop's included) cover every kind the schedule has."""
     ops = OpsSchedule(plan)
-    epochs = {e for events in ops.events().values() if (e := events.after(1)) is not None}
-    prefixes = {p.prefix for p in task.validation_passes(ops, plan.epochs, True)}
-    for epoch in epochs:
-        prefixes |= {p.prefix for p in task.validation_passes(ops, epoch, epoch == plan.epochs)}
+    final = ops.final_point()
+    prefixes = {p.prefix for p in task.validation_passes(ops.at(final), final.epoch, True)}
+    if plan.epochs is not None and plan.known_epochs:
+        epochs = {e for events in ops.events().values() if (e := events.after(1)) is not None}
+        for epoch in epochs:
+            prefixes |= {p.prefix for p in task.validation_passes(ops, epoch, epoch == plan.epochs)}
+    else:  # epochs of unknown length: the first multiple of each step interval that falls in the run
+        for interval in (plan.validation, plan.mask_meta_validation, plan.partial_mask_meta_validation):
+            if interval is not None and interval.every < plan.total_steps:
+                point = EventPoint(1, interval.every, interval.every - 1, mid=plan.mid_epoch_validation)
+                prefixes |= {p.prefix for p in task.validation_passes(ops.at(point), 1, False)}
     return prefixes
 
 

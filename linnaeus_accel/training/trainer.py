@@ -9,6 +9,7 @@ optimizer step; no LR scheduler is prepared (Accelerate would step it once per p
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from collections.abc import Callable
 from datetime import timedelta
@@ -30,10 +31,11 @@ from torch.utils.data import DataLoader, Dataset
 from ..config import Config, ConfigError
 from ..progress import TrainingConsistencyChecker, TrainingProgress
 from ..schedule import EarlyStopping, OpsSchedule, ResolvedPlan, StopDecision, resolve_plan
+from ..schedule.events import EventPoint
 from ..schedule.summary import summary_text
 from ..tasks import Task, TaskContext, ValidationPass, build_task
 from .backends import check_backend, check_resume, scaler_skips_steps
-from .batches import BatchSource, samples_in_window
+from .batches import BatchSource
 from .checkpointing import Checkpointer
 from .config_changes import review_changes
 from .failures import NonFiniteGuard, RunFailed, collective_timeout
@@ -130,8 +132,15 @@ class Trainer:
             self.model, self.optimizer, train_loader = acc.prepare(model, opt, train.loader)
         seed = config.EXPERIMENT.SEED
         self.train_batches = BatchSource(
-            acc, train_loader, train.size, train.batch_size, stream=train.stream, seed=seed
+            acc,
+            train_loader,
+            train.size,
+            train.batch_size,
+            stream=train.stream,
+            seed=seed,
+            sampler=train.sampler,
         )
+        self.train_batches.drop_last = config.DATA.DROP_LAST
         self.val_batches = (
             None
             if val is None
@@ -155,7 +164,7 @@ class Trainer:
         self.task = task if task is not None else build_task(config)
         self.task.bind(TaskContext(config, self.plan, train.dataset, rank, world, acc.device))
         self.progress = TrainingProgress(
-            total_epochs=self.plan.epochs, expected_total_steps=self.plan.total_steps
+            total_epochs=self.plan.epochs or 0, expected_total_steps=self.plan.total_steps
         )
         batch = first_batch(train.dataset, train.collate)
         mode, self.ranking_mode = check_task(config, self.task, self.plan, self.model, batch, acc.device)
@@ -276,23 +285,32 @@ class Trainer:
 
     def _run(self) -> StopDecision | None:
         stop = self._finish_interrupted_boundary()
-        for epoch in range(self.progress.current_epoch, self.plan.epochs + 1):
-            if stop is not None or self.final_boundary_done:
-                break
-            stop = self._train_epoch(epoch)
+        epoch = self.progress.current_epoch
+        while stop is None and not self.final_boundary_done:
+            stop, over = self._train_epoch(epoch)
+            if stop is not None and stop.reason not in ("preempted", "max_steps"):
+                break  # decided by a mid-epoch validation, which has run: the run ends there
             preempted = stop is not None and stop.reason == "preempted"
-            epoch_done = self.ops.should_end_epoch(epoch, self.progress.global_step)
-            if preempted and not epoch_done:
+            if preempted and not over:
                 break  # its checkpoint is taken: the rerun continues inside the epoch
             if stop is None or preempted:  # a MAX_STEPS cut-off leaves the epoch incomplete
                 self.progress.end_epoch()
-            final = (stop is not None and not preempted) or epoch == self.plan.epochs
+            final = (stop is not None and not preempted) or self._reached_end(epoch)
             # Preempted on the epoch's last step: its checkpoint is this boundary's, taken with the
             # validation passes still due (the flag is still up), so a rerun runs them and goes on.
             stop = self._epoch_boundary(epoch, final=final, preempted=preempted) or stop
+            epoch += 1
         return stop
 
-    def _train_epoch(self, epoch: int) -> StopDecision | None:
+    def _reached_end(self, epoch: int) -> bool:
+        plan = self.plan
+        return self.progress.global_step >= plan.total_steps or (
+            plan.epochs is not None and epoch >= plan.epochs
+        )
+
+    def _train_epoch(self, epoch: int) -> tuple[StopDecision | None, bool]:
+        """Train epoch ``epoch`` from where it stands; ``(stop, over)``: why the run stops, if it
+        does, and whether the epoch is over (its data ended, or the run's last step came)."""
         progress, plan, batches = self.progress, self.plan, self.train_batches
         batches.set_epoch(epoch)
         done = progress.batches_seen_in_epoch  # > 0 when resuming mid-epoch
@@ -301,25 +319,26 @@ class Trainer:
             progress.start_training_epoch(epoch)
         else:  # nothing is loaded for the skipped batches (a stream continues from its saved position)
             batches.resume(self.resumed_data_state, done)
-        size, drop_last = self.train_size, self.config.DATA.DROP_LAST
         for window in batches.windows(done, plan.accumulation):
             self.step.run(window, progress.global_step, epoch)
-            samples = samples_in_window(window, size, plan.batch_size, plan.world_size, drop_last)
-            progress.complete_step(len(window), samples)
-            epoch_ends = self.ops.should_end_epoch(epoch, progress.global_step)
+            progress.complete_step(len(window), batches.samples_in(window))
+            # A stream of unknown length knows its pass ends once it looked for the next batch.
+            epoch_ends = self.ops.should_end_epoch(epoch, progress.global_step) or batches.pass_ended
             if stop := self._after_optimizer_step(epoch, epoch_ends):
-                return stop
+                return stop, epoch_ends
             if epoch_ends:
-                break  # TRAIN.TARGET_TOKENS: the last epoch ends where the target is reached
-        # Once, after the first epoch trained whole: a loader shorter than its length shifts every boundary.
+                break  # STEPS, TARGET_TOKENS: the last epoch ends where the run does
         steps = progress.global_step - first_step
+        if done == 0 and steps == 0:
+            raise RunFailed(f"epoch {epoch} yielded no training batch: the training data is empty")
+        # Once, after the first epoch trained whole: a loader shorter than its length shifts every boundary.
         if done == 0 and (problem := self.consistency.epoch_problem(epoch, steps)):
             self.out.say(f"warning: {problem}")
-        return None
+        return None, True
 
     def _after_optimizer_step(self, epoch: int, epoch_ends: bool) -> StopDecision | None:
         """Everything that may follow an optimizer step: logging, a MAX_STEPS cut-off, a
-        preemption, a mid-epoch checkpoint."""
+        preemption, a mid-epoch checkpoint or validation."""
         step = self.progress.global_step
         fault_point("optimizer_step")
         stop = self.early_stopping.reached_max_steps(step)
@@ -329,9 +348,21 @@ class Trainer:
             if not epoch_ends:  # else the boundary checkpoints it, with the passes still due
                 self._save_checkpoint(boundary=None)
             stop = StopDecision("preempted", f"preempted by a signal: checkpointed step {step}")
-        elif stop is None and self.ops.should_save_mid_epoch_checkpoint(step):
-            self._save_checkpoint(boundary=None)
+        elif stop is None and not epoch_ends:
+            stop = self._mid_epoch_events(epoch, step)
         return stop
+
+    def _mid_epoch_events(self, epoch: int, step: int) -> StopDecision | None:
+        """SCHEDULE.CHECKPOINT.MID_EPOCH / SCHEDULE.VALIDATION.MID_EPOCH at step multiples: in
+        SPEC §5's boundary order (checkpoint with the passes recorded, then the passes)."""
+        ops = self.ops
+        validate = self.val_batches is not None and ops.should_validate_mid_epoch(step)
+        checkpoint = ops.should_save_mid_epoch_checkpoint(step)
+        if not (validate or checkpoint):
+            return None
+        point = ops.after_step(epoch, step)
+        passes = self.task.validation_passes(ops.at(point), epoch, False) if validate else []
+        return self._event(point, passes, checkpoint)
 
     def _log_train_metrics(self, epoch: int, last: bool) -> None:
         step, ops = self.progress.global_step, self.ops
@@ -367,33 +398,61 @@ class Trainer:
         """SPEC §5 order: checkpoint (recording the passes still due), then the standard, mask-meta
         and partial passes, then early stopping. ``preempted``: checkpoint whatever the schedule
         says; the first pass then sees the flag and stops."""
-        passes = self.task.validation_passes(self.ops, epoch, final) if self.val_batches is not None else []
+        if self.plan.known_epochs:
+            point = self.ops.boundary(epoch, final)
+        else:  # the pass ended where the stream did: the loop knows the steps, not the plan
+            point = EventPoint(epoch, self.progress.global_step, self.progress.epoch_start_step, final)
+        ops = self.ops.at(point)
+        passes = self.task.validation_passes(ops, epoch, final) if self.val_batches is not None else []
+        self.final_boundary_done = final
+        return self._event(point, passes, preempted or ops.should_save_checkpoint(epoch, final))
+
+    def _event(
+        self, point: EventPoint, passes: list[ValidationPass], checkpoint: bool
+    ) -> StopDecision | None:
+        """The passes due at ``point``, after its checkpoint (which records them as pending)."""
+        if point.mid:
+            self.progress.clear_validations()  # the previous mid-epoch point's are done
         for vpass in passes:
             self.progress.schedule_validation(vpass.stage, vpass.partial_index)
-        if preempted or self.ops.should_save_checkpoint(epoch, final):
-            self._save_checkpoint(boundary={"epoch": epoch, "final": final})
-        self.final_boundary_done = final
-        return self._validate({"epoch": epoch, "final": final}, passes, done={})
+        if checkpoint:
+            self._save_checkpoint(boundary=dataclasses.asdict(point))
+        return self._validate(point, passes, done={})
 
     def _finish_interrupted_boundary(self) -> StopDecision | None:
-        """After resuming from a boundary checkpoint: run exactly the passes its journal does not
-        record as complete (SPEC §6), then carry on."""
-        boundary = self.resumed_boundary
-        if boundary is None:
+        """After resuming from a checkpoint taken at a boundary or a mid-epoch validation point: run
+        exactly the passes its journal does not record as complete (SPEC §6), then carry on."""
+        record = self.resumed_boundary
+        if record is None:
             return None
-        self.final_boundary_done = bool(boundary["final"])
+        point = self._resumed_point(record)
+        self.final_boundary_done = point.final
         if not self.progress.has_pending_validations():
             return None
         assert self.val_batches is not None
-        passes = self.task.validation_passes(self.ops, int(boundary["epoch"]), bool(boundary["final"]))
+        passes = self.task.validation_passes(self.ops.at(point), point.epoch, point.final)
         assert self.checkpointer.current is not None
         done = {e["prefix"]: e["metrics"] for e in self.checkpointer.journal(self.checkpointer.current)}
-        return self._validate(boundary, passes, done)
+        return self._validate(point, passes, done)
+
+    def _resumed_point(self, record: dict[str, Any]) -> EventPoint:
+        """The event point a checkpoint recorded (before mid-epoch events, only epoch and final)."""
+        epoch, final = int(record["epoch"]), bool(record["final"])
+        if "step" in record:
+            return EventPoint(
+                epoch,
+                int(record["step"]),
+                int(record["previous_step"]),
+                final,
+                bool(record.get("mid", False)),
+            )
+        return self.ops.boundary(epoch, final)
 
     def _validate(
-        self, boundary: dict[str, Any], passes: list[ValidationPass], done: dict[str, dict[str, float]]
+        self, point: EventPoint, passes: list[ValidationPass], done: dict[str, dict[str, float]]
     ) -> StopDecision | None:
-        epoch, step = int(boundary["epoch"]), self.progress.global_step
+        step = self.progress.global_step
+        boundary = dataclasses.asdict(point)
         journal = self.checkpointer.current if self.checkpointer.current_step == step else None
         self.validation_passes_done = done  # filled pass by pass: dump_metrics_state() shows it
         results: dict[str, float] = {}
@@ -412,9 +471,10 @@ class Trainer:
             results.update(metrics)
         if not results:
             return None
-        results["epoch"] = float(epoch)
+        results["epoch"] = float(point.epoch)
         self.out.log(results, step)
-        self.out.say(validation_line(epoch, results, self.task.metric_directions))
+        label = f"step {step} (epoch {point.epoch})" if point.mid else f"epoch {point.epoch}"
+        self.out.say(validation_line(label, results, self.task.metric_directions))
         self.last_validation = results
         self.checkpointer.record_metric(step, results)
         return self._check_early_stop(results)
@@ -518,7 +578,7 @@ class Trainer:
         self.resumed_wandb_id = state.get("wandb_run_id")
         # The run's length is this config's (more epochs may have been asked for).
         self.progress.total_epochs, self.progress.expected_total_steps = (
-            self.plan.epochs,
+            self.plan.epochs or 0,
             self.plan.total_steps,
         )
         step = self.progress.global_step

@@ -41,7 +41,7 @@ CONSOLE_WIDTH = 100  # a validation line wraps before this many characters
 
 
 def validation_line(
-    epoch: int, results: dict[str, float], directions: Mapping[str, str] | None = None
+    when: int | str, results: dict[str, float], directions: Mapping[str, str] | None = None
 ) -> str:
     """The console's report of a boundary's validation passes: every metric of the standard pass
     (``val/``), then the headline metric of each other pass (e.g. ``val_mask_meta/chain_acc``),
@@ -59,7 +59,8 @@ def validation_line(
         if prefix != "val":
             names = [next((n for n in higher if n in names), names[0])]
         shown += [f"{prefix}/{name} {results[f'{prefix}/{name}']:.4f}" for name in names]
-    lines, line = [], f"epoch {epoch}:"
+    # ``when``: an epoch number, or what to print instead (a mid-epoch point: "step 500 (epoch 2)").
+    lines, line = [], f"epoch {when}:" if isinstance(when, int) else f"{when}:"
     for i, item in enumerate(shown):
         separator = "," if i else ""
         if i and len(line) + len(item) + 2 > CONSOLE_WIDTH:
