@@ -8,7 +8,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Sequence, Sized
 
 from . import __version__
 from .config import Config, ConfigError, load_config, output_dir_problem
@@ -190,6 +190,7 @@ def plan_for(
         arguments.append(("--world-size", f"must be >= 1 (got {world_size})"))
     if arguments:
         raise ConfigError(arguments, source="arguments")
+    sources: Sequence[object] = ()
     if dataset_size is None:
         from .data import build_dataset, dataset_problems
 
@@ -197,11 +198,27 @@ def plan_for(
         problems = dataset_problems(config, dataset)
         if problems:
             raise ConfigError(problems)
-        dataset_size = len(dataset)
         if tokens_per_sample is None:
             tokens_per_sample = getattr(dataset, "tokens_per_sample", None)
+        describe = getattr(dataset, "describe", None)
+        sources = describe() if callable(describe) else ()
+        if _epochs_of_unknown_length(dataset, world_size, config.DATA.NUM_WORKERS):
+            return resolve_plan(config, None, world_size, None, tokens_per_sample)
+        dataset_size = len(dataset)
     batches = batches_per_process(dataset_size, config.DATA.BATCH_SIZE, world_size, config.DATA.DROP_LAST)
-    return resolve_plan(config, batches, world_size, dataset_size, tokens_per_sample)
+    return resolve_plan(config, batches, world_size, dataset_size, tokens_per_sample, sources)
+
+
+def _epochs_of_unknown_length(dataset: object, world_size: int, num_workers: int) -> bool:
+    """A stream without ``__len__``, or one read shard by shard (whose passes end where its readers
+    run out): what the trainer does with it, without building a loader."""
+    from torch.utils.data import IterableDataset
+
+    from .data.streaming import shard_reading
+
+    if not isinstance(dataset, IterableDataset):
+        return False
+    return not isinstance(dataset, Sized) or shard_reading(dataset, world_size, num_workers) is not None
 
 
 def run_plan(args: argparse.Namespace) -> int:

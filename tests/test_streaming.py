@@ -104,12 +104,12 @@ def emulated_worker_batches(
     """A ``batch_size=None`` DataLoader's output without starting processes: each worker's batches,
     taken round-robin from worker 0 (what the DataLoader does with the workers' results)."""
     if workers == 0:
-        return [batch.tolist() for batch in shard]
+        return [batch.tolist() for batch, _ in shard]
     per_worker = []
     for worker in range(workers):
         info = SimpleNamespace(id=worker, num_workers=workers)
         monkeypatch.setattr(streaming, "get_worker_info", lambda info=info: info)
-        per_worker.append([batch.tolist() for batch in shard])
+        per_worker.append([batch.tolist() for batch, _ in shard])
     monkeypatch.undo()
     rounds = max(map(len, per_worker))
     return [w[i] for i in range(rounds) for w in per_worker if i < len(w)]
@@ -161,7 +161,7 @@ def test_every_process_gets_batches_per_process_full_batches(drop_last: bool) ->
             num_workers=0,
             drop_last=drop_last,
         )
-        batches = list(loader)
+        batches = [batch for batch, _ in loader]
         # Equal counts keep the processes' collectives in step; len() is what the schedule uses.
         assert len(batches) == len(loader) == batches_per_process(n, batch_size, world_size, drop_last)
         assert all(batch.shape == (batch_size,) for batch in batches)
@@ -169,7 +169,9 @@ def test_every_process_gets_batches_per_process_full_batches(drop_last: bool) ->
 
 def test_drop_last_stops_reading_after_the_last_full_batch() -> None:
     stream = RangeStream(23)
-    batches = list(stream_loader(stream, batch_size=4, world_size=1, rank=0, num_workers=0, drop_last=True))
+    batches = [
+        b for b, _ in stream_loader(stream, batch_size=4, world_size=1, rank=0, num_workers=0, drop_last=True)
+    ]
     # An expensive or endless remainder of the pass is never read.
     assert len(batches) == 5
     assert stream.produced.value == 20
@@ -180,11 +182,11 @@ def test_dataloader_workers_give_the_same_batches_as_one_process() -> None:
     for rank in range(2):
         batches = [
             b.tolist()
-            for b in stream_loader(RangeStream(29), batch_size=4, world_size=2, rank=rank, num_workers=2)
+            for b, _ in stream_loader(RangeStream(29), batch_size=4, world_size=2, rank=rank, num_workers=2)
         ]
         single = [
             b.tolist()
-            for b in stream_loader(RangeStream(29), batch_size=4, world_size=2, rank=rank, num_workers=0)
+            for b, _ in stream_loader(RangeStream(29), batch_size=4, world_size=2, rank=rank, num_workers=0)
         ]
         assert batches == single
         assert len(batches) == batches_per_process(29, 4, 2)
@@ -205,11 +207,11 @@ def reads_after_resume(n: int, batch_size: int, world_size: int, rank: int, work
 def test_resume_mid_epoch_continues_exactly(workers: int, stream_type: type[RangeStream]) -> None:
     n, batch_size, world_size, rank, taken = 37, 4, 2, 1, 3
     kwargs: dict[str, Any] = {"batch_size": batch_size, "world_size": world_size, "rank": rank}
-    full = [b.tolist() for b in stream_loader(stream_type(n, shuffle=True), num_workers=0, **kwargs)]
+    full = [b.tolist() for b, _ in stream_loader(stream_type(n, shuffle=True), num_workers=0, **kwargs)]
 
     loader = stream_loader(stream_type(n, shuffle=True), num_workers=workers, **kwargs)
     iterator = iter(loader)
-    head = [next(iterator).tolist() for _ in range(taken)]
+    head = [next(iterator)[0].tolist() for _ in range(taken)]
     # Checkpoints store the loader state as JSON.
     state = json.loads(json.dumps(loader.state_dict()))
     del iterator
@@ -217,7 +219,7 @@ def test_resume_mid_epoch_continues_exactly(workers: int, stream_type: type[Rang
     stream = stream_type(n, shuffle=True)
     resumed = stream_loader(stream, num_workers=workers, **kwargs)
     resumed.load_state_dict(state)
-    rest = [b.tolist() for b in resumed]
+    rest = [b.tolist() for b, _ in resumed]
 
     assert head == full[:taken]
     assert len(rest) == len(full) - taken
@@ -234,18 +236,18 @@ def test_resume_mid_epoch_continues_exactly(workers: int, stream_type: type[Rang
         # Without stream state, every reader replays the pass from the start and skips to its batch.
         assert stream.produced.value == max(1, workers) * n
     # The resume applied to that pass only: the next one starts at its first batch.
-    assert [b.tolist() for b in resumed][:2] == full[:2]
+    assert [b.tolist() for b, _ in resumed][:2] == full[:2]
 
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_start_at_gives_the_tail_of_a_full_pass_then_full_passes(workers: int) -> None:
     kwargs: dict[str, Any] = {"batch_size": 3, "world_size": 2, "rank": 0}
-    full = [b.tolist() for b in stream_loader(RangeStream(31), num_workers=0, **kwargs)]
+    full = [b.tolist() for b, _ in stream_loader(RangeStream(31), num_workers=0, **kwargs)]
     loader = stream_loader(RangeStream(31), num_workers=workers, **kwargs)
     # Elastic resume: the checkpoint came from another world size or worker count.
     loader.shard.start_at(3)
-    assert [b.tolist() for b in loader] == full[3:]
-    assert [b.tolist() for b in loader] == full
+    assert [b.tolist() for b, _ in loader] == full[3:]
+    assert [b.tolist() for b, _ in loader] == full
 
 
 def test_a_stream_shorter_than_its_len_is_an_error() -> None:
@@ -271,9 +273,66 @@ def test_a_length_error_in_a_worker_reaches_the_main_process_as_stream_error() -
     del excinfo
 
 
-def test_a_stream_without_len_is_rejected_with_the_reason() -> None:
-    with pytest.raises(StreamError, match=r"does not define __len__: .* number of batches per epoch"):
-        StreamShard(NoLength(), batch_size=4, world_size=1, rank=0)
+class Unsized(IterableDataset[int]):
+    """``RangeStream`` without ``__len__``: where a pass ends is found when it ends."""
+
+    def __init__(self, stream: RangeStream) -> None:
+        self.stream = stream
+
+    def set_epoch(self, epoch: int) -> None:
+        self.stream.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.stream)
+
+
+@pytest.mark.parametrize("workers", [0, 2, 3])
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_a_stream_without_len_gives_the_batches_it_would_with_its_len(
+    monkeypatch: pytest.MonkeyPatch, world_size: int, drop_last: bool, workers: int
+) -> None:
+    batch_size = 4
+    for n in (0, 1, 5, 13, 24, 25, 37):
+        for rank in range(world_size):
+            kwargs: dict[str, Any] = {"batch_size": batch_size, "world_size": world_size, "rank": rank}
+            sized = StreamShard(RangeStream(n), drop_last=drop_last, **kwargs)
+            unsized = StreamShard(Unsized(RangeStream(n)), drop_last=drop_last, **kwargs)
+            # Same items, same repeats, same number of batches on every process: nothing needed the length.
+            assert emulated_worker_batches(monkeypatch, unsized, workers) == emulated_worker_batches(
+                monkeypatch, sized, workers
+            ), (n, rank)
+            infos = [info for _, info in unsized]
+            for j, info in enumerate(infos):
+                assert info.real == (
+                    batch_size if drop_last else real_in_batch(n, batch_size, world_size, j, rank)
+                )
+                # Every process's real rows of that micro-batch, without asking the others.
+                assert info.global_real == min(batch_size * world_size, n - j * batch_size * world_size)
+        with pytest.raises(TypeError, match="no __len__"):
+            len(StreamShard(Unsized(RangeStream(n)), batch_size=batch_size, world_size=world_size, rank=0))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_stream_without_len_resumes_mid_pass_exactly(workers: int) -> None:
+    n, taken = 37, 3
+    kwargs: dict[str, Any] = {"batch_size": 4, "world_size": 2, "rank": 1}
+    full = [
+        b.tolist()
+        for b, _ in stream_loader(Unsized(ResumableStream(n, shuffle=True)), num_workers=0, **kwargs)
+    ]
+    loader = stream_loader(Unsized(ResumableStream(n, shuffle=True)), num_workers=workers, **kwargs)
+    iterator = iter(loader)
+    head = [next(iterator)[0].tolist() for _ in range(taken)]
+    state = json.loads(json.dumps(loader.state_dict()))
+    del iterator
+    resumed = stream_loader(Unsized(ResumableStream(n, shuffle=True)), num_workers=workers, **kwargs)
+    resumed.load_state_dict(state)
+    assert head + [b.tolist() for b, _ in resumed] == full
+    # Elastic: the tail from a process batch, every reader replaying to it.
+    replayed = stream_loader(Unsized(RangeStream(n, shuffle=True)), num_workers=workers, **kwargs)
+    replayed.shard.start_at(taken)
+    assert [b.tolist() for b, _ in replayed] == full[taken:]
 
 
 GOOD_STATE = {"version": 1, "epoch": 0, "next_batch": 2, "items_read": 8, "stream": None}
@@ -305,9 +364,9 @@ def test_set_epoch_reaches_the_stream_also_in_workers(workers: int) -> None:
     loader = stream_loader(
         RangeStream(n, shuffle=True), batch_size=batch_size, world_size=1, rank=0, num_workers=workers
     )
-    first = [x for b in loader for x in b.tolist()]
+    first = [x for b, _ in loader for x in b.tolist()]
     loader.shard.set_epoch(1)
-    second = [x for b in loader for x in b.tolist()]
+    second = [x for b, _ in loader for x in b.tolist()]
     # Workers are re-created each epoch from the main copy, so they shuffle for epoch 1 too.
     reference = RangeStream(n, shuffle=True)
     reference.set_epoch(1)

@@ -21,8 +21,19 @@ is the reader's next batch and stream position, plus the stream's own state if i
 stream continues where it was (O(1)); otherwise the reader replays the stream from its start. For an
 elastic resume (another world size or worker count) ``start_at`` replays to a process batch.
 
+A stream without ``__len__`` is read the same way, its end found where it ends: a reader reads each
+global batch round whole (its own items and the other processes'), so it knows how many of the
+round's items are real on every process and every process yields the same number of batches.
+
+A stream that can split itself (``sharded.ShardedStream``, a Hugging Face ``IterableDataset`` with
+enough shards) is not read whole by every reader: ``stream_loader`` gives it ``sharded.ShardReaders``.
+
+Every batch comes as ``(collated batch, BatchInfo)``: how many leading rows are real, and how many
+real rows that micro-batch holds over all processes.
+
 ``stream_loader`` returns a ``StreamLoader``: already per process, so it must not go through
-``accelerator.prepare`` (which would shard it again). ``loader.shard`` reaches the ``StreamShard``.
+``accelerator.prepare`` (which would shard it again). ``loader.shard`` reaches the ``StreamShard``
+(or ``ShardReaders``).
 """
 
 from __future__ import annotations
@@ -38,7 +49,8 @@ from torch.utils.data import IterableDataset, default_collate, get_worker_info
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from ..schedule.steps import batches_per_process
-from .sampling import real_in_batch
+from .sampling import real_in_batch, samples_in_global_batch
+from .sharded import BatchInfo, ShardedStream, ShardReaders, sharded_source
 
 STATE_VERSION = 1
 _END = object()
@@ -71,12 +83,16 @@ def _is_count(value: object) -> bool:
 
 
 class _Reader:
-    """The stream's iterator, its position in the pass, and the few items kept to pad the last batch."""
+    """The stream's iterator, its position in the pass, and the few items kept to pad the last batch.
 
-    def __init__(self, stream: Iterator[Any], position: int, size: int, keep: set[int]) -> None:
+    ``size`` None: a stream without ``__len__``, whose end is wherever it ends (reading past it
+    returns fewer items instead of failing); ``last`` is then the last item read."""
+
+    def __init__(self, stream: Iterator[Any], position: int, size: int | None, keep: set[int]) -> None:
         self.it, self.pos, self.size = stream, position, size
         self.keep = sorted(keep)
         self.kept: dict[int, Any] = {}
+        self.last: Any = _END
 
     def _keep_between(self, start: int, end: int) -> list[int]:
         return self.keep[bisect_left(self.keep, start) : bisect_left(self.keep, end)]
@@ -87,6 +103,11 @@ class _Reader:
         )
 
     def _advance(self, n: int) -> None:
+        if self.size is None:  # keep the last item: it may have to pad the pass's last batch
+            for item in itertools.islice(self.it, n):
+                self.last = item
+                self.pos += 1
+            return
         count = sum(1 for _ in itertools.islice(self.it, n))
         self.pos += count
         if count < n:
@@ -101,7 +122,9 @@ class _Reader:
     def take(self, n: int) -> list[Any]:
         items = list(itertools.islice(self.it, n))
         start, self.pos = self.pos, self.pos + len(items)
-        if len(items) < n:
+        if items:
+            self.last = items[-1]
+        if len(items) < n and self.size is not None:
             raise self._short()
         for q in self._keep_between(start, self.pos):
             self.kept[q] = items[q - start]
@@ -109,6 +132,7 @@ class _Reader:
 
     def drain(self) -> None:
         """Read to the end of the pass: only a reader that sees the end can check ``len()``."""
+        assert self.size is not None
         self.skip_to(self.size)
         if next(self.it, _END) is not _END:
             raise StreamError(
@@ -117,11 +141,13 @@ class _Reader:
 
 
 class StreamShard(IterableDataset[Any]):
-    """Process ``rank``'s collated batches of a sized stream, in ``BatchSamplerShard`` order.
+    """Process ``rank``'s collated batches of a stream, in ``BatchSamplerShard`` order, each as
+    ``(batch, BatchInfo)``.
 
     ``len(self)`` is the number of batches every process yields per epoch, each of ``batch_size``
-    items. With DataLoader workers, worker ``w`` of ``n`` yields the batches ``j`` with
-    ``(j - start) % n == w``, so a ``batch_size=None`` DataLoader returns them in order.
+    items (a stream without ``__len__`` has none: ``size`` is None). With DataLoader workers, worker
+    ``w`` of ``n`` yields the batches ``j`` with ``(j - start) % n == w``, so a ``batch_size=None``
+    DataLoader returns them in order.
     """
 
     def __init__(
@@ -134,12 +160,8 @@ class StreamShard(IterableDataset[Any]):
         drop_last: bool = False,
         collate_fn: Callable[[list[Any]], Any] | None = None,
     ) -> None:
-        if not isinstance(stream, Sized):
-            raise StreamError(
-                f"{type(stream).__name__} does not define __len__: linnaeus-accel resolves the schedule from the number of batches per epoch, so a training or validation IterableDataset must define __len__ as the number of items per pass (all processes together)"
-            )
-        size = len(stream)
-        if not _is_count(size):
+        size = len(stream) if isinstance(stream, Sized) else None
+        if size is not None and not _is_count(size):
             raise StreamError(
                 f"len() of {type(stream).__name__} is {size!r}: it must be the number of items per pass"
             )
@@ -151,12 +173,16 @@ class StreamShard(IterableDataset[Any]):
         self.size = size
         self.batch_size, self.world_size, self.rank, self.drop_last = batch_size, world_size, rank, drop_last
         self.collate_fn: Callable[[list[Any]], Any] = collate_fn or default_collate
-        self.batches_per_epoch = batches_per_process(size, batch_size, world_size, drop_last)
+        self.batches_per_epoch = (
+            None if size is None else batches_per_process(size, batch_size, world_size, drop_last)
+        )
         self.epoch = 0
         self._pending: _Position | None = None  # applies to the next iteration only
         self._live: _Position | None = None
 
     def __len__(self) -> int:
+        if self.batches_per_epoch is None:
+            raise TypeError(f"{type(self.stream).__name__} has no __len__: its passes end where it ends")
         return self.batches_per_epoch
 
     def set_epoch(self, epoch: int) -> None:
@@ -211,7 +237,11 @@ class StreamShard(IterableDataset[Any]):
                     f"stream state {key!r} must be an int >= 0, got {state[key]!r}: the checkpoint is damaged or not a StreamShard state"
                 )
         next_batch, items_read = state["next_batch"], state["items_read"]
-        if next_batch < self.batches_per_epoch:
+        if (
+            self.size is not None
+            and self.batches_per_epoch is not None
+            and next_batch < self.batches_per_epoch
+        ):
             first = self._first_item(next_batch)
             if items_read > min(first, self.size - 1):
                 raise StreamError(
@@ -224,12 +254,14 @@ class StreamShard(IterableDataset[Any]):
         return (batch * self.world_size + self.rank) * self.batch_size
 
     def _real(self, batch: int) -> int:
+        assert self.size is not None
         if self.drop_last:
             return self.batch_size
         return real_in_batch(self.size, self.batch_size, self.world_size, batch, self.rank)
 
     def _pad_sources(self, batch: int) -> set[int]:
         """Stream positions kept to pad ``batch``: the pass's last item, for a batch with no real item."""
+        assert self.size is not None
         return set() if self._real(batch) == self.batch_size else {self.size - 1}
 
     def __iter__(self) -> Iterator[Any]:
@@ -238,42 +270,84 @@ class StreamShard(IterableDataset[Any]):
         # state_dict() between iter() and the first next().
         self._live = self._resolve(self._pending, worker)
         self._pending = None
+        if self.size is None:
+            return self._unsized_batches(self._live, workers)
         return self._batches(self._live, workers)
 
+    def _open(self, pos: _Position, size: int | None, keep: set[int]) -> _Reader:
+        if pos.stream_state is not None:
+            self.stream.load_state_dict(pos.stream_state)  # type: ignore[attr-defined]
+        reader = _Reader(iter(self.stream), pos.items_read, size, keep)
+        pos.started, pos.stream_state = True, None
+        return reader
+
     def _batches(self, pos: _Position, step: int) -> Iterator[Any]:
+        assert self.size is not None
+        assert self.batches_per_epoch is not None
         mine = range(pos.next_batch, self.batches_per_epoch, step)
         if mine:
-            if pos.stream_state is not None:
-                self.stream.load_state_dict(pos.stream_state)  # type: ignore[attr-defined]
-            reader = _Reader(iter(self.stream), pos.items_read, self.size, self._pad_sources(mine[-1]))
-            pos.started, pos.stream_state = True, None
+            reader = self._open(pos, self.size, self._pad_sources(mine[-1]))
             for batch in mine:
-                items = self._read(batch, reader, last=batch == mine[-1])
+                items, real = self._read(batch, reader, last=batch == mine[-1])
                 pos.next_batch, pos.items_read = batch + step, reader.pos
-                yield self.collate_fn(items)
+                in_round = samples_in_global_batch(
+                    self.size, self.batch_size, self.world_size, batch, self.drop_last
+                )
+                yield self.collate_fn(items), BatchInfo(real, in_round)
         pos.finished = True
 
-    def _read(self, batch: int, reader: _Reader, *, last: bool) -> list[Any]:
+    def _read(self, batch: int, reader: _Reader, *, last: bool) -> tuple[list[Any], int]:
+        assert self.size is not None
         first, real = self._first_item(batch), self._real(batch)
         reader.skip_to(min(first, self.size))
         items = reader.take(real)
         if last and not self.drop_last:
             reader.drain()
-        if real < self.batch_size:
-            # Repeats of items every reader of this batch has read, resumed or not (not the pass's
-            # start, which an O(1) resume does not read again).
-            source = items or [reader.kept[self.size - 1]]
-            items += [source[i % len(source)] for i in range(self.batch_size - real)]
+        return self._padded(items, reader.kept.get(self.size - 1, _END)), real
+
+    def _padded(self, items: list[Any], pass_last: Any) -> list[Any]:
+        """A short batch filled with repeats of items every reader of this batch has read, resumed
+        or not (not the pass's start, which an O(1) resume does not read again): its own, or the
+        pass's last item when it has none."""
+        if len(items) < self.batch_size:
+            source = items or [pass_last]
+            items = items + [source[i % len(source)] for i in range(self.batch_size - len(items))]
         return items
+
+    def _unsized_batches(self, pos: _Position, step: int) -> Iterator[Any]:
+        """A stream without ``__len__``: each global round read whole, so that every reader knows
+        whether the round exists and how many of its items are real (the last round's)."""
+        reader = self._open(pos, None, set())
+        per_round = self.batch_size * self.world_size
+        batch = pos.next_batch
+        while True:
+            round_start = batch * per_round
+            reader.skip_to(self._first_item(batch))
+            items = reader.take(self.batch_size)
+            reader.skip_to(round_start + per_round)
+            in_round = reader.pos - round_start
+            if in_round <= 0 or (self.drop_last and in_round < per_round):
+                break  # the pass ended before this round (or, DROP_LAST, inside it)
+            real = len(items)
+            pos.next_batch, pos.items_read = batch + step, reader.pos
+            yield self.collate_fn(self._padded(items, reader.last)), BatchInfo(real, in_round)
+            batch += step
+        pos.finished = True
 
 
 class StreamLoader(StatefulDataLoader):  # type: ignore[misc]
-    """A ``StatefulDataLoader`` over a ``StreamShard``; ``shard`` reaches it (``set_epoch``, ``start_at``)."""
+    """A ``StatefulDataLoader`` over a ``StreamShard`` or ``ShardReaders``; ``shard`` reaches it
+    (``set_epoch``, ``start_at``)."""
 
     @property
-    def shard(self) -> StreamShard:
-        shard: StreamShard = self.dataset
+    def shard(self) -> StreamShard | ShardReaders:
+        shard: StreamShard | ShardReaders = self.dataset
         return shard
+
+    @property
+    def sharded(self) -> bool:
+        """Whether each reader reads its own shards (else every reader reads the whole stream)."""
+        return isinstance(self.dataset, ShardReaders)
 
     def __iter__(self) -> Iterator[Any]:
         iterator: Iterator[Any] = super().__iter__()
@@ -282,6 +356,15 @@ class StreamLoader(StatefulDataLoader):  # type: ignore[misc]
             # main copy never iterates, so it must drop that start or the next epoch would reuse it.
             self.shard._pending = None
         return iterator
+
+
+def shard_reading(stream: Any, world_size: int, num_workers: int) -> ShardedStream | None:
+    """The stream as shards its readers split, when it can split itself into at least as many shards
+    as there are readers (processes x workers); None when every reader must read it whole."""
+    sharded = sharded_source(stream)
+    if sharded is None or len(sharded.shards()) < world_size * max(1, num_workers):
+        return None
+    return sharded
 
 
 def stream_loader(
@@ -294,16 +377,33 @@ def stream_loader(
     drop_last: bool = False,
     collate_fn: Callable[[list[Any]], Any] | None = None,
     pin_memory: bool = False,
+    seed: int = 0,
+    shuffle: bool = False,
 ) -> StreamLoader:
-    """Process ``rank``'s loader of a sized stream; see the module docstring."""
-    shard = StreamShard(
-        stream,
-        batch_size=batch_size,
-        world_size=world_size,
-        rank=rank,
-        drop_last=drop_last,
-        collate_fn=collate_fn,
-    )
+    """Process ``rank``'s loader of a stream; see the module docstring. A stream that splits itself
+    into at least as many shards as there are readers (processes x workers) is read shard by shard
+    (``shuffle``: in an order keyed by ``(seed, epoch)``); any other is read whole by every reader."""
+    shard: StreamShard | ShardReaders
+    sharded = shard_reading(stream, world_size, num_workers)
+    if sharded is not None:
+        shard = ShardReaders(
+            sharded,
+            batch_size=batch_size,
+            world_size=world_size,
+            rank=rank,
+            seed=seed,
+            shuffle=shuffle,
+            collate_fn=collate_fn,
+        )
+    else:
+        shard = StreamShard(
+            stream,
+            batch_size=batch_size,
+            world_size=world_size,
+            rank=rank,
+            drop_last=drop_last,
+            collate_fn=collate_fn,
+        )
     # batch_size=None: the shard yields collated batches. Workers are not persistent, so each epoch
     # starts new ones from the main copy, and set_epoch / start_at reach them.
     # Its own generator: creating an iterator draws the workers' base seed from it, not from the

@@ -8,7 +8,7 @@ epochs (and, for ``TRAIN.TARGET_TOKENS``, tokens) meet; everything downstream (t
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
@@ -25,6 +25,28 @@ from .steps import ceil_div, floor_fraction_of, optimizer_steps_per_epoch, resol
 
 # Steps are ints, but the LR curve and the ramps divide them as floats, exact up to 2**53.
 MAX_TOTAL_STEPS = 2**53
+
+
+@dataclass(frozen=True)
+class DataSource:
+    """One source of a mixed training dataset, per epoch: what ``plan`` shows (from the dataset's
+    ``describe()``; see ``data.mixture``)."""
+
+    label: str
+    weight: float  # normalised share of the samples
+    size: int  # samples the source holds
+    samples_per_epoch: int  # samples drawn from it in one epoch of the mixture
+    tokens_per_epoch: int | None  # their target tokens, when each sample holds a known number
+
+    @classmethod
+    def from_description(cls, row: Any) -> DataSource:
+        return cls(
+            str(row["label"]),
+            float(row["weight"]),
+            int(row["size"]),
+            int(row["draws_per_epoch"]),
+            None if row.get("tokens_per_epoch") is None else int(row["tokens_per_epoch"]),
+        )
 
 
 @dataclass(frozen=True)
@@ -63,6 +85,7 @@ class ResolvedPlan:
     dataset_size: int | None = None
     target_tokens: int | None = None  # TRAIN.TARGET_TOKENS; None for an EPOCHS or STEPS run
     length_key: str = "TRAIN.EPOCHS"  # the key that set total_steps
+    sources: tuple[DataSource, ...] = ()  # a mixture's sources (empty for one dataset)
     tokens_per_step: int | None = None  # target tokens in one global step, when samples have a fixed count
     total_tokens: int | None = None  # target tokens the whole run trains on (each sample counted once)
     warnings: tuple[str, ...] = field(default=(), compare=False)
@@ -99,12 +122,14 @@ def resolve_plan(
     world_size: int = 1,
     dataset_size: int | None = None,
     tokens_per_sample: int | None = None,
+    sources: Sequence[Any] = (),
 ) -> ResolvedPlan:
     """Resolve ``config`` for a dataloader of ``batches_per_epoch`` batches per process (None: a
     stream without ``__len__``, whose epochs end where it ends: SPEC §12).
 
     ``tokens_per_sample``: target tokens in every training sample, when the dataset declares a fixed
-    count (packed sequences); TRAIN.TARGET_TOKENS needs it."""
+    count (packed sequences); TRAIN.TARGET_TOKENS needs it. ``sources``: a mixture's
+    ``describe()``, shown by ``plan``."""
     if world_size < 1:
         raise ConfigError([("--world-size", f"must be >= 1 (got {world_size})")], source="plan")
     if batches_per_epoch is not None and batches_per_epoch < 1:
@@ -249,6 +274,7 @@ def resolve_plan(
         tokens_per_step=length.tokens_per_step,
         total_tokens=length.total_tokens,
         length_key=config.TRAIN.length_key,
+        sources=tuple(DataSource.from_description(row) for row in sources),
     )
     return replace(plan, warnings=tuple(sanity_warnings(config, plan)))
 

@@ -5,6 +5,7 @@ The same text is written to ``<output dir>/assets/schedule_summary.txt`` when tr
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,7 @@ def summary_text(config: Config, plan: ResolvedPlan) -> str:
         data = f"{size}{plan.batches_per_epoch} batches per process per epoch"
     lines += [
         f"Data:     {data} (batch {plan.batch_size} x {procs})",
+        *_source_lines(plan),
         _steps_line(plan),
         *_tokens_lines(plan),
         f"Batch:    effective batch size {plan.effective_batch_size}; LR scale {plan.lr_scale:g}"
@@ -161,6 +163,20 @@ def _logging_lines(config: Config, plan: ResolvedPlan) -> list[str]:
         f"{rounded('TRACKER_INTERVAL', metrics.TRACKER_INTERVAL, plan.tracker_interval)}, "
         f"validation results at every pass; lr/<group> {steps(plan.lr_interval)}",
     ]
+
+
+def _source_lines(plan: ResolvedPlan) -> list[str]:
+    """A mixture's sources: the samples (and target tokens) each gives an epoch, and how many passes
+    over itself that is (a source drawn past its size is cycled)."""
+    lines = []
+    for source in plan.sources:
+        tokens = f", {source.tokens_per_epoch:,} tokens" if source.tokens_per_epoch is not None else ""
+        passes = source.samples_per_epoch / max(1, source.size)
+        lines.append(
+            f"          {source.label}: weight {source.weight:.4g} -> {source.samples_per_epoch:,} samples{tokens} "
+            f"per epoch ({passes:.3g} passes over its {source.size:,})"
+        )
+    return ["Mixture:  samples per epoch by source", *lines] if lines else []
 
 
 def _steps_line(plan: ResolvedPlan) -> str:
@@ -353,6 +369,7 @@ def plan_json(config: Config, plan: ResolvedPlan, with_series: bool = True) -> d
             if not plan.known_epochs or mid_epoch_multiples(plan, kind) is not None
         },
         "length_key": plan.length_key,
+        "sources": [dataclasses.asdict(source) for source in plan.sources],
         "logging": {
             "metrics_interval": plan.metrics_interval,
             "console_interval": plan.console_interval,

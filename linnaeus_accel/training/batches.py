@@ -20,8 +20,10 @@ from accelerate import Accelerator
 from accelerate.utils import find_batch_size, send_to_device
 from torch import Tensor
 
+from ..config import ConfigError
 from ..data.keyed_random import python_keyed_bits
 from ..data.sampling import real_in_batch
+from .stream_agreement import UnsizedStream
 
 STATE_VERSION = 1
 _WORKER_SEED_STREAM = 7  # keyed-draw stream of the DataLoader workers' base seed
@@ -31,6 +33,7 @@ class MicroBatch(NamedTuple):
     position: int  # this process's batch index in the epoch
     data: Any
     real: Tensor | None  # rows that are not even-batch repeats; None when every row is real
+    samples: int | None = None  # real rows of this micro-batch over all processes, when not computed
 
 
 class BatchSource:
@@ -40,17 +43,19 @@ class BatchSource:
         self,
         accelerator: Accelerator,
         loader: Any,
-        size: int,
+        size: int | None,
         batch_size: int,
         *,
         stream: bool,
         seed: int,
         sampler: Any = None,
+        drop_last: bool = False,
     ) -> None:
-        """``size``: samples per pass over all processes; ``stream``: ``loader`` is a
-        ``stream_loader`` (not prepared by Accelerate, so batches are moved to the device here);
-        ``sampler``: the map-style loader's ``EpochSeededSampler`` (None for a DataLoader given
-        with a sampler of its own)."""
+        """``size``: samples per pass over all processes (None: a stream without ``__len__``);
+        ``stream``: ``loader`` is a ``stream_loader`` (not prepared by Accelerate, so batches are
+        moved to the device here; each comes as ``(batch, BatchInfo)``); ``sampler``: the map-style
+        loader's ``EpochSeededSampler`` (None for a DataLoader given with a sampler of its own);
+        ``drop_last``: DATA.DROP_LAST (the training data)."""
         self.accelerator = accelerator
         self.loader = loader
         self.sampler = sampler
@@ -62,11 +67,30 @@ class BatchSource:
         # base seed is drawn from it, keyed by (seed, epoch), never from the global RNG.
         self.generator: torch.Generator | None = getattr(loader, "generator", None)
         self.rank, self.world = accelerator.process_index, accelerator.num_processes
-        self.data_wait = 0.0  # seconds spent waiting for training batches (see ``windows``)
-        self.drop_last = False  # set by the trainer for the training data (DATA.DROP_LAST)
-        # Set when the window just yielded is the pass's last (only known ahead for a stream
-        # without __len__, whose end every process agrees on; map-style ends are in the plan).
-        self.pass_ended = False
+        self._data_wait = 0.0  # seconds spent waiting for training batches (see ``windows``)
+        self.drop_last = drop_last
+        # A stream without __len__: its processes agree on where each pass ends.
+        self.unsized = (
+            UnsizedStream(accelerator, loader, batch_size, agree=loader.sharded, drop_last=drop_last)
+            if stream and size is None
+            else None
+        )
+
+    @property
+    def pass_ended(self) -> bool:
+        """Whether the window just yielded is the pass's last: known ahead only for a stream without
+        ``__len__``; every other pass ends where the plan says."""
+        return self.unsized is not None and self.unsized.pass_ended
+
+    @property
+    def data_wait(self) -> float:
+        return self._data_wait + (self.unsized.data_wait if self.unsized is not None else 0.0)
+
+    @property
+    def dataset(self) -> Any:
+        """The dataset the loader reads (the user's, or for a stream the shard reading it)."""
+        shard = self.loader.dataset
+        return getattr(shard, "stream", shard) if self.stream else shard
 
     def set_epoch(self, epoch: int) -> None:
         """Training: the epoch's data order. Validation passes call it with 0 before each pass."""
@@ -78,19 +102,29 @@ class BatchSource:
     def micro_batches(self, start: int = 0) -> Iterator[MicroBatch]:
         """The epoch's batches from batch ``start`` on (a stream must have been positioned there by
         ``resume``)."""
+        if self.unsized is not None:
+            yield from (fetched.batch for fetched in self.unsized.micro_batches(start))
+            return
         device = self.accelerator.device
         for index, batch in enumerate(self._loader_from(start), start):
             if self.stream:
+                batch, info = batch
                 batch = send_to_device(batch, device, non_blocking=True)
-            yield MicroBatch(index, batch, self.real_rows(index, batch))
+                yield MicroBatch(index, batch, self.real_mask(info.real, batch), info.global_real)
+            else:
+                yield MicroBatch(index, batch, self.real_rows(index, batch))
 
     def windows(self, start: int, accumulation: int) -> Iterator[list[MicroBatch]]:
         """The training batches from batch ``start`` on, grouped into optimizer steps; the epoch's
         last group may be shorter (SPEC §1: a trailing partial window is one optimizer step). The
         time spent waiting for batches is added up in ``data_wait``. One generator, the real rows
         looked up only where repeats can be: this runs once per micro-batch."""
+        if self.unsized is not None:
+            yield from self.unsized.windows(start, accumulation)
+            return
         device, stream, clock = self.accelerator.device, self.stream, time.perf_counter
         batches = iter(self._loader_from(start))
+        assert self.size is not None
         full = full_batches(self.size, self.batch_size, int(self.world), int(self.rank))
         window: list[MicroBatch] = []
         index = start
@@ -100,9 +134,9 @@ class BatchSource:
                 batch = next(batches)
             except StopIteration:
                 break
-            if stream:
-                batch = send_to_device(batch, device, non_blocking=True)
-            self.data_wait += clock() - began
+            if stream:  # (batch, BatchInfo): the real rows are known from the size, as for map-style data
+                batch = send_to_device(batch[0], device, non_blocking=True)
+            self._data_wait += clock() - began
             window.append(MicroBatch(index, batch, None if index < full else self.real_rows(index, batch)))
             index += 1
             if len(window) == accumulation:
@@ -113,11 +147,16 @@ class BatchSource:
 
     def samples_in(self, window: list[MicroBatch]) -> int:
         """Real samples in ``window``'s micro-batches over all processes (``samples_in_window``)."""
+        if self.size is None:  # counted as the processes agreed them
+            return sum(b.samples or 0 for b in window)
         return samples_in_window(window, self.size, self.batch_size, self.world, self.drop_last)
 
     def take_data_wait(self) -> float:
         """Seconds spent waiting for training batches since the last call."""
-        wait, self.data_wait = self.data_wait, 0.0
+        wait = self.data_wait
+        self._data_wait = 0.0
+        if self.unsized is not None:
+            self.unsized.data_wait = 0.0
         return wait
 
     def _loader_from(self, start: int) -> Any:
@@ -134,7 +173,11 @@ class BatchSource:
         return self.accelerator.skip_first_batches(self.loader, start)
 
     def real_rows(self, index: int, batch: Any) -> Tensor | None:
-        real = real_in_batch(self.size, self.batch_size, self.world, index, self.rank)
+        assert self.size is not None
+        return self.real_mask(real_in_batch(self.size, self.batch_size, self.world, index, self.rank), batch)
+
+    def real_mask(self, real: int, batch: Any) -> Tensor | None:
+        """Which rows of ``batch`` are real, its first ``real``; None when all are."""
         if real >= self.batch_size:
             return None  # the common case: host ints only, nothing allocated
         rows = find_batch_size(batch)
@@ -149,31 +192,47 @@ class BatchSource:
             return None
         return {
             "version": STATE_VERSION,
+            **self._layout(),
+            "loader": self.unsized.state_dict() if self.unsized is not None else self.loader.state_dict(),
+        }
+
+    def _layout(self) -> dict[str, Any]:
+        return {
             "world_size": self.world,
             "batch_size": self.batch_size,
             "num_workers": self.loader.num_workers,
-            "loader": self.loader.state_dict(),
+            "sharded": self.loader.sharded,
         }
 
     def resume(self, state: dict[str, Any] | None, start: int) -> None:
         """Position a stream at batch ``start`` of the current epoch: from the saved loader state
         when it was this layout (O(1) when the stream has ``state_dict``), else by replaying the
-        stream up to there (another number of processes or workers: elastic resume)."""
+        stream up to there (another number of processes or workers: elastic resume). A sharded
+        stream's readers own their positions: another layout inside a pass is refused."""
         if not self.stream or start == 0:
             return
-        layout = {
-            "world_size": self.world,
-            "batch_size": self.batch_size,
-            "num_workers": self.loader.num_workers,
-        }
-        if (
-            state
-            and state.get("version") == STATE_VERSION
-            and all(state.get(k) == v for k, v in layout.items())
-        ):
+        layout = self._layout()
+        saved = {k: (state or {}).get(k, False if k == "sharded" else None) for k in layout}
+        if state and state.get("version") == STATE_VERSION and saved == layout:
             self.loader.load_state_dict(state["loader"])
+        elif self.loader.sharded or saved["sharded"]:
+            raise ConfigError([layout_change(saved, layout)], source="resume")
         else:
             self.loader.dataset.start_at(start)
+
+
+def layout_change(saved: dict[str, Any], now: dict[str, Any]) -> tuple[str, str]:
+    """The refusal of a mid-pass resume of a sharded stream under another layout, naming it."""
+    keys = {"num_workers": "DATA.NUM_WORKERS", "batch_size": "DATA.BATCH_SIZE", "world_size": "processes"}
+    changed = [k for k in keys if saved.get(k) != now[k]] or ["sharded"]
+    what = ", ".join(f"{keys.get(k, k)} {saved.get(k)} -> {now[k]}" for k in changed)
+    return (
+        keys.get(changed[0], "DATA"),
+        f"the checkpoint was taken inside a pass over a sharded stream, whose readers (processes x "
+        f"DataLoader workers) each own their shards and positions; this run reads it otherwise ({what}): "
+        "resume with the processes, DATA.NUM_WORKERS and DATA.BATCH_SIZE it was saved with, or from a "
+        "checkpoint at an epoch boundary, which resumes under any layout",
+    )
 
 
 def full_batches(dataset_size: int, batch_size: int, world_size: int, rank: int) -> int:

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from ..config import Config, ConfigError
 from ..data.sampling import make_dataloader
-from ..data.streaming import StreamError, stream_loader
+from ..data.streaming import StreamError, StreamShard, stream_loader
 from ..schedule.steps import batches_per_process
 
 OptimizerFactory = Callable[[list[dict[str, Any]]], torch.optim.Optimizer]
@@ -62,9 +62,9 @@ class Loader(NamedTuple):
     loader: Any  # a DataLoader for Accelerate to prepare, or a ready stream loader
     dataset: Any  # the user's dataset
     collate: Any  # how its samples become a batch
-    size: int  # samples per pass, all processes together
+    size: int | None  # samples per pass, all processes together (None: a stream without __len__)
     batch_size: int  # per process
-    batches_per_epoch: int | None  # per process, for a stream; map-style: the prepared loader's length
+    batches_per_epoch: int | None  # per process, for a stream (None: unknown); map-style: set after prepare
     stream: bool
     sampler: Any = None  # our EpochSeededSampler, when the loader is ours (it resumes in O(1))
 
@@ -94,6 +94,7 @@ def as_loader(
     dataset = data.dataset if isinstance(data, DataLoader) else data
     if isinstance(dataset, IterableDataset):
         given = data if isinstance(data, DataLoader) else None
+        drop_last = config.DATA.DROP_LAST if train else False
         try:
             loader = stream_loader(
                 dataset,
@@ -101,15 +102,17 @@ def as_loader(
                 world_size=world_size,
                 rank=rank,
                 num_workers=given.num_workers if given is not None else config.DATA.NUM_WORKERS,
-                drop_last=config.DATA.DROP_LAST if train else False,
+                drop_last=drop_last,
                 collate_fn=given.collate_fn if given is not None else collate_fn,
+                seed=config.EXPERIMENT.SEED,
+                shuffle=train,  # a sharded stream's shard order; validation reads them as listed
             )
         except StreamError as exc:
             raise ConfigError([("DATA", f"{'training' if train else 'validation'} data: {exc}")]) from None
-        size = len(dataset)  # type: ignore[arg-type]
-        drop_last = config.DATA.DROP_LAST if train else False
-        batches = batches_per_process(size, expected, world_size, drop_last)
-        return Loader(loader, dataset, loader.dataset.collate_fn, size, expected, batches, stream=True)
+        # A stream read shard by shard ends where its readers run out, whatever its __len__ says.
+        size = loader.shard.size if isinstance(loader.shard, StreamShard) else None
+        batches = None if size is None else batches_per_process(size, expected, world_size, drop_last)
+        return Loader(loader, dataset, loader.shard.collate_fn, size, expected, batches, stream=True)
     sampler = None
     if not isinstance(data, DataLoader):
         data = make_dataloader(config, data, train, collate_fn)

@@ -49,6 +49,7 @@ from .run_info import run_info
 from .run_lock import RunLock
 from .setup import OptimizerFactory, as_loader, build_optimizer, default_optimizer, shared_parameters
 from .shared_storage import check_shared_output
+from .source_metrics import source_metrics
 from .step import OptimizerStep
 from .task_checks import check_task, first_batch
 from .trackers import check_log_with, init_trackers, log_with
@@ -139,8 +140,8 @@ class Trainer:
             stream=train.stream,
             seed=seed,
             sampler=train.sampler,
+            drop_last=config.DATA.DROP_LAST,
         )
-        self.train_batches.drop_last = config.DATA.DROP_LAST
         self.val_batches = (
             None
             if val is None
@@ -155,10 +156,11 @@ class Trainer:
         )
         self.plan: ResolvedPlan = resolve_plan(
             config,
-            train.batches_per_epoch if train.batches_per_epoch is not None else len(train_loader),
+            train.batches_per_epoch if train.stream else len(train_loader),
             world,
             train.size,
             tokens_per_sample=getattr(train.dataset, "tokens_per_sample", None),
+            sources=describe() if callable(describe := getattr(train.dataset, "describe", None)) else (),
         )
         self.ops = OpsSchedule(self.plan)
         self.task = task if task is not None else build_task(config)
@@ -167,6 +169,9 @@ class Trainer:
             total_epochs=self.plan.epochs or 0, expected_total_steps=self.plan.total_steps
         )
         batch = first_batch(train.dataset, train.collate)
+        for source in (self.train_batches, self.val_batches):
+            if source is not None and source.unsized is not None:
+                source.unsized.template = batch  # what a process out of batches trains on, at zero weight
         mode, self.ranking_mode = check_task(config, self.task, self.plan, self.model, batch, acc.device)
         self.early_stopping = EarlyStopping(config.TRAIN.EARLY_STOP, self.plan.warmup_steps, mode)
         gradnorm = config.LOSS.GRAD_WEIGHTING.TASK
@@ -379,6 +384,11 @@ class Trainer:
             what = f"the training loss was {bad.value} at step {step - bad.steps_ago}"
             raise self.nonfinite.failure(what, self.checkpointer.current) from None
         self.progress.tokens_seen = int(metrics.get("tokens_seen", self.progress.tokens_seen))
+        metrics.update(
+            source_metrics(
+                self.train_batches.dataset, self.progress, self.plan.batch_size, self.plan.world_size
+            )
+        )
         metrics.update(self.checkpointer.take_timings())
         # SCHEDULE.METRICS.TRACKER_INTERVAL: the other records send the trackers their LR alone.
         to_trackers = last or ops.should_log_to_trackers(step)
