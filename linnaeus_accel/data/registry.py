@@ -31,6 +31,7 @@ DATASETS: Registry[DatasetBuilder] = Registry(
     {
         "digits": "linnaeus_accel.data.digits",
         "digits_images": "linnaeus_accel.data.digits",
+        "hf_dataset": "linnaeus_accel.data.hf",
         "mixture": "linnaeus_accel.data.mixture",
         "python_docs": "linnaeus_accel.data.text",
         "token_files": "linnaeus_accel.data.token_files",
