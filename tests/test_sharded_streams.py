@@ -192,14 +192,15 @@ def test_hugging_face_streaming_datasets_split_by_their_shards(
     stream = datasets.load_dataset("json", data_files=files, split="train", streaming=True).with_format(
         "torch"
     )
-    got = []
-    for rank in range(2):
-        loader = stream_loader(
-            stream, batch_size=2, world_size=2, rank=rank, num_workers=0, seed=0, shuffle=True
-        )
-        assert loader.sharded
-        got += [x for batch, info in loader for x in batch["x"][: info.real].tolist()]
-    assert sorted(got) == sorted(100 * s + i for s in range(4) for i in range(3 + s))
+    for workers in (0, 2):  # real worker processes: datasets must not split a shard among them again
+        got = []
+        for rank in range(2):
+            loader = stream_loader(
+                stream, batch_size=2, world_size=2, rank=rank, num_workers=workers, seed=0, shuffle=True
+            )
+            assert loader.sharded
+            got += [x for batch, info in loader for x in batch["x"][: info.real].tolist()]
+        assert sorted(got) == sorted(100 * s + i for s in range(4) for i in range(3 + s)), workers
 
 
 def test_a_reader_state_is_plain_json() -> None:

@@ -71,8 +71,8 @@ class BatchInfo(NamedTuple):
 
 class HFShards:
     """A Hugging Face ``datasets.IterableDataset`` as a ``ShardedStream``: shard ``i`` is
-    ``dataset.shard(num_shards=n_shards, index=i)``, itself an ``IterableDataset`` whose
-    ``state_dict`` resumes it in place."""
+    ``dataset.shard(num_shards=n_shards, index=i)``, read through ``HFShard`` (whose
+    ``state_dict`` is the dataset's own: it resumes in place)."""
 
     def __init__(self, dataset: Any) -> None:
         self.dataset = dataset
@@ -81,13 +81,33 @@ class HFShards:
     def shards(self) -> list[int]:
         return list(range(self.dataset.n_shards))
 
-    def open_shard(self, shard: int) -> Any:
+    def open_shard(self, shard: int) -> HFShard:
         part = self.dataset.shard(num_shards=self.dataset.n_shards, index=shard, contiguous=True)
         part.set_epoch(self.epoch)  # a shuffle buffer of the dataset's own draws anew each epoch
-        return part
+        return HFShard(part)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
+
+
+class HFShard:
+    """One shard of a Hugging Face ``IterableDataset``, row by row. Read with ``.iter()``, not
+    ``iter()``: inside a DataLoader worker, a ``datasets.IterableDataset``'s ``__iter__`` splits its
+    shards among the workers again, leaving a one-shard part to worker 0 and nothing to the others.
+    (A ``shuffle(buffer_size=...)`` buffer's contents are lost on resume: datasets says so.)"""
+
+    def __init__(self, part: Any) -> None:
+        self.part = part
+
+    def state_dict(self) -> Any:
+        return self.part.state_dict()
+
+    def load_state_dict(self, state: Any) -> None:
+        self.part.load_state_dict(state)
+
+    def __iter__(self) -> Iterator[Any]:
+        for rows in self.part.iter(batch_size=1):  # one row, as a batch of one: unbatched here
+            yield {key: value[0] for key, value in rows.items()}
 
 
 def is_hf_iterable(stream: Any) -> bool:
