@@ -19,7 +19,17 @@ from typing import Any
 import pytest
 import yaml
 from conftest import REPO
-from test_resume import CFG, Result, TrainRun, assert_same_run, committed, journal, metrics, summary
+from test_resume import (
+    CFG,
+    Result,
+    TrainRun,
+    assert_resumed_from,
+    assert_same_run,
+    committed,
+    journal,
+    metrics,
+    summary,
+)
 
 from linnaeus_accel.data.text import load_topics
 from linnaeus_accel.data.tokenize import tokenize_files
@@ -120,7 +130,8 @@ def test_mixture_weights_hold_in_every_window_and_on_any_layout(
         assert seen == step * 8  # every sample of every step counted once, in one source
         # A deterministic interleave: within 2 samples of the weights at every logging step (a
         # binomial draw would be off by ~sqrt(0.21 n) = 10 samples at the end).
-        assert abs(docs - 0.7 * seen) < 2 and abs(keywords - 0.3 * seen) < 2
+        assert abs(docs - 0.7 * seen) < 2
+        assert abs(keywords - 0.3 * seen) < 2
     assert summary(mixture_ref.dir)["tokens_seen"] == 60 * 8 * (SEQ_LEN - 1)
     plan = (mixture_ref.dir / "assets" / "schedule_summary.txt").read_text()
     assert "keywords: weight 0.3" in plan  # plan shows what each source gives an epoch
@@ -140,6 +151,71 @@ def test_mixture_killed_at_random_steps_resumes_byte_identical(
     run.run(kill_at=f"optimizer_step:{first}").check_killed()
     run.run(kill_at=f"optimizer_step:{steps.randint(5, 60 - first - 5)}").check_killed()
     assert_same_run(run.run(), mixture_ref)
+
+
+# ---------------------------------------------------------------------------------------------
+# A sharded Hugging Face stream without __len__ (hf_dataset, streaming), 2 processes x 2 workers
+
+
+@pytest.fixture(scope="module")
+def text_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Five JSON Lines files of short help topics, of uneven sizes (14 to 59 windows of 65 tokens:
+    the 4 readers run out at different steps, and a pass is about 20 steps) and a validation file."""
+    root = tmp_path_factory.mktemp("text")
+    topics = load_topics()
+    files = []
+    for i, (a, b) in enumerate([(6, 8), (8, 10), (10, 12), (12, 15), (15, 17)]):
+        path = root / f"part{i}.jsonl"
+        path.write_text("".join(json.dumps({"text": t.decode()}) + "\n" for _, t in topics[a:b]))
+        files.append(str(path))
+    val = root / "val.jsonl"
+    val.write_text("".join(json.dumps({"text": t.decode()}) + "\n" for _, t in topics[0:1]))
+    return {
+        "format": "json",
+        "data_files": files,
+        "val_files": str(val),
+        "seq_len": SEQ_LEN,
+        "streaming": True,
+    }
+
+
+@pytest.fixture(scope="module")
+def hf_stream_ref(tmp_path_factory: pytest.TempPathFactory, text_files: dict[str, Any]) -> Result:
+    root = tmp_path_factory.mktemp("hf_stream_ref")
+    cfg = lm_config(root / "stream.yaml", {"NAME": "hf_dataset", "OPTIONS": text_files}, STEPS=50)
+    return TrainRun(root, ["DATA.NUM_WORKERS", "2"], processes=2, cfg=cfg).run().check_ok()
+
+
+def test_sharded_hf_stream_on_two_processes_and_two_workers_resumes_byte_identical(
+    hf_stream_ref: Result, text_files: dict[str, Any], tmp_path: Path
+) -> None:
+    plan = (hf_stream_ref.dir / "assets" / "schedule_summary.txt").read_text()
+    assert "a stream without __len__" in plan
+    done = summary(hf_stream_ref.dir)
+    assert done["epoch"] >= 2  # passes ended where the readers ran out, every process agreeing
+    assert done["samples_seen"] < 50 * 8  # the passes' last steps held fewer real samples
+    # Steps 16-30 are the first pass's tail: some readers have run out (their processes train
+    # zero-weight batches) while others still read; the checkpoints at 20 and 30 fall in it.
+    seen = {r["global_step"]: r["samples_seen"] for r in metrics(hf_stream_ref.dir) if "samples_seen" in r}
+    assert all(seen[s] - seen[s - 5] < 5 * 8 for s in (20, 25, 30)), seen
+    cfg = lm_config(tmp_path / "stream.yaml", {"NAME": "hf_dataset", "OPTIONS": text_files}, STEPS=50)
+    run = TrainRun(tmp_path, ["DATA.NUM_WORKERS", "2"], processes=2, cfg=cfg)
+    for kill_at in ("optimizer_step:24", "optimizer_step:13"):  # steps 24 (resumes at 20) and 33 (at 30)
+        killed = run.run(kill_at=kill_at)
+        assert killed.returncode != 0, killed.tail()
+        assert not (run.dir / "summary.json").exists(), killed.tail()
+    resumed = run.run()
+    assert_resumed_from(resumed.output, 30)
+    assert_same_run(resumed, hf_stream_ref)
+
+
+def test_a_stream_without_len_cannot_count_epochs(text_files: dict[str, Any], tmp_path: Path) -> None:
+    cfg = lm_config(tmp_path / "stream.yaml", {"NAME": "hf_dataset", "OPTIONS": text_files})
+    result = TrainRun(tmp_path, ["TRAIN.STEPS", "null", "TRAIN.EPOCHS", "2"], cfg=cfg).run()
+    assert result.returncode == 2, result.tail()
+    assert "TRAIN.EPOCHS" in result.output
+    assert "stream without __len__" in result.output
+    assert "TRAIN.STEPS or TRAIN.TARGET_TOKENS" in result.output
 
 
 # ---------------------------------------------------------------------------------------------
@@ -187,7 +263,8 @@ def test_killed_inside_a_mid_epoch_pass_reruns_only_the_missing_passes(
     run.run(kill_at="validation_pass:2").check_killed()
     assert journal(run.dir / "checkpoints" / "step_00000020") == ["val"]
     resumed = run.run()
-    assert "resumed from" in resumed.output and "step_00000020" in resumed.output
+    assert "resumed from" in resumed.output
+    assert "step_00000020" in resumed.output
     assert journal(run.dir / "checkpoints" / "step_00000020") == ["val", "val_mask_meta"]
     assert_same_run(resumed, mid_val_ref)
     assert committed(run.dir) == committed(mid_val_ref.dir)
@@ -200,7 +277,7 @@ def test_killed_inside_a_mid_epoch_pass_reruns_only_the_missing_passes(
 def bad_inputs(corpus: dict[str, list[str]], tmp: Path) -> list[tuple[list[str], str, str]]:
     odd = tmp / "odd.bin"
     odd.write_bytes(b"\x01\x02\x03")  # 3 bytes: not whole uint16 tokens
-    tf = "DATA.DATASET.NAME token_files DATA.DATASET.OPTIONS.seq_len 65".split()
+    tf = ["DATA.DATASET.NAME", "token_files", "DATA.DATASET.OPTIONS.seq_len", "65"]
     return [
         (["TRAIN.STEPS", "10"], "TRAIN.EPOCHS", "exactly one"),  # default config sets EPOCHS 20
         ([*tf, "DATA.DATASET.OPTIONS.paths", json.dumps([str(odd)]), "DATA.DATASET.OPTIONS.dtype", "uint16"],
@@ -221,5 +298,6 @@ def test_bad_input_exits_2_naming_the_key_and_writes_nothing(
         (tmp_path / f"bad{i}").mkdir()
         result = run.run()
         assert result.returncode == 2, result.tail()
-        assert key in result.output and text in result.output, result.tail()
+        assert key in result.output, result.tail()
+        assert text in result.output, result.tail()
         assert not run.dir.exists(), f"{opts}: wrote {run.dir}"

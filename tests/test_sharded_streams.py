@@ -126,7 +126,7 @@ def test_the_order_is_keyed_by_seed_and_epoch_and_the_same_when_read_again() -> 
 
 def test_a_readers_last_batch_is_filled_with_its_own_items_marked_not_real() -> None:
     loader = stream_loader(CountingShards([6]), batch_size=4, world_size=1, rank=0, num_workers=0)
-    (first, info1), (second, info2) = list(loader)
+    (_first, info1), (second, info2) = list(loader)
     assert (info1.real, info2.real) == (4, 2)
     assert second.tolist() == [4, 5, 4, 5]
     assert info2.global_real is None  # a sharded reader cannot know the other processes' rows
