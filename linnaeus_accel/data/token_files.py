@@ -1,4 +1,4 @@
-"""``TokenFiles``: training windows cut from token files on disk, memory-mapped, never copied.
+"""``TokenFiles``: training windows cut from token files on disk, each read when it is asked for.
 
 A sample is ``seq_len`` consecutive tokens of one file; windows overlap by one token, as
 ``PackedTokens`` cuts them (window ``k`` of a file starts at token ``k * (seq_len - 1)``, so every
@@ -8,10 +8,13 @@ file's last tokens that do not fill a window are left out; windows never span tw
 Start-up reads no token: a file's token count comes from its length (``.npy``: its header), its
 dtype and vocabulary from the ``tokenize`` sidecar (``<file>.json``) when there is one. So a corpus
 of any size starts in the time it takes to list its files. Each process (and DataLoader worker)
-maps the files it reads lazily, read-only; a window is converted to int64 when it is read. Resident
-memory does not grow with the corpus: a few open mappings (``_OPEN_FILES``), and every mapping is
-dropped and made again now and then (``_REMAP_EVERY`` windows), so that the pages a long shuffled
-run touched are not all counted against the process (the kernel's page cache keeps them anyway).
+opens the files it reads lazily, read-only, and reads a window with one ``pread`` of its tokens,
+converted to int64. Resident memory grows neither with the corpus nor with the windows read: a few
+open descriptors (``_OPEN_FILES``), nothing mapped; the kernel's page cache keeps what was read
+for the next epoch or run, outside the process. (A memory map was tried first: a page fault in a
+random window maps whatever the kernel read around it, whole large folios of the page cache; on
+Linux 6.18 that was ~0.9 MiB of ``RssFile`` a window, 3.7 GiB after 4,096 shuffled windows of a
+4 GB corpus, and reading was slower than ``pread``, 6 us a window against 4.)
 
 Token ids are checked against the vocabulary without reading every token at start: a file with a
 sidecar records its largest id, compared with ``vocab_size`` at construction; a file without one
@@ -22,8 +25,10 @@ made anyway), and a bad id stops the run naming the file and the token's positio
 from __future__ import annotations
 
 import bisect
+import contextlib
 import glob
 import os
+import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -47,12 +52,18 @@ from .token_format import (
     TokenSidecar,
     bin_layout,
     npy_layout,
-    open_tokens,
     read_sidecar,
 )
 
-_OPEN_FILES = 64  # mappings kept open per process: each holds a file descriptor
-_REMAP_EVERY = 4096  # windows read between two drops of every mapping
+_OPEN_FILES = 64  # file descriptors kept open per process, the least recently read closed first
+
+
+class OptionConflict(TokenFileError):
+    """A token file at odds with an option (``dtype``, ``vocab_size``): the option is what to change."""
+
+    def __init__(self, option: str, message: str) -> None:
+        super().__init__(message)
+        self.option = option
 
 
 @dataclass(frozen=True)
@@ -115,13 +126,15 @@ def open_token_file(path: Path, dtype: str | None) -> TokenFile:
             raise TokenFileError(f"{path} holds {layout.dtype} tokens but its sidecar says {sidecar.dtype}")
     else:
         if sidecar is not None and dtype is not None and sidecar.dtype != dtype:
-            raise TokenFileError(
-                f"{path}'s sidecar says its tokens are {sidecar.dtype}, but dtype is {dtype}: leave dtype out"
+            raise OptionConflict(
+                "dtype",
+                f"{path}'s sidecar says its tokens are {sidecar.dtype}, but dtype is {dtype}: leave dtype out",
             )
         chosen = sidecar.dtype if sidecar is not None else dtype
         if chosen is None:
-            raise TokenFileError(
-                f"{path} has no sidecar ({path.name}.json) to say its dtype: give dtype ({' or '.join(BIN_DTYPES)})"
+            raise OptionConflict(
+                "dtype",
+                f"{path} has no sidecar ({path.name}.json) to say its dtype: give dtype ({' or '.join(BIN_DTYPES)})",
             )
         layout = bin_layout(path, chosen)
     if sidecar is not None and sidecar.num_tokens != layout.num_tokens:
@@ -143,26 +156,53 @@ def corpus_vocabulary(files: Sequence[TokenFile], vocab_size: int | None) -> tup
         for other in described[1:]:
             assert other.sidecar is not None
             for name in ("vocab_size", "eos_id", "tokenizer"):
-                if getattr(other.sidecar, name) != getattr(first.sidecar, name):
+                mine, theirs = getattr(first.sidecar, name), getattr(other.sidecar, name)
+                if name == "tokenizer":  # the same tokenizer.json (by its digest), wherever it was
+                    mine, theirs = _without_path(mine), _without_path(theirs)
+                if mine != theirs:
                     raise TokenFileError(
                         f"{first.path} and {other.path} were tokenized differently ({name} "
-                        f"{getattr(first.sidecar, name)!r} vs {getattr(other.sidecar, name)!r}): one run trains on one vocabulary"
+                        f"{mine!r} vs {theirs!r}): one run trains on one vocabulary"
                     )
         eos_id = first.sidecar.eos_id
-        vocab_size = first.sidecar.vocab_size if vocab_size is None else vocab_size
         largest = max(described, key=lambda f: f.sidecar.max_token_id if f.sidecar else -1)
         assert largest.sidecar is not None
-        if largest.sidecar.max_token_id >= vocab_size:
-            raise TokenFileError(
-                f"{largest.path} holds token id {largest.sidecar.max_token_id} (its sidecar's max_token_id), "
-                f"not below vocab_size {vocab_size}: raise vocab_size to at least {largest.sidecar.max_token_id + 1}"
+        top = largest.sidecar.max_token_id
+        if vocab_size is not None and top >= vocab_size:
+            raise OptionConflict(
+                "vocab_size",
+                f"{largest.path} holds token id {top} (its sidecar's max_token_id), not below vocab_size "
+                f"{vocab_size}: raise vocab_size to at least {top + 1}, or leave it out to take the sidecar's",
             )
+        if vocab_size is None and top >= first.sidecar.vocab_size:  # only a sidecar edited by hand
+            raise TokenFileError(
+                f"{largest.path}'s sidecar says it holds token id {top}, not below its vocab_size "
+                f"{first.sidecar.vocab_size}: the sidecar is damaged; tokenize the file again"
+            )
+        vocab_size = first.sidecar.vocab_size if vocab_size is None else vocab_size
     return vocab_size, eos_id
+
+
+def _close_all(descriptors: OrderedDict[int, int]) -> None:
+    """Close the files a collected ``TokenFiles`` kept open."""
+    for descriptor in descriptors.values():
+        with contextlib.suppress(OSError):
+            os.close(descriptor)
+    descriptors.clear()
+
+
+def _without_path(tokenizer: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in tokenizer.items() if k != "path"}
 
 
 class TokenFiles(Dataset[dict[str, torch.Tensor]]):
     """Map-style windows over token files (see the module docstring). Sample ``k`` is found by a
-    binary search over the files' window counts: O(log files), no token read but the window's."""
+    binary search over the files' window counts: O(log files), no token read but the window's.
+
+    ``max_token_id``: the largest id the sidecars of its files recorded, and ``max_token_file`` the
+    file that holds it (None when none of its files has a sidecar; files without one may hold
+    larger ids, checked as their windows are read): what a model's vocabulary must exceed.
+    """
 
     def __init__(
         self,
@@ -182,8 +222,12 @@ class TokenFiles(Dataset[dict[str, torch.Tensor]]):
         self._ends = np.cumsum([p.count for p in self.parts]).tolist()
         # Windows of files without a sidecar are checked as they are read (their max id is unknown).
         self._check_ids = [vocab_size is not None and p.file.sidecar is None for p in self.parts]
-        self._maps: OrderedDict[int, np.ndarray[Any, Any]] = OrderedDict()
-        self._reads = 0
+        recorded = [(p.file.sidecar.max_token_id, p.file.path) for p in self.parts if p.file.sidecar]
+        top = max(recorded, default=(-1, ""), key=lambda pair: pair[0])
+        self.max_token_id: int | None = top[0] if top[0] >= 0 else None
+        self.max_token_file: str | None = top[1] if top[0] >= 0 else None
+        self._descriptors: OrderedDict[int, int] = OrderedDict()  # part -> open file, least recent first
+        weakref.finalize(self, _close_all, self._descriptors)
 
     @classmethod
     def from_paths(
@@ -220,23 +264,34 @@ class TokenFiles(Dataset[dict[str, torch.Tensor]]):
 
     def __getitem__(self, k: int) -> dict[str, torch.Tensor]:
         part, start = self.locate(int(k))
-        sample = window_sample(self._tokens(part), start, self.seq_len)
+        sample = window_sample(self._window(part, start), 0, self.seq_len)
         if self._check_ids[part]:
             self._check_window(part, start, sample["input_ids"])
         return sample
 
-    def _tokens(self, part: int) -> np.ndarray[Any, Any]:
-        self._reads += 1
-        if self._reads % _REMAP_EVERY == 0:
-            self._maps.clear()
-        tokens = self._maps.get(part)
-        if tokens is None:
-            tokens = self._maps[part] = open_tokens(self.parts[part].file.layout)
-            if len(self._maps) > _OPEN_FILES:
-                self._maps.popitem(last=False)
+    def _window(self, part: int, start: int) -> np.ndarray[Any, Any]:
+        """The ``seq_len`` tokens of ``part``'s file from token ``start``: one positional read,
+        safe on a descriptor that forked DataLoader workers share."""
+        layout = self.parts[part].file.layout
+        dtype = np.dtype(layout.dtype).newbyteorder("<")
+        size = self.seq_len * dtype.itemsize
+        data = os.pread(self._descriptor(part), size, layout.offset + start * dtype.itemsize)
+        if len(data) < size:
+            raise TokenFileError(
+                f"{layout.path} ends {len(data) // dtype.itemsize} tokens after token {start}, inside a window "
+                f"of {self.seq_len}: the file was truncated after the run started"
+            )
+        return np.frombuffer(data, dtype=dtype)
+
+    def _descriptor(self, part: int) -> int:
+        descriptor = self._descriptors.get(part)
+        if descriptor is None:
+            descriptor = self._descriptors[part] = os.open(self.parts[part].file.path, os.O_RDONLY)
+            if len(self._descriptors) > _OPEN_FILES:
+                os.close(self._descriptors.popitem(last=False)[1])
         else:
-            self._maps.move_to_end(part)
-        return tokens
+            self._descriptors.move_to_end(part)
+        return descriptor
 
     def _check_window(self, part: int, start: int, ids: torch.Tensor) -> None:
         assert self.vocab_size is not None
@@ -250,10 +305,15 @@ class TokenFiles(Dataset[dict[str, torch.Tensor]]):
             )
 
     def __getstate__(self) -> dict[str, Any]:
-        # A DataLoader worker maps the files itself: a mapping is not sent across processes.
+        # A descriptor means nothing in another process (a DataLoader worker started by spawn):
+        # the copy opens the files itself.
         state = dict(self.__dict__)
-        state["_maps"] = OrderedDict()
+        state["_descriptors"] = OrderedDict()
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        weakref.finalize(self, _close_all, self._descriptors)
 
     def __repr__(self) -> str:
         files = len({p.file.path for p in self.parts})
@@ -298,6 +358,8 @@ def build_token_files(config: Config, split: Split) -> TokenFiles:
     try:
         files = [open_token_file(p, dtype) for p in expand_paths(chosen)]
         vocab, eos = corpus_vocabulary(files, vocab_size)
+    except OptionConflict as exc:
+        raise ConfigError([(f"{OPTIONS_KEY}.{exc.option}", f"token_files: {exc}")]) from None
     except (TokenFileError, OSError) as exc:
         raise ConfigError([(f"{OPTIONS_KEY}.{key}", f"token_files: {exc}")]) from None
     if val_paths:

@@ -10,6 +10,13 @@ logits ``[batch, length, vocab]``, or an object with ``.logits`` such as a trans
 
 A target token is a unit: the step's loss is the mean over every target token of the step, on
 every process, and ``tokens_seen`` counts them. Validation: loss and perplexity over every token.
+
+Before the first step the model's vocabulary is checked against the training data's: a dataset may
+declare ``vocab_size`` and ``max_token_id`` (``TokenFiles`` reads the largest id from its
+sidecars), and a model with fewer outputs is refused. ``MODEL.OPTIONS.vocab_size`` is compared
+before the model ever runs (an id past the embedding is an opaque IndexError on a CPU, a device-side
+assert that ends the process on a GPU); the logits' last dimension once the probe has run, whatever
+built the model.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..config import Config
 from .base import (
     IGNORE_INDEX,
     Direction,
@@ -29,15 +37,49 @@ from .base import (
     ValidationPass,
     describe_keys,
     drop_targets,
+    linnaeus_only_problems,
     logits_of,
     output_logits_problem,
 )
+
+VOCAB_KEY = "MODEL.OPTIONS.vocab_size"
+
+
+def vocabulary_shortfall(size: int, dataset: Any) -> tuple[int, str] | None:
+    """When a model vocabulary of ``size`` is too small for ``dataset``'s tokens: the size it needs,
+    and why (ending in the ids it leaves out). A dataset may declare ``vocab_size``, and
+    ``max_token_id`` with ``max_token_file`` (``TokenFiles`` does); None when ``size`` covers both,
+    or the dataset declares neither."""
+    declared, largest = getattr(dataset, "vocab_size", None), getattr(dataset, "max_token_id", None)
+    declared = declared if isinstance(declared, int) and not isinstance(declared, bool) else 0
+    top = largest + 1 if isinstance(largest, int) and not isinstance(largest, bool) and largest >= 0 else 0
+    needed = max(declared, top)
+    if size >= needed:
+        return None
+    if top >= declared:  # the id itself (and its file) says more than a vocabulary size
+        file = getattr(dataset, "max_token_file", None)
+        why = f"the training data holds token id {top - 1}" + (f" (in {file})" if file else "")
+    else:
+        why = f"the training data's vocabulary is {declared} ids (its vocab_size)"
+    return needed, f"{why}: the model would have no output for ids {size} to {needed - 1}"
 
 
 class CausalLMTask(Task):
     name = "causal_lm"
     counts_tokens = True
     metric_directions: Mapping[str, Direction] = {"loss": "min", "perplexity": "min"}
+
+    def config_problems(self, config: Config) -> list[tuple[str, str]]:
+        problems = linnaeus_only_problems(config, self.name)
+        configured = config.MODEL.OPTIONS.get("vocab_size")
+        context = getattr(self, "context", None)  # set by bind
+        if context is None or not isinstance(configured, int) or isinstance(configured, bool):
+            return problems
+        # Found here, before the model ever runs: an id past its embedding would crash it.
+        if (found := vocabulary_shortfall(configured, context.dataset)) is not None:
+            least, why = found
+            problems.append((VOCAB_KEY, f"is {configured}, but {why}; set it to at least {least}"))
+        return problems
 
     def batch_problem(self, batch: Any) -> str | None:
         if not isinstance(batch, Mapping) or "input_ids" not in batch or "labels" not in batch:
@@ -60,6 +102,14 @@ class CausalLMTask(Task):
                     f"the causal_lm task needs logits [batch, length, vocab] for input_ids {tuple(batch['input_ids'].shape)}, "
                     f"got {tuple(logits.shape)}"
                 )
+            elif getattr(self, "context", None) is not None:
+                size = logits.shape[-1]
+                if (found := vocabulary_shortfall(size, self.context.dataset)) is not None:
+                    least, why = found
+                    problem = (
+                        f"the model's logits have {size} entries per token, but {why}; give it at least "
+                        f"{least} outputs ({VOCAB_KEY} for hf_causal_lm)"
+                    )
         return problem
 
     def default_flops_per_unit(self, model: nn.Module) -> float | None:
