@@ -9,8 +9,8 @@ from its length (and, for ``.npy``, its header): nothing reads the tokens to siz
 counts and the largest token id written. ``token_files`` and ``plan`` read it instead of the tokens;
 the largest id is what lets a run refuse a model whose vocabulary is too small before it starts.
 
-This module reads and writes the sidecar and opens token files memory-mapped (read-only, never
-copied); it needs NumPy only.
+This module reads and writes the sidecar and finds where a file's tokens are (its dtype, header
+length and token count); it needs NumPy only.
 """
 
 from __future__ import annotations
@@ -166,17 +166,3 @@ def bin_layout(path: Path, dtype: str) -> TokenFileLayout:
             f"or its dtype is not {dtype} (a uint16 file is read as uint32 only when its length happens to be even)"
         )
     return TokenFileLayout(str(path), dtype, 0, size // itemsize)
-
-
-def open_tokens(layout: TokenFileLayout) -> np.ndarray[Any, Any]:
-    """The file's tokens, memory-mapped read-only: pages are read when a window touches them and
-    the page cache may drop them again, so resident memory does not grow with the file."""
-    if layout.num_tokens == 0:
-        return np.zeros(0, dtype=layout.dtype)
-    return np.memmap(
-        layout.path,
-        dtype=np.dtype(layout.dtype).newbyteorder("<"),
-        mode="r",
-        offset=layout.offset,
-        shape=(layout.num_tokens,),
-    )

@@ -79,9 +79,10 @@ class OpsSchedule:
     def should_save_mid_epoch_checkpoint(self, global_step: int) -> bool:
         """``CHECKPOINT.MID_EPOCH``: at each multiple of the step interval, unless that step ends an
         epoch or the run (the boundary checkpoint covers it, with its validations)."""
-        if self._is_boundary_step(global_step):
-            return False
-        return self.at(self.after_step(0, global_step)).should_save_checkpoint(0)
+        interval = self.plan.checkpoint
+        if not self.plan.mid_epoch_checkpoints or interval is None or interval.unit != "steps":
+            return False  # asked after every step: nothing built for the common answer
+        return global_step % interval.every == 0 and not self._is_boundary_step(global_step)
 
     def should_validate(self, epoch: int, final: bool = False) -> bool:
         point, plan = self.boundary(epoch, final), self.plan
@@ -107,11 +108,11 @@ class OpsSchedule:
         """Whether any validation pass is due after step ``global_step - 1`` inside an epoch
         (``SCHEDULE.VALIDATION.MID_EPOCH``); the task then says which."""
         plan = self.plan
-        if not plan.mid_epoch_validation or self._is_boundary_step(global_step):
+        if not plan.mid_epoch_validation:
             return False
-        point = self.after_step(0, global_step)
         intervals = (plan.validation, plan.mask_meta_validation, plan.partial_mask_meta_validation)
-        return any(self._fires(interval, point, True) for interval in intervals)
+        due = any(iv is not None and iv.unit == "steps" and global_step % iv.every == 0 for iv in intervals)
+        return due and not self._is_boundary_step(global_step)
 
     def partial_mask_combinations(self, epoch: int, final: bool = False) -> tuple[tuple[str, ...], ...]:
         """The component combinations to mask at this boundary, one validation pass each."""
