@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from linnaeus_accel.cli import EXIT_CONFIG_ERROR, main
-from linnaeus_accel.config import Config, ConfigError, apply_opts, load_config, validate_config
+from linnaeus_accel.config import Config, ConfigError, apply_opts, load_config, read_yaml, validate_config
 from linnaeus_accel.schedule import resolve_plan
 
 # ---------------------------------------------------------------------------------------------
@@ -1170,3 +1170,25 @@ def test_yaml_numbers_with_exponents_are_floats(
 )
 def test_values_of_the_wrong_type_are_errors(data: dict[str, Any], key: str) -> None:
     assert_names_all(problems_of(data), [key])
+
+
+def test_options_belong_to_the_dataset_or_model_they_were_given_for(tmp_path: Path) -> None:
+    # A base config's token_files options do not leak into a mixture built over it (BASE), nor
+    # into another dataset named with --opts; the same dataset's options still merge.
+    base = tmp_path / "base.yaml"
+    base.write_text(
+        "DATA:\n  DATASET:\n    NAME: python_docs\n    OPTIONS: {seq_len: 65}\n"
+        "MODEL:\n  TYPE: digits_mlp\n  OPTIONS: {hidden: 16}\n"
+    )
+    child = tmp_path / "child.yaml"
+    child.write_text("BASE: [base.yaml]\nDATA:\n  DATASET:\n    NAME: mixture\n    OPTIONS: {sources: []}\n")
+    data = read_yaml(child)
+    assert data["DATA"]["DATASET"] == {"NAME": "mixture", "OPTIONS": {"sources": []}}
+    assert data["MODEL"]["OPTIONS"] == {"hidden": 16}  # the model was not renamed
+    same = apply_opts(read_yaml(base), ["DATA.DATASET.OPTIONS", "{streaming: true}"])
+    assert same["DATA"]["DATASET"]["OPTIONS"] == {"seq_len": 65, "streaming": True}
+    renamed = apply_opts(
+        read_yaml(base), ["DATA.DATASET.NAME", "token_files", "DATA.DATASET.OPTIONS.paths", "x.bin"]
+    )
+    assert renamed["DATA"]["DATASET"] == {"NAME": "token_files", "OPTIONS": {"paths": "x.bin"}}
+    assert apply_opts(read_yaml(base), ["MODEL.TYPE", "digits_mlp"])["MODEL"]["OPTIONS"] == {"hidden": 16}

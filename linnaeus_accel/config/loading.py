@@ -105,8 +105,22 @@ def _base_paths(bases: Any, source: str | Path) -> list[str]:
     return [str(b) for b in items if str(b)]
 
 
+# A section's OPTIONS belong to the builder its NAME (TYPE) names: another one starts afresh.
+_NAMING_KEYS = ("NAME", "TYPE")
+
+
+def _renamed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """Whether ``new`` names another builder than ``old`` does (then ``old``'s OPTIONS do not apply)."""
+    return any(k in new and k in old and new[k] != old[k] for k in _NAMING_KEYS)
+
+
 def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """``override`` over ``base``, mappings merged key by key; but OPTIONS are not merged across a
+    change of NAME (TYPE): a mixture given over a token_files base must not inherit its ``paths``."""
     out = copy.deepcopy(dict(base))
+    renamed = _renamed(out, override)
+    if renamed:
+        out.pop("OPTIONS", None)
     for key, value in override.items():
         if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
             out[key] = deep_merge(out[key], value)
@@ -123,7 +137,8 @@ def apply_opts(data: dict[str, Any], opts: Sequence[str]) -> dict[str, Any]:
     There is deliberately no "back to the default" spelling: it would give null a second meaning
     (linnaeus' did, so ``REFERENCE_BS null`` could not turn scaling off from the command line), and
     every default is in docs/config.md, so writing it out says the same thing explicitly. A mapping
-    value merges into the section, as a file given after the config would.
+    value merges into the section, as a file given after the config would; naming another dataset
+    or model (``DATA.DATASET.NAME``, ``MODEL.TYPE``) drops the OPTIONS of the one named before.
     """
     if len(opts) % 2:
         raise ConfigError([("", f"--opts takes KEY VALUE pairs; {opts[-1]!r} has no value")], source="--opts")
@@ -145,6 +160,8 @@ def apply_opts(data: dict[str, Any], opts: Sequence[str]) -> dict[str, Any]:
         old = node.get(leaf)
         if isinstance(value, Mapping) and isinstance(old, Mapping):
             value = deep_merge(old, value)
+        elif leaf in _NAMING_KEYS and leaf in node and node[leaf] != value:
+            node.pop("OPTIONS", None)  # the options of the builder named before
         node[leaf] = value
     return out
 

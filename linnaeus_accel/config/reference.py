@@ -181,7 +181,13 @@ number) and every broken rule are reported together, each naming its dotted key.
 - **Intervals** (`INTERVAL_EPOCHS` / `INTERVAL_STEPS` / `INTERVAL_FRACTION`) fire at epoch
   boundaries, numbered by completed epochs 1, 2, ...: `INTERVAL_EPOCHS: N` fires when the epoch
   is a multiple of `N`; `INTERVAL_STEPS: S` (and a fraction, resolved to `S` steps) fires at the
-  first boundary at or after each multiple of `S` global steps.
+  first boundary at or after each multiple of `S` global steps; with `MID_EPOCH` (validation,
+  checkpoints) at each multiple itself, inside an epoch. A stream without `__len__` has epochs of
+  unknown length: its `*_EPOCHS` keys are errors, and the run's length is `TRAIN.STEPS` or
+  `TRAIN.TARGET_TOKENS`.
+- **OPTIONS follow their NAME**: `DATA.DATASET.OPTIONS` and `MODEL.OPTIONS` belong to the dataset
+  or model named beside them; a config (through `BASE`) or `--opts` that names another one starts
+  its OPTIONS afresh instead of merging them.
 - **Off is null**: a count that can be switched off (an interval, a patience, a cut-off) accepts
   an integer >= 1 or `null`; `0` is an error rather than a second spelling of off.
 - **null** is accepted only where the "accepts" column says so, with the meaning the description
