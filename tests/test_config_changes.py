@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from linnaeus_accel.config import ConfigError, load_config
+from linnaeus_accel.config import Config, ConfigError, load_config, validate_config
 from linnaeus_accel.schedule import resolve_plan
 from linnaeus_accel.training.config_changes import review_changes
 from linnaeus_accel.training.resume import plan_identity
@@ -104,3 +104,29 @@ def test_a_checkpoint_without_a_stored_config_is_not_reviewed() -> None:
 
 def _kw(opts: dict[str, Any]) -> dict[str, Any]:
     return {k.replace(".", "__"): v for k, v in opts.items()}
+
+
+def test_a_longer_run_in_steps_is_applied_when_the_past_is_unchanged() -> None:
+    # TRAIN.STEPS only sets where the run ends: with warmup in steps and a WSD decay that has not
+    # started, 100 -> 200 steps changes none of the 20 trained; a stream of unknown length too.
+    def config(steps: int) -> Config:
+        return validate_config(
+            {
+                "TRAIN": {"EPOCHS": None, "STEPS": steps},
+                "LR_SCHEDULER": {"NAME": "wsd", "WARMUP_STEPS": 10, "STABLE_DURATION_FRACTION": 0.8},
+            }
+        )
+
+    for batches in (50, None):
+        before, after = config(100), config(200)
+        old, new = resolve_plan(before, batches), resolve_plan(after, batches)
+        saved_plan = {
+            "total_steps": 100,
+            "world_size": 1,
+            "accumulation": 1,
+            "batch_size": 64,
+            "batches_per_epoch": batches,
+        }
+        lines = review_changes(before.model_dump(mode="json"), saved_plan, after, new, 20, allow=False)
+        assert lines == ["TRAIN.STEPS: 100 -> 200"], (batches, lines)
+        assert old.total_steps == 100

@@ -24,6 +24,7 @@ FORWARD_ONLY = (
     "SCHEDULE.VALIDATION.",
     "SCHEDULE.CHECKPOINT.",
     "TRAIN.EPOCHS",
+    "TRAIN.STEPS",
     "TRAIN.TARGET_TOKENS",
     "TRAIN.EARLY_STOP.",
     "TRAIN.AUTO_RESUME",
@@ -139,7 +140,8 @@ def _saved_plan(
     """The plan the checkpoint was trained under, resolved again from its stored config."""
     try:
         old = load_config(dict(saved_config))
-        batches = int(saved_plan["batches_per_epoch"])
+        saved = saved_plan["batches_per_epoch"]
+        batches = None if saved is None else int(saved)  # None: a stream without __len__
         return resolve_plan(
             old, batches, int(saved_plan["world_size"]), plan.dataset_size, _tokens_per_sample(plan)
         )
