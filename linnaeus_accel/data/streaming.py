@@ -38,8 +38,6 @@ real rows that micro-batch holds over all processes.
 
 from __future__ import annotations
 
-import itertools
-from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Sized
 from dataclasses import dataclass
 from typing import Any
@@ -51,14 +49,10 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from ..schedule.steps import batches_per_process
 from .sampling import real_in_batch, samples_in_global_batch
 from .sharded import BatchInfo, ShardedStream, ShardReaders, sharded_source
+from .stream_reader import END, StreamError, StreamReader
 
 STATE_VERSION = 1
-_END = object()
 _STATE_KEYS = ("version", "epoch", "next_batch", "items_read", "stream")
-
-
-class StreamError(ValueError):
-    """A stream, or a saved stream position, that cannot give the batches the schedule expects."""
 
 
 @dataclass
@@ -80,64 +74,6 @@ def _worker() -> tuple[int, int]:
 
 def _is_count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-class _Reader:
-    """The stream's iterator, its position in the pass, and the few items kept to pad the last batch.
-
-    ``size`` None: a stream without ``__len__``, whose end is wherever it ends (reading past it
-    returns fewer items instead of failing); ``last`` is then the last item read."""
-
-    def __init__(self, stream: Iterator[Any], position: int, size: int | None, keep: set[int]) -> None:
-        self.it, self.pos, self.size = stream, position, size
-        self.keep = sorted(keep)
-        self.kept: dict[int, Any] = {}
-        self.last: Any = _END
-
-    def _keep_between(self, start: int, end: int) -> list[int]:
-        return self.keep[bisect_left(self.keep, start) : bisect_left(self.keep, end)]
-
-    def _short(self) -> StreamError:
-        return StreamError(
-            f"the stream yielded {self.pos} items but len() says {self.size}: __len__ must be the exact number of items per pass (all processes together)"
-        )
-
-    def _advance(self, n: int) -> None:
-        if self.size is None:  # keep the last item: it may have to pad the pass's last batch
-            for item in itertools.islice(self.it, n):
-                self.last = item
-                self.pos += 1
-            return
-        count = sum(1 for _ in itertools.islice(self.it, n))
-        self.pos += count
-        if count < n:
-            raise self._short()
-
-    def skip_to(self, target: int) -> None:
-        for q in self._keep_between(self.pos, target):
-            self._advance(q - self.pos)
-            self.take(1)  # keeps the item at q
-        self._advance(target - self.pos)
-
-    def take(self, n: int) -> list[Any]:
-        items = list(itertools.islice(self.it, n))
-        start, self.pos = self.pos, self.pos + len(items)
-        if items:
-            self.last = items[-1]
-        if len(items) < n and self.size is not None:
-            raise self._short()
-        for q in self._keep_between(start, self.pos):
-            self.kept[q] = items[q - start]
-        return items
-
-    def drain(self) -> None:
-        """Read to the end of the pass: only a reader that sees the end can check ``len()``."""
-        assert self.size is not None
-        self.skip_to(self.size)
-        if next(self.it, _END) is not _END:
-            raise StreamError(
-                f"the stream yielded more than {self.size} items in one pass but len() says {self.size}: __len__ must be the exact number of items per pass (all processes together)"
-            )
 
 
 class StreamShard(IterableDataset[Any]):
@@ -274,10 +210,10 @@ class StreamShard(IterableDataset[Any]):
             return self._unsized_batches(self._live, workers)
         return self._batches(self._live, workers)
 
-    def _open(self, pos: _Position, size: int | None, keep: set[int]) -> _Reader:
+    def _open(self, pos: _Position, size: int | None, keep: set[int]) -> StreamReader:
         if pos.stream_state is not None:
             self.stream.load_state_dict(pos.stream_state)  # type: ignore[attr-defined]
-        reader = _Reader(iter(self.stream), pos.items_read, size, keep)
+        reader = StreamReader(iter(self.stream), pos.items_read, size, keep)
         pos.started, pos.stream_state = True, None
         return reader
 
@@ -296,14 +232,14 @@ class StreamShard(IterableDataset[Any]):
                 yield self.collate_fn(items), BatchInfo(real, in_round)
         pos.finished = True
 
-    def _read(self, batch: int, reader: _Reader, *, last: bool) -> tuple[list[Any], int]:
+    def _read(self, batch: int, reader: StreamReader, *, last: bool) -> tuple[list[Any], int]:
         assert self.size is not None
         first, real = self._first_item(batch), self._real(batch)
         reader.skip_to(min(first, self.size))
         items = reader.take(real)
         if last and not self.drop_last:
             reader.drain()
-        return self._padded(items, reader.kept.get(self.size - 1, _END)), real
+        return self._padded(items, reader.kept.get(self.size - 1, END)), real
 
     def _padded(self, items: list[Any], pass_last: Any) -> list[Any]:
         """A short batch filled with repeats of items every reader of this batch has read, resumed

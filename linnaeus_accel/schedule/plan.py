@@ -7,12 +7,9 @@ epochs (and, for ``TRAIN.TARGET_TOKENS``, tokens) meet; everything downstream (t
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, NamedTuple
-
-from pydantic import BaseModel
+from typing import Any
 
 from ..config import Config, ConfigError
 from ..config.lr import LRSchedulerConfig, ParameterGroup
@@ -20,6 +17,7 @@ from ..config.schedule import ProbabilityRamp
 from .events import Interval, exhaustive_combinations, interval_from
 from .lr import LRCurve
 from .ramps import DISABLED, PartialMasking, Ramp
+from .run_length import epoch_unit_keys, run_length
 from .sanity import sanity_warnings
 from .steps import ceil_div, floor_fraction_of, optimizer_steps_per_epoch, resolve_steps, steps_from_fraction
 
@@ -170,7 +168,7 @@ def resolve_plan(
         )
     sched, lrc = config.SCHEDULE, config.LR_SCHEDULER
     effective = config.DATA.BATCH_SIZE * world_size * accum
-    length = _run_length(config, batches_per_epoch, world_size, dataset_size, tokens_per_sample)
+    length = run_length(config, batches_per_epoch, world_size, dataset_size, tokens_per_sample)
     total, epochs = length.total_steps, length.epochs
     if total > MAX_TOTAL_STEPS:
         raise ConfigError(
@@ -283,183 +281,6 @@ def multiple_of(step: int, interval: int | None) -> int:
     """``interval`` rounded up to a multiple of ``step`` (``step`` itself when unset): the console and
     the trackers can only show the metrics records, which exist every ``step`` steps."""
     return step if interval is None else ceil_div(interval, step) * step
-
-
-class RunLength(NamedTuple):
-    total_steps: int
-    epochs: int | None  # None: epochs of unknown length
-    tokens_per_step: int | None  # target tokens of a full global step, when samples have a fixed count
-    total_tokens: int | None  # target tokens of the whole run, when known exactly
-
-
-def _run_length(
-    config: Config,
-    batches_per_epoch: int | None,
-    world_size: int,
-    dataset_size: int | None,
-    tokens_per_sample: int | None,
-) -> RunLength:
-    """SPEC §1, §11, §12: T from TRAIN.EPOCHS (T = steps per epoch x EPOCHS), TRAIN.STEPS (T = STEPS)
-    or TRAIN.TARGET_TOKENS (T = ceil(TARGET_TOKENS / tokens per step)); the last two end where T
-    falls, possibly inside an epoch."""
-    accum = config.TRAIN.accumulation
-    ope = None if batches_per_epoch is None else optimizer_steps_per_epoch(batches_per_epoch, accum)
-    per_step = None
-    if tokens_per_sample is not None:
-        per_step = config.DATA.BATCH_SIZE * world_size * accum * tokens_per_sample
-    train = config.TRAIN
-    if train.TARGET_TOKENS is not None:
-        total, per_step = _steps_for_target_tokens(
-            config, batches_per_epoch, world_size, dataset_size, tokens_per_sample
-        )
-        return RunLength(total, _epochs_for(total, ope), per_step, total * per_step)
-    if train.STEPS is not None:
-        total = train.STEPS
-        epochs = _epochs_for(total, ope)
-        tokens = None
-        if per_step is not None and epochs is not None and batches_per_epoch is not None:
-            epoch_tokens = _epoch_tokens(
-                config, batches_per_epoch, world_size, dataset_size, tokens_per_sample
-            )
-            if epoch_tokens is not None:
-                assert ope is not None
-                # The last epoch's steps before its end hold full batches only (a padded batch or a
-                # short window is an epoch's last step).
-                last = total - (epochs - 1) * ope
-                tokens = (epochs - 1) * epoch_tokens + (epoch_tokens if last == ope else last * per_step)
-        return RunLength(total, epochs, per_step, tokens)
-    epochs = train.epochs
-    # An EPOCHS run of a stream without __len__ was refused by the caller (epoch_unit_keys).
-    assert epochs is not None
-    assert ope is not None
-    assert batches_per_epoch is not None
-    epoch_tokens = _epoch_tokens(config, batches_per_epoch, world_size, dataset_size, tokens_per_sample)
-    return RunLength(ope * epochs, epochs, per_step, None if epoch_tokens is None else epoch_tokens * epochs)
-
-
-def _epochs_for(total: int, steps_per_epoch: int | None) -> int | None:
-    return None if steps_per_epoch is None else ceil_div(total, steps_per_epoch)  # the last may be partial
-
-
-def epoch_unit_keys(config: Config) -> list[str]:
-    """Every key that gives a time in epochs (``TRAIN.EPOCHS`` when the run's length is in epochs):
-    what a stream without ``__len__`` cannot resolve."""
-    keys = ["TRAIN.EPOCHS"] if config.TRAIN.epochs is not None else []
-
-    def walk(model: BaseModel, prefix: str) -> None:
-        for name in type(model).model_fields:
-            value = getattr(model, name)
-            if isinstance(value, BaseModel):
-                walk(value, f"{prefix}{name}.")
-            elif name.endswith("_EPOCHS") and value is not None and not isinstance(value, list):
-                keys.append(f"{prefix}{name}")
-            elif isinstance(value, list):
-                for i, item in enumerate(value):
-                    if isinstance(item, BaseModel):
-                        walk(item, f"{prefix}{name}.{i}.")
-
-    walk(config.SCHEDULE, "SCHEDULE.")
-    walk(config.LR_SCHEDULER, "LR_SCHEDULER.")
-    return keys
-
-
-def _steps_for_target_tokens(
-    config: Config,
-    batches_per_epoch: int | None,
-    world_size: int,
-    dataset_size: int | None,
-    tokens_per_sample: int | None,
-) -> tuple[int, int]:
-    """SPEC §11: (T, tokens per step) of a TARGET_TOKENS run, T = ceil(TARGET_TOKENS / tokens per
-    step). That is exact only when every global step holds the same number of target tokens; every
-    way this data and config break that is reported at once."""
-    key = "TRAIN.TARGET_TOKENS"
-    problems: list[tuple[str, str]] = []
-    if tokens_per_sample is None:
-        problems.append(
-            (
-                key,
-                "needs a training dataset that declares `tokens_per_sample` (every sample holds the same "
-                "number of target tokens: packed fixed-length sequences, e.g. linnaeus_accel.data.PackedTokens); "
-                "this one does not, so use TRAIN.EPOCHS or TRAIN.STEPS instead (`linnaeus-accel plan` takes "
-                "the count as --tokens-per-sample N)",
-            )
-        )
-    elif tokens_per_sample < 1:
-        problems.append(
-            (key, f"the training dataset declares tokens_per_sample = {tokens_per_sample}; it must be >= 1")
-        )
-    batch, accum = config.DATA.BATCH_SIZE, config.TRAIN.accumulation
-    global_batch = batch * world_size
-    procs = f"{world_size} process{'es' if world_size > 1 else ''}"
-    if batches_per_epoch is None:
-        if not config.DATA.DROP_LAST:
-            problems.append(
-                (
-                    key,
-                    "needs every global step to hold the same number of samples, but a stream without "
-                    "__len__ ends each pass with a part-filled step: set DATA.DROP_LAST: true (each pass "
-                    "then ends at its last full optimizer step), or use TRAIN.STEPS",
-                )
-            )
-    elif not config.DATA.DROP_LAST:
-        if dataset_size is None:
-            problems.append(
-                (
-                    key,
-                    "needs the training dataset size to check that every global step holds the same number "
-                    "of samples: give the dataset size (`plan --dataset-size N`), or set DATA.DROP_LAST: true",
-                )
-            )
-        elif dataset_size % global_batch:
-            problems.append(
-                (
-                    key,
-                    f"needs every global step to hold the same number of samples, but {dataset_size} samples "
-                    f"in batches of {batch} x {procs} leave a last global batch of {dataset_size % global_batch} "
-                    f"of {global_batch}: set DATA.DROP_LAST: true (or use a dataset size that is a multiple of {global_batch})",
-                )
-            )
-    if batches_per_epoch is not None and batches_per_epoch % accum:
-        problems.append(
-            (
-                key,
-                f"needs every optimizer step to accumulate the same number of batches, but "
-                f"{batches_per_epoch} batches per process per epoch with TRAIN.ACCUMULATION_STEPS {accum} "
-                f"leave a last window of {batches_per_epoch % accum} (a smaller step): set "
-                f"TRAIN.ACCUMULATION_STEPS to one dividing the {batches_per_epoch} batches per process "
-                f"({_nearest_divisors(batches_per_epoch, accum)})",
-            )
-        )
-    if problems or tokens_per_sample is None or config.TRAIN.TARGET_TOKENS is None:
-        raise ConfigError(problems, source="plan")
-    per_step = config.DATA.BATCH_SIZE * world_size * accum * tokens_per_sample
-    return ceil_div(config.TRAIN.TARGET_TOKENS, per_step), per_step
-
-
-def _nearest_divisors(n: int, near: int) -> str:
-    """The divisors of ``n`` next to ``near``, for the error text: 'e.g. 3 or 5'."""
-    divisors = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
-    divisors = sorted({*divisors, *(n // d for d in divisors)})
-    below = max(d for d in divisors if d < near)  # 1 always divides
-    above = [d for d in divisors if d > near]
-    return f"e.g. {below}" + (f" or {above[0]}" if above else "")
-
-
-def _epoch_tokens(
-    config: Config,
-    batches_per_epoch: int,
-    world_size: int,
-    dataset_size: int | None,
-    tokens_per_sample: int | None,
-) -> int | None:
-    """Target tokens of one epoch of an EPOCHS run, each sample counted once (a padded last batch
-    repeats samples that are not counted again); None when unknown."""
-    if tokens_per_sample is None:
-        return None
-    if config.DATA.DROP_LAST:
-        return batches_per_epoch * config.DATA.BATCH_SIZE * world_size * tokens_per_sample
-    return None if dataset_size is None else dataset_size * tokens_per_sample
 
 
 StepResolver = Callable[[Any, str], "int | None"]

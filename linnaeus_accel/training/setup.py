@@ -13,7 +13,8 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from ..config import Config, ConfigError
 from ..data.sampling import make_dataloader
-from ..data.streaming import StreamError, StreamShard, stream_loader
+from ..data.stream_reader import StreamError
+from ..data.streaming import StreamShard, stream_loader
 from ..schedule.steps import batches_per_process
 
 OptimizerFactory = Callable[[list[dict[str, Any]]], torch.optim.Optimizer]
