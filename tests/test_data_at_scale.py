@@ -204,6 +204,11 @@ def test_sharded_hf_stream_on_two_processes_and_two_workers_resumes_byte_identic
         killed = run.run(kill_at=kill_at)
         assert killed.returncode != 0, killed.tail()
         assert not (run.dir / "summary.json").exists(), killed.tail()
+    # Inside a pass, each reader owns its shards' positions: another layout is refused, named.
+    other = TrainRun(tmp_path, ["DATA.NUM_WORKERS", "0"], processes=2, cfg=cfg).run()
+    assert other.returncode != 0, other.tail()  # 2 from each process; the launcher reports 1
+    assert "DATA.NUM_WORKERS 2 -> 0" in other.output, other.tail()
+    assert "val/loss" not in other.output  # refused before any pass or step ran
     resumed = run.run()
     assert_resumed_from(resumed.output, 30)
     assert_same_run(resumed, hf_stream_ref)

@@ -211,14 +211,26 @@ class BatchSource:
         stream's readers own their positions: another layout inside a pass is refused."""
         if not self.stream or start == 0:
             return
-        layout = self._layout()
-        saved = {k: (state or {}).get(k, False if k == "sharded" else None) for k in layout}
-        if state and state.get("version") == STATE_VERSION and saved == layout:
+        problem = self.resume_problem(state, start)
+        if problem is not None:
+            raise ConfigError([problem], source="resume")
+        if state and state.get("version") == STATE_VERSION and self._saved_layout(state) == self._layout():
             self.loader.load_state_dict(state["loader"])
-        elif self.loader.sharded or saved["sharded"]:
-            raise ConfigError([layout_change(saved, layout)], source="resume")
         else:
             self.loader.dataset.start_at(start)
+
+    def _saved_layout(self, state: dict[str, Any] | None) -> dict[str, Any]:
+        return {k: (state or {}).get(k, False if k == "sharded" else None) for k in self._layout()}
+
+    def resume_problem(self, state: dict[str, Any] | None, start: int) -> tuple[str, str] | None:
+        """Why the saved position cannot be resumed here (asked at resume, before anything runs):
+        a sharded stream's readers own their positions, so inside a pass only its own layout does."""
+        if not self.stream or start == 0:
+            return None
+        saved, now = self._saved_layout(state), self._layout()
+        if saved != now and (self.loader.sharded or saved["sharded"]):
+            return layout_change(saved, now)
+        return None
 
 
 def layout_change(saved: dict[str, Any], now: dict[str, Any]) -> tuple[str, str]:

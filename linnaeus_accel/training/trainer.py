@@ -584,6 +584,9 @@ class Trainer:
         own = own_rank_state(self.checkpointer.rank_states(Path(path)), acc.process_index, acc.num_processes)
         self.meter.load_state_dict(own.get("meter") or {})
         self.resumed_data_state = own.get("data")
+        problem = self.train_batches.resume_problem(self.resumed_data_state, batches_seen)
+        if problem is not None:  # before any pass or step of the resumed run
+            raise ConfigError([problem], source="resume")
         self.resumed_boundary = state.get("boundary")
         self.resumed_wandb_id = state.get("wandb_run_id")
         # The run's length is this config's (more epochs may have been asked for).
