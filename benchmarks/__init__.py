@@ -7,4 +7,14 @@ seconds-long run the test suite makes so that no benchmark rots.
 """
 
 # In the order ``python -m benchmarks`` runs them.
-MODULES = ("step_overhead", "hf_trainer", "resume", "checkpoint", "plan")
+MODULES = (
+    "step_overhead",
+    "hf_trainer",
+    "resume",
+    "checkpoint",
+    "plan",
+    "data_loading",
+    "data_scale",
+    "sharded_streams",
+    "resume_data",
+)

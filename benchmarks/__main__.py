@@ -111,15 +111,33 @@ def seconds_text(value: float | None, signed: bool = False) -> str:
     return f"{text} {unit}"
 
 
+def mib_text(value: float | None, signed: bool = False) -> str:
+    """A memory size (rows whose unit starts with "MiB")."""
+    return "" if value is None else f"{value:{'+' if signed else ''}.1f} MiB"
+
+
+def number_text(value: float | None, signed: bool = False) -> str:
+    """A count or a fraction (rows whose unit is neither seconds nor MiB)."""
+    return "" if value is None else f"{value:{'+' if signed else ''}.4g}"
+
+
 def cells(item: Row) -> list[str]:
     ok = item.get("ok")
     ratio = item.get("ratio")
+    unit = str(item.get("unit", "s"))
+    text = (
+        seconds_text
+        if unit.startswith("s ") or unit == "s"
+        else mib_text
+        if unit.startswith("MiB")
+        else number_text
+    )
     return [
         item.get("benchmark", ""),
         item.get("case", ""),
-        seconds_text(item.get("ours")),
-        seconds_text(item.get("reference")),
-        seconds_text(item.get("diff"), signed=True),
+        text(item.get("ours")),
+        text(item.get("reference")),
+        text(item.get("diff"), signed=True),
         "" if ratio is None else f"{ratio:.3f}",
         str(item.get("n", "")),
         item.get("target") or "",

@@ -17,7 +17,17 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-MODULES = ("step_overhead", "hf_trainer", "resume", "checkpoint", "plan")
+MODULES = (
+    "step_overhead",
+    "hf_trainer",
+    "resume",
+    "checkpoint",
+    "plan",
+    "data_loading",
+    "data_scale",
+    "sharded_streams",
+    "resume_data",
+)
 
 
 @pytest.mark.slow
