@@ -37,15 +37,13 @@ from torch.utils.data import Dataset, IterableDataset
 from ..config import Config, ConfigError
 from .interleave import IntArray, Interleave, parse_weight
 from .options import DatasetOptions
-from .permutation import KeyedPermutation
+from .permutation import KeyedPermutation, growing_chunks
 from .registry import Split, get_dataset_builder, register_dataset
 from .sampling import EpochOrderSampler
 
 # The permutation stream of source s is _SOURCE_STREAM + s: apart from the stream 0 of a plain
 # dataset's shuffle, so a source is not shuffled like the same data trained on its own.
 _SOURCE_STREAM = 0x6D69_7800
-_CHUNK = 8192  # positions per NumPy call: spreads each call's fixed cost (a permutation's cycle-walking
-# rounds above all) over thousands of samples
 
 
 @dataclass(frozen=True)
@@ -213,8 +211,8 @@ class MixtureSampler(EpochOrderSampler):
         return itertools.chain.from_iterable(self._chunks(self.epoch, start))
 
     def _chunks(self, epoch: int, start: int) -> Iterator[list[int]]:
-        for begin in range(start, self.size, _CHUNK):
-            positions = np.arange(begin, min(begin + _CHUNK, self.size), dtype=np.int64)
+        for begin, end in growing_chunks(start, self.size):
+            positions = np.arange(begin, end, dtype=np.int64)
             yield self.mixture.indices(epoch, positions, self.seed, self.shuffle).tolist()
 
 

@@ -16,6 +16,7 @@ epoch's order at a few nanoseconds per index.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -75,8 +76,20 @@ class KeyedPermutation:
             raise IndexError(f"position {position} out of range for a permutation of {self.size}")
         return int(self.take(np.array([position], dtype=np.uint64))[0])
 
-    def chunks(self, start: int = 0, chunk: int = 8192) -> Any:
-        """The order from ``start`` on, as lists of Python ints of up to ``chunk`` values."""
-        for begin in range(start, self.size, chunk):
-            end = min(begin + chunk, self.size)
+    def chunks(self, start: int = 0) -> Iterator[list[int]]:
+        """The order from ``start`` on, as lists of Python ints (``growing_chunks``)."""
+        for begin, end in growing_chunks(start, self.size):
             yield self.take(np.arange(begin, end, dtype=np.uint64)).tolist()
+
+
+FIRST_CHUNK, LARGEST_CHUNK = 256, 8192
+
+
+def growing_chunks(start: int, end: int) -> Iterator[tuple[int, int]]:
+    """``[start, end)`` in spans of 256, 512, ... up to 8192 positions: an epoch's first batch
+    waits for a small chunk (a full one is ~1 ms), and the rest spread each NumPy call's fixed
+    cost over thousands of positions."""
+    size = FIRST_CHUNK
+    while start < end:
+        yield start, min(start + size, end)
+        start, size = start + size, min(LARGEST_CHUNK, 2 * size)

@@ -30,8 +30,10 @@ at the end of a pass, and the trainer agrees batch by batch on where the pass en
 Resume: each reader's position is its place in its shard list and the items read from the
 current shard. If ``open_shard`` returns an object with ``state_dict``/``load_state_dict`` (a
 Hugging Face dataset does; a file reader of yours can keep a byte offset), that state is saved
-and restored, and the resume is O(1); otherwise the reader reopens the shard and skips the items
-it had read (the pass itself is never replayed). A checkpoint taken inside a pass resumes only with
+and restored, and the resume costs what the shard's own resume costs (O(1) for a byte offset;
+``datasets`` 5 re-reads a JSON or text shard's rows up to its saved row, without training on them);
+otherwise the reader reopens the shard and skips the items it had read. Either way only the
+current shard is read again, never the pass. A checkpoint taken inside a pass resumes only with
 the same layout (the trainer refuses another, naming it); one taken at an epoch boundary resumes
 with any layout.
 """
@@ -72,7 +74,8 @@ class BatchInfo(NamedTuple):
 class HFShards:
     """A Hugging Face ``datasets.IterableDataset`` as a ``ShardedStream``: shard ``i`` is
     ``dataset.shard(num_shards=n_shards, index=i)``, read through ``HFShard`` (whose
-    ``state_dict`` is the dataset's own: it resumes in place)."""
+    ``state_dict`` is the dataset's own: it resumes at its saved row, re-reading the shard's file
+    up to there)."""
 
     def __init__(self, dataset: Any) -> None:
         self.dataset = dataset
