@@ -54,6 +54,7 @@ LM_CFG = REPO / "configs" / "lm_tiny.yaml"
 START_SEQ, START_BATCH = 1025, 16
 TRAIN_SEQ = 129
 STARTUP_TARGET = 1.10
+STARTUP_SECONDS = 1.0  # the 'seconds', at 4 GB
 MEMORY_TARGET_MIB = 50e6 / MB  # 50 MB
 # (small MB, mid MB, large MB, start-up rounds, training steps, memory rounds, worker counts)
 FULL = (20, 256, 4096, 15, 300, 2, (0, 2))
@@ -127,6 +128,16 @@ def startup_rows(
                 control = name == "small again"
                 small, large = labels[reference], labels["large"]
                 case = f"A/A: {small} vs {small}" if control else f"start-up, {large} vs {small}"
+                # Against 256 MB, the same sampler (a keyed permutation above 65,536 windows): the
+                # ratio says whether start-up grows with the size. Against 20 MB (torch.randperm
+                # below): a constant sampler difference of a fraction of a millisecond, so the
+                # target is the issue's own, seconds at any size.
+                same_sampler = reference == "mid"
+                target, ok = (
+                    (f"ratio <= {STARTUP_TARGET:.2f} (flat in the size)", stats["ratio"] <= STARTUP_TARGET)
+                    if same_sampler
+                    else (f"< {STARTUP_SECONDS:g} s (seconds at any size)", stats["ours"] < STARTUP_SECONDS)
+                )
                 rows.append(
                     row(
                         BENCHMARK,
@@ -134,8 +145,8 @@ def startup_rows(
                         "s to build_dataset + DataLoader + first batch",
                         f"the same over the {small} corpus",
                         **stats,
-                        target=None if control else f"ratio <= {STARTUP_TARGET:.2f} (flat in the size)",
-                        ok=None if control or smoke else stats["ratio"] <= STARTUP_TARGET,
+                        target=None if control else target,
+                        ok=None if control or smoke else ok,
                         note=f"{where}; {note}",
                     )
                 )
