@@ -62,8 +62,7 @@ LAYOUTS = [  # (mode, workers, processes)
     pytest.param("map", 2, 2, id="map-2x2"),
     pytest.param("stream", 2, 1, id="stream-1x2"),
     pytest.param("stream", 0, 2, id="stream-2x0"),
-    pytest.param("stream", 2, 2, id="stream-2x2"),
-]
+]  # 2 x 2 streaming: test_data_at_scale (hf_dataset, killed inside a pass's tail), test_sharded_streams
 
 
 @pytest.mark.parametrize(("mode", "workers", "processes"), LAYOUTS)
