@@ -14,8 +14,8 @@
   refused before the first step, naming ``MODEL.OPTIONS.vocab_size``.
 - End to end (slow): ``configs/lm_tiny.yaml`` on a corpus made with ``tokenize_files``, killed
   with SIGKILL at seeded random moments and rerun until it completes, on 1 process with 2 DataLoader
-  workers: final weights byte-identical to the uninterrupted run's, the same metrics (2 processes:
-  a mixture of token files in ``test_data_at_scale.py``).
+  workers: final weights byte-identical to the uninterrupted run's, the same metrics (killed on 2
+  processes: ``test_lm.py``, whose windows take the same map-style path).
 """
 
 from __future__ import annotations
