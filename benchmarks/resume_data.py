@@ -165,7 +165,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     torch thread (their DataLoader workers too); the set-up run on every core."""
     from accelerate.state import AcceleratorState, GradientState
 
-    import linnaeus_accel.training.outputs as outputs_module
+    import linnaeus_accel.run_directory.outputs as outputs_module
     import linnaeus_accel.training.trainer as trainer_module
     from linnaeus_accel.config import load_config
     from linnaeus_accel.data import build_dataset

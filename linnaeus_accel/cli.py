@@ -12,8 +12,8 @@ from collections.abc import Sequence, Sized
 
 from . import __version__
 from .config import Config, ConfigError, load_config, output_dir_problem
+from .run_directory.failures import RunFailed
 from .schedule import ResolvedPlan, batches_per_process, resolve_plan
-from .training.failures import RunFailed
 
 EXIT_FAILED = 1  # the run stopped (summary.json: status failed): non-finite loss, disk full, a hung process
 EXIT_CONFIG_ERROR = 2  # config, arguments or output directory refused: nothing was trained
@@ -306,7 +306,7 @@ def _is_local_main() -> bool:
 
 
 def run_evaluate(args: argparse.Namespace) -> int:
-    from .training.evaluate import evaluate
+    from .evaluate import evaluate
 
     evaluate(load_config(args.cfg, args.opts), args.checkpoint, args.out)
     return 0

@@ -21,9 +21,9 @@ from linnaeus_accel.config import load_config
 from linnaeus_accel.data import build_dataset
 from linnaeus_accel.models import build_model
 from linnaeus_accel.progress import TrainingConsistencyChecker
+from linnaeus_accel.run_directory.console import Console
 from linnaeus_accel.schedule import resolve_plan
 from linnaeus_accel.training import trainer as trainer_module
-from linnaeus_accel.training.console import Console
 from linnaeus_accel.training.trainer import Trainer
 from linnaeus_accel.training.validation import validation_line
 

@@ -191,7 +191,7 @@ def test_two_processes_give_the_same_numbers_printed_once(run: TinyRun, tmp_path
 
 
 def test_overwrite_removes_the_results_of_the_weights_it_deletes(run: TinyRun, tmp_path: Path) -> None:
-    from linnaeus_accel.training.outputs import clear_run
+    from linnaeus_accel.run_directory.outputs import clear_run
 
     copy = tmp_path / "digits_default"
     shutil.copytree(run.dir, copy)

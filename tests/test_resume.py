@@ -19,7 +19,7 @@ exactly where an uninterrupted run ends.
 - ``TRAIN.AUTO_RESUME false`` refuses a used directory (exit 2, naming the key); ``--resume`` an
   older checkpoint resumes from that one.
 
-Fault points (``LINNAEUS_ACCEL_KILL_AT=<point>:<n>``, ``linnaeus_accel.training.faults``) make the
+Fault points (``LINNAEUS_ACCEL_KILL_AT=<point>:<n>``, ``linnaeus_accel.run_directory.faults``) make the
 kills land deterministically. Each configuration's uninterrupted reference run is computed once per
 module. Every subprocess writes its console to a file under the test's directory.
 """

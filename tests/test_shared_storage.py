@@ -24,7 +24,12 @@ import pytest
 from accelerate import Accelerator
 from test_distributed import free_port, launch_env, lines_through_our_code
 
-from linnaeus_accel.training.shared_storage import PROBE_PREFIX, _message, _write_probe, check_shared_output
+from linnaeus_accel.run_directory.shared_storage import (
+    PROBE_PREFIX,
+    _message,
+    _write_probe,
+    check_shared_output,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 CFG = str(REPO / "configs" / "default.yaml")

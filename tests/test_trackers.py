@@ -27,7 +27,7 @@ from linnaeus_accel.config import ConfigError, load_config, validate_config
 from linnaeus_accel.config.sections import TRACKER_NAMES
 from linnaeus_accel.data import build_dataset
 from linnaeus_accel.models import build_model
-from linnaeus_accel.training.trackers import TRACKER_INSTALL, log_with
+from linnaeus_accel.run_directory.trackers import TRACKER_INSTALL, log_with
 from linnaeus_accel.training.trainer import Trainer
 
 CFG = str(REPO / "configs" / "default.yaml")

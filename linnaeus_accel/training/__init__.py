@@ -1,1 +1,2 @@
-"""The training loop on Accelerate and the pieces it drives (transforms, loss, metrics)."""
+"""The training loop: Trainer, the optimizer step, batches, the metric meter, validation passes,
+GradNorm. It drives run_state (checkpoints, resume) and run_directory (outputs, lock, trackers)."""

@@ -26,7 +26,7 @@ from ..schedule import OpsSchedule, ResolvedPlan
 from ..tasks import Task
 from .backends import scaler_skips_steps
 from .batches import MicroBatch
-from .loss import GradNorm
+from .gradnorm import GradNorm
 from .meter import TrainMeter
 
 

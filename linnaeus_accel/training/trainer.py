@@ -30,29 +30,29 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..config import Config, ConfigError
 from ..progress import TrainingConsistencyChecker, TrainingProgress
+from ..run_directory.failures import NonFiniteGuard, RunFailed, collective_timeout
+from ..run_directory.faults import fault_point
+from ..run_directory.outputs import claim_output_dir, run_outputs
+from ..run_directory.preemption import PreemptionWatch
+from ..run_directory.run_info import run_info
+from ..run_directory.run_lock import RunLock
+from ..run_directory.shared_storage import check_shared_output
+from ..run_directory.trackers import check_log_with, init_trackers, log_with
+from ..run_state.config_changes import review_changes
+from ..run_state.elastic import compatible_position, own_rank_state, plan_identity
+from ..run_state.saver import Checkpointer
 from ..schedule import EarlyStopping, OpsSchedule, ResolvedPlan, StopDecision, resolve_plan
 from ..schedule.events import EventPoint
 from ..schedule.summary import summary_text
 from ..tasks import Task, TaskContext, ValidationPass, build_task
 from .backends import check_backend, check_resume, scaler_skips_steps
 from .batches import BatchSource
-from .checkpointing import Checkpointer
-from .config_changes import review_changes
-from .failures import NonFiniteGuard, RunFailed, collective_timeout
-from .faults import fault_point
-from .loss import GradNorm
+from .gradnorm import GradNorm
 from .meter import NonFiniteLoss, TrainMeter
-from .outputs import claim_output_dir, run_outputs
-from .preemption import PreemptionWatch
-from .resume import compatible_position, own_rank_state, plan_identity
-from .run_info import run_info
-from .run_lock import RunLock
 from .setup import OptimizerFactory, as_loader, build_optimizer, default_optimizer, shared_parameters
-from .shared_storage import check_shared_output
 from .source_metrics import source_metrics
 from .step import OptimizerStep
 from .task_checks import check_task, first_batch
-from .trackers import check_log_with, init_trackers, log_with
 from .validation import run_pass, validation_line
 
 

@@ -16,7 +16,7 @@ process: nothing of ours is ever unpickled. The
 validation passes that follow a boundary checkpoint are recorded, one line each, in that
 checkpoint's journal, so that a run killed mid-validation runs only the passes still missing.
 
-Everything a resume reads is verified first (``checkpoint_state``): the files the marker lists, no
+Everything a resume reads is verified first (``state_files``): the files the marker lists, no
 file it does not list but the journal, our JSON state, and each journal line (a line that fails is
 ignored with everything after it). A checkpoint that fails is moved to ``checkpoints/rejected/``,
 never deleted; a run whose checkpoints all fail refuses to start over (``ResumeRefused``). A
@@ -43,8 +43,11 @@ from accelerate.utils import broadcast_object_list, gather_object
 from ..checkpoint import MARKER, EarlySeal, EarlyWriteback, Mode
 from ..checkpoint.background import SerialWorker
 from ..config import Config, ConfigError
-from .checkpoint_search import ResumeRefused, discard_after, find_checkpoint
-from .checkpoint_state import (
+from ..run_directory.failures import RunFailed, attempt_write
+from ..run_directory.faults import fault_point
+from .host_snapshot import HostSnapshot
+from .resume_point import ResumeRefused, discard_after, find_checkpoint
+from .state_files import (
     JOURNAL_FILE,
     RANK_FILE,
     STATE_FILE,
@@ -53,9 +56,6 @@ from .checkpoint_state import (
     checkpoint_store,
     read_json,
 )
-from .failures import RunFailed, attempt_write
-from .faults import fault_point
-from .host_snapshot import HostSnapshot
 from .validation_journal import ValidationJournals
 
 __all__ = [

@@ -29,10 +29,10 @@ from safetensors.torch import load_file
 from torch import nn
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
-from ..checkpoint import MARKER, MarkerError, read_marker
-from ..config import Config, ConfigError
-from .checkpoint_state import checkpoint_store
-from .validation import run_pass
+from .checkpoint import MARKER, MarkerError, read_marker
+from .config import Config, ConfigError
+from .run_state.state_files import checkpoint_store
+from .training.validation import run_pass
 
 KEY = "--checkpoint"
 FINAL_DIR = "final"
@@ -148,9 +148,9 @@ def evaluate(config: Config, checkpoint: str | Path, out: str | Path | None = No
     """Run the final boundary's validation passes on the weights at ``checkpoint``; every process
     takes part. Returns the result (also written to ``out``, by the main process) and prints one
     line per pass on the main process. Raises ``ConfigError`` for anything refused."""
-    from ..data import build_dataset, dataset_problems
-    from ..models import build_model
-    from .trainer import Trainer
+    from .data import build_dataset, dataset_problems
+    from .models import build_model
+    from .training.trainer import Trainer
 
     weights = locate(checkpoint)
     target = Path(out) if out is not None else weights.default_out

@@ -1,6 +1,6 @@
 """The validation journal of a checkpoint: one verified line per validation pass completed after
 it, so that a run killed mid-validation runs only the passes still missing. Each line is bound to
-its checkpoint's marker (``checkpoint_state.encode_journal_entry``); appended by the main process
+its checkpoint's marker (``state_files.encode_journal_entry``); appended by the main process
 once the checkpoint is committed, read back on resume up to the first line that does not verify."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..checkpoint import MARKER
-from .checkpoint_state import JOURNAL_FILE, decode_journal, encode_journal_entry
+from .state_files import JOURNAL_FILE, decode_journal, encode_journal_entry
 
 log = logging.getLogger(__name__)
 
