@@ -1,14 +1,16 @@
 """linnaeus-accel: linnaeus' training-progress and scheduling system on Hugging Face Accelerate.
 
 The Python API: ``Trainer(load_config(...), model, train_data, val_data).fit()``;
-``DistributedContext`` for rank-aware user code. Both are imported on first use, so that
-``linnaeus-accel plan`` does not load torch.
+``DistributedContext`` for rank-aware user code (both imported on first use, so that
+``linnaeus-accel plan`` does not load torch); ``Callback`` and ``register_callback`` for code of
+your own run during training (``linnaeus_accel.callbacks``).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .callbacks import Callback, register_callback
 from .config import load_config
 
 if TYPE_CHECKING:
@@ -16,7 +18,7 @@ if TYPE_CHECKING:
     from .training.trainer import Trainer
 
 __version__ = "0.1.0"
-__all__ = ["DistributedContext", "Trainer", "__version__", "load_config"]
+__all__ = ["Callback", "DistributedContext", "Trainer", "__version__", "load_config", "register_callback"]
 
 
 def __getattr__(name: str) -> Any:

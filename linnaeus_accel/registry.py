@@ -44,3 +44,7 @@ class Registry(Generic[B]):
                 ]
             )
         return self._builders[name]
+
+    def name_of(self, builder: object) -> str | None:
+        """The name ``builder`` is registered under, if it is."""
+        return next((name for name, b in self._builders.items() if b is builder), None)

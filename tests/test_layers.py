@@ -28,6 +28,7 @@ LAYERS: dict[str, float] = {
     "run_directory": 5.0,
     "run_state": 5.1,
     "training": 5.2,
+    "callbacks": 5.2,  # the loop asks them; they are handed the trainer
     "evaluate": 6,
     "cli": 6,
     "__main__": 6,

@@ -119,6 +119,8 @@ def _plural(text: str) -> str:
 
 
 def default_text(field: FieldInfo) -> str:
+    if field.is_required():
+        return "(required)"
     value = field.get_default(call_default_factory=True)
     if isinstance(value, BaseModel):
         return ""

@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from .base import Problem, Section
+from .callbacks import CallbackConfig
 from .lr import LRSchedulerConfig
 from .schedule import ScheduleConfig
 from .sections import (
@@ -64,6 +65,11 @@ class Config(Section):
     TRAIN: TrainConfig = Field(default_factory=TrainConfig)
     LR_SCHEDULER: LRSchedulerConfig = Field(default_factory=LRSchedulerConfig)
     SCHEDULE: ScheduleConfig = Field(default_factory=ScheduleConfig)
+    CALLBACKS: list[CallbackConfig] = Field(
+        default_factory=list,
+        description="Callbacks run during training, in this order: [{NAME, OPTIONS, INTERVAL_*}] "
+        "(linnaeus_accel.callbacks).",
+    )
 
     def problems(self) -> list[Problem]:
         return cross_section_problems({name: getattr(self, name) for name in type(self).model_fields})

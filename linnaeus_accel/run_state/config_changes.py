@@ -39,6 +39,7 @@ FORWARD_ONLY = (
     "DATA.BATCH_SIZE_VAL",
     "TASK.FLOPS_PER_TOKEN",
     "TASK.FLOPS_PER_SAMPLE",
+    "CALLBACKS",  # a callback acts on the steps to come; one new since the checkpoint starts fresh
 )
 # The split of the effective batch over processes and accumulation: elastic resume converts the
 # position when the product is the same (checked by ``resume.compatible_position``).

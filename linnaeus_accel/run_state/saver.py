@@ -113,6 +113,7 @@ class Checkpointer:
         self.resumed_from: int | None = None
         self.current: Path | None = None  # the newest checkpoint of this run (its commit may be running)
         self._committed: Path | None = None  # the newest committed one: the resume point
+        self.on_commit: Callable[[int, Path], None] | None = None  # told each commit (main process)
         self.journals = ValidationJournals(self.store.rejected_root)
         # The main process writes (ASYNC) and commits in the background, one checkpoint at a time.
         self.worker = SerialWorker("linnaeus-accel checkpoint")
@@ -266,6 +267,8 @@ class Checkpointer:
         if error is not None:
             raise _StepFailed(step, *error)
         self._committed = final
+        if self.on_commit is not None:
+            self.on_commit(step, final)
         self.committed_at = time.perf_counter()  # for benchmarks: a save's start to its commit
         fault_point("checkpoint_committed")
         with self._metrics_lock:

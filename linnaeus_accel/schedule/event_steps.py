@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from .callback_steps import callback_steps
 from .events import Interval
 from .ops import EventEpochs, OpsSchedule
 from .plan import ResolvedPlan
@@ -46,8 +47,11 @@ def mid_epoch_multiples(plan: ResolvedPlan, kind: str) -> int | None:
 
 
 def event_steps(plan: ResolvedPlan, kind: str, columns: int) -> list[int]:
-    """The steps of ``kind``'s events (``EVENT_KINDS``), the first of each of ``columns`` equal
-    spans of the run, in order."""
+    """The steps of ``kind``'s events (``EVENT_KINDS``, or ``callback:<label>`` for a callback's
+    on_step_end), the first of each of ``columns`` equal spans of the run, in order."""
+    if kind.startswith("callback:"):
+        label = kind.removeprefix("callback:")
+        return callback_steps(plan, next(c for c in plan.callbacks if c.label == label), columns)
     t = plan.total_steps
     found = _boundary_steps(plan, kind, columns) if plan.known_epochs else []
     if not plan.known_epochs and forced_at_end(plan, kind):

@@ -14,6 +14,7 @@ from typing import Any
 from ..config import Config, ConfigError
 from ..config.lr import LRSchedulerConfig, ParameterGroup
 from ..config.schedule import ProbabilityRamp
+from .callback_steps import CallbackTiming, resolve_callbacks
 from .events import Interval, exhaustive_combinations, interval_from
 from .lr import LRCurve
 from .ramps import DISABLED, PartialMasking, Ramp
@@ -84,6 +85,7 @@ class ResolvedPlan:
     target_tokens: int | None = None  # TRAIN.TARGET_TOKENS; None for an EPOCHS or STEPS run
     length_key: str = "TRAIN.EPOCHS"  # the key that set total_steps
     sources: tuple[DataSource, ...] = ()  # a mixture's sources (empty for one dataset)
+    callbacks: tuple[CallbackTiming, ...] = ()  # CALLBACKS, in order: when each one's on_step_end runs
     tokens_per_step: int | None = None  # target tokens in one global step, when samples have a fixed count
     total_tokens: int | None = None  # target tokens the whole run trains on (each sample counted once)
     warnings: tuple[str, ...] = field(default=(), compare=False)
@@ -273,6 +275,7 @@ def resolve_plan(
         total_tokens=length.total_tokens,
         length_key=config.TRAIN.length_key,
         sources=tuple(DataSource.from_description(row) for row in sources),
+        callbacks=resolve_callbacks(config.CALLBACKS, total),
     )
     return replace(plan, warnings=tuple(sanity_warnings(config, plan)))
 

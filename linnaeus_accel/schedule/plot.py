@@ -112,6 +112,7 @@ def schedule_figure(config: Config, plan: ResolvedPlan) -> Figure:
         for row in EVENT_ROWS
         if row[0] in ("validation", "checkpoint") or event_steps(plan, row[0], MARKER_COLUMNS)
     ]
+    rows += [(f"callback:{c.label}", f"callback {c.label}", "*", "#7f6000") for c in plan.callbacks]
     any_probability = plan.meta_mask.enabled or plan.partial_mask.enabled or plan.mixup.enabled
     fig = Figure(figsize=(12, 7.5), dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)

@@ -89,6 +89,8 @@ def epoch_unit_keys(config: Config) -> list[str]:
 
     walk(config.SCHEDULE, "SCHEDULE.")
     walk(config.LR_SCHEDULER, "LR_SCHEDULER.")
+    for i, entry in enumerate(config.CALLBACKS):
+        walk(entry, f"CALLBACKS.{i}.")
     return keys
 
 

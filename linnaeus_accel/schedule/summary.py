@@ -107,6 +107,8 @@ def summary_text(config: Config, plan: ResolvedPlan) -> str:
         else f"best {ck.KEEP_TOP_N} + last {ck.KEEP_LAST_N}"
     )
     lines.append(f"Checkpoints:           {_event_text(plan, 'checkpoint')}; keep {keep}")
+    for timing in plan.callbacks:
+        lines.append(f"Callback {timing.label}: on_step_end {timing.describe()}")
     lines.append("")
     lines += _ramp_lines(config, plan)
     lines += _logging_lines(config, plan)
@@ -317,6 +319,10 @@ def timeline(plan: ResolvedPlan) -> list[str]:
         f"  partial    |{marks(event_steps(plan, 'partial_mask_meta_validation', width), 'P')}|",
         f"  checkpoint |{marks(event_steps(plan, 'checkpoint', width), 'C')}|",
     ]
+    for timing in plan.callbacks:
+        rows.append(
+            f"  {timing.label[:10]:<10} |{marks(event_steps(plan, f'callback:{timing.label}', width), '*')}|"
+        )
     for label, fn in (("meta mask", plan.meta_mask), ("partial", plan.partial_mask), ("mixup", plan.mixup)):
         rows.append(f"  {label:<11}|{_spark([fn(k) for k in mids], 0.0, 1.0)}|  probability 0..1")
     return rows
@@ -370,6 +376,7 @@ def plan_json(config: Config, plan: ResolvedPlan, with_series: bool = True) -> d
         },
         "length_key": plan.length_key,
         "sources": [dataclasses.asdict(source) for source in plan.sources],
+        "callbacks": [dataclasses.asdict(timing) for timing in plan.callbacks],  # when on_step_end runs
         "logging": {
             "metrics_interval": plan.metrics_interval,
             "console_interval": plan.console_interval,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ from accelerate.utils import (
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from ..callbacks import Callback, build_callbacks, callback_entries, callback_name
 from ..config import Config, ConfigError
 from ..progress import TrainingConsistencyChecker, TrainingProgress
 from ..run_directory.failures import NonFiniteGuard, RunFailed, collective_timeout
@@ -47,6 +48,7 @@ from ..schedule.summary import summary_text
 from ..tasks import Task, TaskContext, ValidationPass, build_task
 from .backends import check_backend, check_resume, scaler_skips_steps
 from .batches import BatchSource
+from .callback_list import CallbackList
 from .gradnorm import GradNorm
 from .meter import NonFiniteLoss, TrainMeter
 from .setup import OptimizerFactory, as_loader, build_optimizer, default_optimizer, shared_parameters
@@ -75,6 +77,7 @@ class Trainer:
         collate_fn: Callable[[list[Any]], Any] | None = None,
         accelerator: Accelerator | None = None,
         remote: Any = None,
+        callbacks: Sequence[Callback] = (),
     ) -> None:
         """``train_data``/``val_data``: map-style datasets (batched with DATA.BATCH_SIZE by a
         sampler seeded by (seed, epoch)), ``IterableDataset`` streams with ``__len__`` (sharded
@@ -84,7 +87,8 @@ class Trainer:
         ``collate_fn``: how samples of the datasets given become a batch (e.g. padding sequences
         of different lengths; default: torch's ``default_collate``).
         ``remote``: a ``linnaeus_accel.checkpoint.remote.RemoteCheckpoints`` (default:
-        ENV.OUTPUT.BUCKET). Every mismatch between config, task, data and model found here is one
+        ENV.OUTPUT.BUCKET). ``callbacks``: ``linnaeus_accel.Callback``s run after CALLBACKS' (see
+        ``linnaeus_accel.callbacks``; the plan draws when they run). Every mismatch between config, task, data and model found here is one
         ``ConfigError``."""
         self.config = config
         accum = config.TRAIN.accumulation
@@ -154,8 +158,12 @@ class Trainer:
                 seed=seed,
             )
         )
+        # The plan says when every callback runs: the config's and those given here, in that order.
+        all_callbacks = [*build_callbacks(config), *callbacks]
+        names = [entry.NAME for entry in config.CALLBACKS] + [callback_name(c) for c in callbacks]
+        timed = config.model_copy(update={"CALLBACKS": callback_entries(all_callbacks, names)})
         self.plan: ResolvedPlan = resolve_plan(
-            config,
+            timed,
             train.batches_per_epoch if train.stream else len(train_loader),
             world,
             train.size,
@@ -163,6 +171,7 @@ class Trainer:
             sources=describe() if callable(describe := getattr(train.dataset, "describe", None)) else (),
         )
         self.ops = OpsSchedule(self.plan)
+        self.callbacks = CallbackList(all_callbacks, self.plan, acc.is_main_process)
         self.task = task if task is not None else build_task(config)
         self.task.bind(TaskContext(config, self.plan, train.dataset, rank, world, acc.device))
         self.progress = TrainingProgress(
@@ -200,6 +209,7 @@ class Trainer:
         self.validation_passes_done: dict[str, dict[str, float]] = {}  # by prefix, at the latest boundary
         self.consistency = TrainingConsistencyChecker.for_plan(self.plan, config.DATA.DROP_LAST)
         self.checkpointer = Checkpointer(acc, config, remote, mode=self.ranking_mode)
+        self.checkpointer.on_commit = self.callbacks.committed
         self.nonfinite = NonFiniteGuard(acc, self.meter, self.model, config.TRAIN.NONFINITE)
         self.preemption = PreemptionWatch(acc)
         self.lock = RunLock(config.output_dir)  # taken by the main process in fit()
@@ -209,6 +219,7 @@ class Trainer:
         self.resumed_boundary: dict[str, Any] | None = None
         self.resumed_wandb_id: str | None = None
         self.resumed_data_state: dict[str, Any] | None = None
+        self.resumed_from: Path | None = None  # the checkpoint resumed from
         self.final_boundary_done = False
 
     def dump_metrics_state(self) -> dict[str, Any]:
@@ -233,6 +244,19 @@ class Trainer:
             "early_stopping": self.early_stopping.state_dict(),
             "train_window": self.meter.state_dict(),
         }
+
+    # -- for callbacks: rank-specific side effects in one place ---------------------------------
+    @property
+    def is_main_process(self) -> bool:
+        return bool(self.accelerator.is_main_process)
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        """Append ``metrics`` at ``step`` to metrics.jsonl and the trackers (main process only)."""
+        self.out.log(metrics, step)
+
+    def say(self, text: str) -> None:
+        """Print a line above the progress bar (main process only)."""
+        self.out.say(text)
 
     def _meter(self) -> TrainMeter:
         task, cfg = self.task, self.config.TASK
@@ -269,6 +293,7 @@ class Trainer:
             if finished is not None:
                 self._tear_down()  # every process got the same answer: all are here
                 return {**finished, "already_finished": True}
+            self.callbacks.start(self, self.progress.global_step, self.resumed_from)
             with self.preemption:  # from here on, SIGTERM/SIGUSR1 ask for a clean stop
                 stop = self._run()
             if stop is not None:
@@ -316,7 +341,7 @@ class Trainer:
     def _train_epoch(self, epoch: int) -> tuple[StopDecision | None, bool]:
         """Train epoch ``epoch`` from where it stands; ``(stop, over)``: why the run stops, if it
         does, and whether the epoch is over (its data ended, or the run's last step came)."""
-        progress, plan, batches = self.progress, self.plan, self.train_batches
+        progress, plan, batches, callbacks = self.progress, self.plan, self.train_batches, self.callbacks
         batches.set_epoch(epoch)
         done = progress.batches_seen_in_epoch  # > 0 when resuming mid-epoch
         first_step = progress.global_step
@@ -327,6 +352,8 @@ class Trainer:
         for window in batches.windows(done, plan.accumulation):
             self.step.run(window, progress.global_step, epoch)
             progress.complete_step(len(window), batches.samples_in(window))
+            if progress.global_step >= callbacks.next_due:  # one int compared when none is due
+                callbacks.step_end(self, progress.global_step)
             # A stream of unknown length knows its pass ends once it looked for the next batch.
             epoch_ends = self.ops.should_end_epoch(epoch, progress.global_step) or batches.pass_ended
             if stop := self._after_optimizer_step(epoch, epoch_ends):
@@ -487,6 +514,7 @@ class Trainer:
         self.out.say(validation_line(label, results, self.task.metric_directions))
         self.last_validation = results
         self.checkpointer.record_metric(step, results)
+        self.callbacks.validation_end(self, step, results)
         return self._check_early_stop(results)
 
     def _preempt_boundary(
@@ -530,6 +558,7 @@ class Trainer:
             "early_stopping": self.early_stopping.state_dict(),
             "gradnorm": self.gradnorm.state_dict() if self.gradnorm is not None else None,
             "boundary": boundary,
+            "callbacks": self.callbacks.state_dict(),
             "wandb_run_id": self._wandb_run_id(),
             "plan": plan_identity(self.plan),
             "config": self.config.model_dump(mode="json"),
@@ -547,6 +576,7 @@ class Trainer:
                 step, f"the checkpoint of step {step}", resume_point, parameters_finite
             ),
         )
+        self.callbacks.checkpoint_saved(step)
 
     def _resume(self, resume_from: str | Path | None) -> None:
         acc = self.accelerator
@@ -588,6 +618,8 @@ class Trainer:
         if problem is not None:  # before any pass or step of the resumed run
             raise ConfigError([problem], source="resume")
         self.resumed_boundary = state.get("boundary")
+        self.resumed_from = Path(path)
+        callback_notes = self.callbacks.load_state_dict(state.get("callbacks") or {})
         self.resumed_wandb_id = state.get("wandb_run_id")
         # The run's length is this config's (more epochs may have been asked for).
         self.progress.total_epochs, self.progress.expected_total_steps = (
@@ -599,6 +631,8 @@ class Trainer:
         self.out.say(f"resumed from {path} (global step {step}, epoch {self.progress.current_epoch})")
         for line in changes:
             self.out.say(f"config changed since the checkpoint, applied: {line}")
+        for line in callback_notes:
+            self.out.say(line)
 
     def _wandb_run_id(self) -> str | None:
         if not self.accelerator.is_main_process:
@@ -660,6 +694,7 @@ class Trainer:
         preempted = stop is not None and stop.reason == "preempted"
         progress.tokens_seen += self.meter.take_tokens()
         self.checkpointer.settle()  # the last checkpoint is committed, or every process stops here
+        self.callbacks.announce_commits(self)  # settled: every checkpoint is committed
         if not preempted:  # a preempted run's weights are in its last checkpoint
             self.nonfinite.check(progress.global_step, "the final weights", self.checkpointer.current)
             # A compiled model's weights under the model's own names (no "_orig_mod." prefix);
@@ -672,6 +707,7 @@ class Trainer:
         summary["checkpoint_blocked_s"] = round(self.checkpointer.total_blocked_s, 3)
         summary["checkpoint_wait_s"] = round(self.checkpointer.total_waited_s, 3)
         self.out.write_json("summary.json", summary)
+        self.callbacks.fit_end(self, summary)
         self._tear_down()
         self.out.close()
         return summary

@@ -1,0 +1,123 @@
+"""The run's callbacks as the loop sees them: when each ``on_step_end`` is due (one int compared per
+step: ``step >= callbacks.next_due``), the events dispatched in order, the commits of checkpoints
+handed to ``on_checkpoint`` on the main process, and their state by label in every checkpoint."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..callbacks import Callback
+from ..schedule.callback_steps import next_call
+
+if TYPE_CHECKING:
+    from ..schedule import ResolvedPlan
+
+NEVER = 1 << 62  # no call due: the loop's comparison stays false
+
+
+class CallbackList:
+    def __init__(self, callbacks: list[Callback], plan: ResolvedPlan, main_process: bool) -> None:
+        self.callbacks = callbacks
+        self.plan = plan
+        self.labels = [timing.label for timing in plan.callbacks]
+        self._next = [NEVER] * len(callbacks)
+        self.next_due = NEVER
+        # (step, path) of checkpoints committed and not yet announced (filled by the commit, which
+        # may run on a background thread; main process only).
+        self._committed: list[tuple[int, Path]] = []
+        self._lock = threading.Lock()
+        # Only the main process commits, so only it announces commits.
+        self.wants_commits = main_process and any(_overrides(c, "on_checkpoint") for c in callbacks)
+        self._pending = 0  # checkpoints saved and not yet announced
+
+    def __bool__(self) -> bool:
+        return bool(self.callbacks)
+
+    def start(self, trainer: Any, step: int, resumed_from: Path | None = None) -> None:
+        """From ``step`` (0, or the resumed step): the first call of each; ``on_fit_start``. A
+        checkpoint's callback state is taken before its commit, so on the main process the
+        checkpoint resumed from (``resumed_from``) is announced again to ``on_checkpoint``: the
+        state then is what it was after that commit in an uninterrupted run."""
+        if resumed_from is not None:
+            self.checkpoint_saved(step)
+            self.committed(step, resumed_from)
+        for i, timing in enumerate(self.plan.callbacks):
+            due = next_call(self.plan, timing, step) if _overrides(self.callbacks[i], "on_step_end") else None
+            self._next[i] = NEVER if due is None else due
+        self.next_due = min(self._next, default=NEVER)
+        for callback in self.callbacks:
+            callback.on_fit_start(trainer)
+        self.announce_commits(trainer)
+
+    def step_end(self, trainer: Any, step: int) -> None:
+        """The loop calls this once ``step >= next_due``."""
+        for i, callback in enumerate(self.callbacks):
+            if self._next[i] <= step:
+                callback.on_step_end(trainer, step)
+                due = next_call(self.plan, self.plan.callbacks[i], step)
+                self._next[i] = NEVER if due is None else due
+        self.announce_commits(trainer)
+        self.next_due = min(self._next, default=NEVER)
+        if self._pending:
+            self.next_due = min(self.next_due, step + 1)  # look again after the next step
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def checkpoint_saved(self, step: int) -> None:
+        """A checkpoint of ``step`` is on its way to its commit: look for it after each step."""
+        if self.wants_commits:
+            self._pending += 1
+            self.next_due = min(self.next_due, step + 1)
+
+    def committed(self, step: int, path: Path) -> None:
+        """Called by the commit (main process, maybe on a background thread)."""
+        if self.wants_commits:
+            with self._lock:
+                self._committed.append((step, path))
+
+    def announce_commits(self, trainer: Any) -> None:
+        """``on_checkpoint`` for every commit since the last look, in order."""
+        if not self._pending:
+            return
+        with self._lock:
+            done, self._committed = self._committed, []
+        self._pending -= len(done)
+        for step, path in done:
+            for callback in self.callbacks:
+                callback.on_checkpoint(trainer, step, path)
+
+    # -- the other events ----------------------------------------------------------------------
+    def validation_end(self, trainer: Any, step: int, metrics: dict[str, float]) -> None:
+        for callback in self.callbacks:
+            callback.on_validation_end(trainer, step, metrics)
+
+    def fit_end(self, trainer: Any, summary: dict[str, Any]) -> None:
+        for callback in self.callbacks:
+            callback.on_fit_end(trainer, summary)
+
+    # -- state ---------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            label: callback.state_dict() for label, callback in zip(self.labels, self.callbacks, strict=True)
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> list[str]:
+        """Each callback's state by its label; what a user should know (a callback new since the
+        checkpoint starts fresh, one no longer listed is dropped)."""
+        notes = []
+        for label, callback in zip(self.labels, self.callbacks, strict=True):
+            if label in state:
+                callback.load_state_dict(state[label])
+            else:
+                notes.append(f"callback {label} has no state in the checkpoint: it starts fresh")
+        notes += [
+            f"callback {label} of the checkpoint is not in this run: its state is dropped"
+            for label in state
+            if label not in self.labels
+        ]
+        return notes
+
+
+def _overrides(callback: Callback, method: str) -> bool:
+    return getattr(type(callback), method) is not getattr(Callback, method)

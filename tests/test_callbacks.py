@@ -1,0 +1,200 @@
+"""Callbacks (``linnaeus_accel.Callback``): when ``on_step_end`` runs (a pure function of the step,
+resolved with the plan and drawn in ``plan``), config errors naming their key, the events a run
+calls in order, and a callback's state after ``kill -9`` and a rerun equal to an uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import REPO, run_cli
+from pydantic import BaseModel, ConfigDict
+from test_resume import EPOCH_CKPT, TrainRun, assert_resumed_from, assert_same_run, committed
+
+from linnaeus_accel import Callback, register_callback
+from linnaeus_accel.callbacks import build_callbacks
+from linnaeus_accel.config import ConfigError, validate_config
+from linnaeus_accel.schedule import resolve_plan
+from linnaeus_accel.schedule.callback_steps import CallbackTiming, next_call
+from linnaeus_accel.schedule.run_length import epoch_unit_keys
+
+SCRIPT = REPO / "tests" / "callback_script.py"
+
+
+def plan_of(train: dict[str, Any], batches_per_epoch: int = 10) -> Any:
+    config = validate_config(
+        {"TRAIN": train, "DATA": {"BATCH_SIZE": 10}, "LR_SCHEDULER": {"REFERENCE_BS": None}}
+    )
+    return resolve_plan(config, batches_per_epoch, 1, batches_per_epoch * 10)
+
+
+EPOCHS_3 = plan_of({"EPOCHS": 3})  # 10 steps an epoch, T = 30
+STEPS_25 = plan_of({"EPOCHS": None, "STEPS": 25})  # 10 steps an epoch, the third partial: T = 25
+
+
+@pytest.mark.parametrize(
+    ("plan", "timing", "after", "due"),
+    [
+        (EPOCHS_3, CallbackTiming("a", "step"), 0, 1),  # every step: the next one
+        (EPOCHS_3, CallbackTiming("a", "step"), 29, 30),  # ... up to the last
+        (EPOCHS_3, CallbackTiming("a", "step"), 30, None),  # none after the run's end
+        (EPOCHS_3, CallbackTiming("a", "steps", 7), 0, 7),  # every 7 steps: the first multiple
+        (EPOCHS_3, CallbackTiming("a", "steps", 7), 7, 14),  # after a call, the next multiple
+        (EPOCHS_3, CallbackTiming("a", "steps", 7), 12, 14),  # resumed between two: the next multiple
+        (EPOCHS_3, CallbackTiming("a", "steps", 7), 28, None),  # 35 > T: none left
+        (EPOCHS_3, CallbackTiming("a", "steps", 10), 20, 30),  # a multiple at T itself is called
+        (EPOCHS_3, CallbackTiming("a", "epochs", 1), 0, 10),  # every epoch: at its last step
+        (EPOCHS_3, CallbackTiming("a", "epochs", 2), 0, 20),  # every 2 epochs: epoch 2's last step
+        (EPOCHS_3, CallbackTiming("a", "epochs", 2), 20, None),  # epoch 4 is not in the run
+        (STEPS_25, CallbackTiming("a", "epochs", 1), 20, 25),  # the partial last epoch ends at T
+        (STEPS_25, CallbackTiming("a", "epochs", 2), 0, 20),  # ... epoch 3 is not a multiple of 2
+        (EPOCHS_3, CallbackTiming("a", "never", 0), 0, None),  # a fraction that resolved to 0 steps
+    ],
+)
+def test_next_call(plan: Any, timing: CallbackTiming, after: int, due: int | None) -> None:
+    assert next_call(plan, timing, after) == due
+
+
+def test_intervals_resolve_once_with_the_plan() -> None:
+    config = validate_config(
+        {
+            "TRAIN": {"EPOCHS": 3},
+            "DATA": {"BATCH_SIZE": 10},
+            "CALLBACKS": [
+                {"NAME": "x"},
+                {"NAME": "x", "INTERVAL_FRACTION": 0.25},  # 0.25 x 30 = 7.5 -> 8 steps
+                {"NAME": "y", "INTERVAL_FRACTION": 0.0},
+                {"NAME": "y", "INTERVAL_EPOCHS": 2},
+            ],
+        }
+    )
+    plan = resolve_plan(config, 10, 1, 100)
+    assert plan.callbacks == (
+        CallbackTiming("x", "step"),
+        CallbackTiming("x#2", "steps", 8),
+        CallbackTiming("y", "never", 0),
+        CallbackTiming("y#2", "epochs", 2),
+    )
+    # For a stream without __len__, an interval in epochs is one of the keys it cannot resolve.
+    assert "CALLBACKS.3.INTERVAL_EPOCHS" in epoch_unit_keys(config)
+
+
+def test_plan_lists_callbacks_and_draws_them_on_the_timeline(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        f"BASE: [{REPO / 'configs' / 'default.yaml'}]\n"
+        "CALLBACKS:\n  - NAME: samples\n    INTERVAL_STEPS: 300\n"
+    )
+    rc, out, err = run_cli("plan", "--cfg", str(cfg))
+    assert rc == 0, err
+    assert "Callback samples: on_step_end every 300 steps" in out
+    row = next(line for line in out.splitlines() if line.startswith("  samples    |"))
+    assert row.count("*") == 3  # steps 300, 600, 900 of 900
+    rc, out, err = run_cli("plan", "--cfg", str(cfg), "--json", "--no-series")
+    assert json.loads(out)["callbacks"] == [{"label": "samples", "unit": "steps", "every": 300}]
+
+
+class StrictOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    every: int = 1
+
+
+@register_callback("test_strict")
+class Strict(Callback):
+    Options = StrictOptions
+
+    def __init__(self, every: int = 1) -> None:
+        self.every = every
+
+
+@register_callback("test_plain")
+class Plain(Callback):
+    def __init__(self, text: str = "") -> None:
+        self.text = text
+
+
+def test_config_errors_name_their_key() -> None:
+    config = validate_config(
+        {
+            "CALLBACKS": [
+                {"NAME": "no_such_callback"},
+                {"NAME": "test_strict", "OPTIONS": {"every": "often", "evry": 3}},
+                {"NAME": "test_plain", "OPTIONS": {"txt": "a"}},
+                {"NAME": "test_plain", "OPTIONS": {"text": "fine"}, "INTERVAL_STEPS": 5},
+            ]
+        }
+    )
+    with pytest.raises(ConfigError) as caught:
+        build_callbacks(config)
+    keys = [key for key, _ in caught.value.problems]
+    assert keys == [
+        "CALLBACKS.0.NAME",
+        "CALLBACKS.1.OPTIONS.every",
+        "CALLBACKS.1.OPTIONS.evry",
+        "CALLBACKS.2.OPTIONS.txt",
+    ]
+    text = str(caught.value)
+    assert "no callback named 'no_such_callback'" in text
+    assert "register_callback" in text
+    assert "Plain takes no option 'txt' (it takes: text)" in text
+    with pytest.raises(
+        ConfigError, match=r"INTERVAL_STEPS and CALLBACKS\.0\.INTERVAL_EPOCHS are set together"
+    ):
+        validate_config({"CALLBACKS": [{"NAME": "x", "INTERVAL_STEPS": 5, "INTERVAL_EPOCHS": 1}]})
+    built = build_callbacks(validate_config({"CALLBACKS": [{"NAME": "test_plain", "INTERVAL_STEPS": 5}]}))
+    assert isinstance(built[0], Plain)
+    assert built[0].interval == {"INTERVAL_STEPS": 5}
+
+
+# -- end to end: the events of a run, and a callback's state across kill -9 -------------------------
+CALLBACK_OPTS = [
+    *EPOCH_CKPT,  # 4 epochs of 23 steps (T = 92), checkpoints at steps 46 and 92
+    "CALLBACKS", "[{NAME: counter}, {NAME: counter, OPTIONS: {label: sparse}, INTERVAL_STEPS: 10}]",
+]  # fmt: skip
+
+
+def counted(run: TrainRun, label: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((run.dir / f"callback_{label}.json").read_text())
+    return data
+
+
+@pytest.mark.slow
+def test_callback_state_after_kill_and_rerun_equals_an_uninterrupted_run(tmp_path: Path) -> None:
+    code = SCRIPT.read_text()
+    (tmp_path / "ref").mkdir()
+    ref_run = TrainRun(tmp_path / "ref", CALLBACK_OPTS)
+    reference = ref_run.run(python_code=code).check_ok()
+    every, sparse = counted(ref_run, "counter"), counted(ref_run, "sparse")
+    validations = sorted(
+        {
+            r["global_step"]
+            for r in map(json.loads, (ref_run.dir / "metrics.jsonl").read_text().splitlines())
+            if "val/loss" in r
+        }
+    )
+    assert every == {
+        "steps": list(range(1, 93)),
+        "validations": validations,
+        "checkpoints": [46, 92],  # main process, once each is committed
+        "starts": 1,
+        "status": "completed",
+    }
+    assert sparse["steps"] == list(range(10, 93, 10))
+    assert "Callback counter: on_step_end after every optimizer step" in reference.output
+    assert "Callback sparse" not in reference.output  # the label is the registered name: counter#2
+    assert "Callback counter#2: on_step_end every 10 steps" in reference.output
+
+    (tmp_path / "killed").mkdir()
+    run = TrainRun(tmp_path / "killed", CALLBACK_OPTS)
+    killed = run.run(kill_at="optimizer_step:71", python_code=code)  # after the checkpoint of step 46
+    assert killed.returncode != 0, killed.tail()
+    assert committed(run.dir) == ["step_00000046"]
+    resumed = run.run(python_code=code)
+    assert_resumed_from(resumed.output, 46)
+    assert_same_run(resumed, reference)
+    # Each event counted exactly once over both launches, as in the uninterrupted run.
+    assert counted(run, "counter") == {**every, "starts": 1}
+    assert counted(run, "sparse") == sparse
