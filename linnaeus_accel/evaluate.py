@@ -71,14 +71,16 @@ def locate(path: str | Path) -> Weights:
             raise _refused(f"{path} is damaged: {exc}") from None
         run_dir = path.parent.parent if path.parent.name == "checkpoints" else path.parent
         return Weights(path, True, step, run_dir)
-    if path.name == FINAL_DIR:
+    # final/, or final/ema/ (the ema callback's average, in the same format)
+    final = path if path.name == FINAL_DIR else path.parent if path.parent.name == FINAL_DIR else None
+    if final is not None:
         if not (path / WEIGHTS).is_file() and not (path / WEIGHTS_INDEX).is_file():
             raise _refused(f"{path} holds no {WEIGHTS}: the run did not finish writing its final weights")
-        return Weights(path, False, _summary_step(path.parent), path.parent)
+        return Weights(path, False, _summary_step(final.parent), final.parent)
     raise _refused(
         f"{path} is not a committed checkpoint (no {MARKER}: its write did not finish, or it is not "
         f"a checkpoint) nor a run's {FINAL_DIR}/ directory: pass <run dir>/checkpoints/step_XXXXXXXX "
-        f"with {MARKER}, or <run dir>/{FINAL_DIR}"
+        f"with {MARKER}, <run dir>/{FINAL_DIR} or <run dir>/{FINAL_DIR}/ema"
     )
 
 

@@ -23,8 +23,10 @@ From a config, register it (``@register_callback("count_steps")``) and list it u
 with its ``OPTIONS`` (keyword arguments of the class, checked against its ``Options`` model when
 it has one) and ``INTERVAL_*``.
 
+Built in: ``ema`` (``linnaeus_accel.callbacks.ema``).
+
 Which process runs which event (the same on 1 or N processes):
-- ``on_fit_start``, ``on_step_end``, ``on_validation_end``, ``on_fit_end`` run on **every** process,
+- ``on_setup``, ``on_fit_start``, ``on_step_end``, ``on_validation_end``, ``on_fit_end`` run on **every** process,
   at the same step, with the same arguments: a callback may use collectives (gathering weights,
   all-reduce). Side effects that must happen once (files, prints) go through
   ``trainer.is_main_process``, or ``trainer.log(metrics, step)`` and ``trainer.say(text)``, which
@@ -32,6 +34,7 @@ Which process runs which event (the same on 1 or N processes):
 - ``on_checkpoint`` runs on the **main process only**, once the checkpoint is committed (with ASYNC
   checkpoints, at the first step end after the background commit).
 - ``state_dict()`` is taken on the main process and must be plain JSON data; every process loads it.
+  Tensors go with the run's state through ``on_setup`` (above).
 """
 
 from __future__ import annotations
@@ -62,6 +65,11 @@ class Callback:
     # naming CALLBACKS.<i>.OPTIONS.<key>, and the generated reference documents the fields.
     Options: ClassVar[type[BaseModel] | None] = None
 
+    def on_setup(self, trainer: Trainer) -> None:
+        """Every process, at the end of the Trainer's construction: the model and optimizer are
+        prepared, no checkpoint is loaded yet. Register tensors to save with the run's state here
+        (``trainer.accelerator.register_for_checkpointing``), as ``ema`` does."""
+
     def on_fit_start(self, trainer: Trainer) -> None:
         """Every process, once the run is set up (and resumed), before its first step."""
 
@@ -70,7 +78,9 @@ class Callback:
         steps of ``interval``."""
 
     def on_validation_end(self, trainer: Trainer, step: int, metrics: dict[str, float]) -> None:
-        """Every process, after the validation passes at ``step`` (``metrics``: all of them)."""
+        """Every process, after the validation passes at ``step`` (``metrics``: all of them), before
+        they are logged: entries a callback adds (``val_ema/loss``) go into the same record, the
+        console line and the checkpoint ranking."""
 
     def on_checkpoint(self, trainer: Trainer, step: int, path: Path) -> None:
         """Main process only: the checkpoint of ``step`` at ``path`` is committed."""
@@ -89,7 +99,7 @@ CALLBACKS: Registry[type[Callback]] = Registry(
     "callback",
     "CALLBACKS.<i>.NAME",
     "linnaeus_accel.register_callback",
-    {},  # built-in callbacks: module paths here, imported when first named
+    {"ema": "linnaeus_accel.callbacks.ema"},  # built-in callbacks, imported when first named
 )
 register_callback = CALLBACKS.register
 
@@ -128,7 +138,7 @@ def _options(
 ) -> tuple[dict[str, Any], list[tuple[str, str]]]:
     if cls.Options is not None:
         try:
-            return cls.Options.model_validate(options).model_dump(), []
+            return cls.Options.model_validate(options).model_dump(by_alias=True), []
         except ValidationError as exc:
             return {}, [
                 (".".join([key, *map(str, err["loc"])]), err["msg"]) for err in exc.errors(include_url=False)

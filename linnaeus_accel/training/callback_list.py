@@ -35,6 +35,10 @@ class CallbackList:
     def __bool__(self) -> bool:
         return bool(self.callbacks)
 
+    def setup(self, trainer: Any) -> None:
+        for callback in self.callbacks:
+            callback.on_setup(trainer)
+
     def start(self, trainer: Any, step: int, resumed_from: Path | None = None) -> None:
         """From ``step`` (0, or the resumed step): the first call of each; ``on_fit_start``. A
         checkpoint's callback state is taken before its commit, so on the main process the

@@ -221,6 +221,7 @@ class Trainer:
         self.resumed_data_state: dict[str, Any] | None = None
         self.resumed_from: Path | None = None  # the checkpoint resumed from
         self.final_boundary_done = False
+        self.callbacks.setup(self)  # before any checkpoint is loaded (they may register state)
 
     def dump_metrics_state(self) -> dict[str, Any]:
         """For debugging validation metrics (linnaeus' ``MetricsTracker.dump_metrics_state``): a
@@ -508,13 +509,13 @@ class Trainer:
             results.update(metrics)
         if not results:
             return None
+        self.callbacks.validation_end(self, step, results)  # may add metrics of its own (val_ema/)
         results["epoch"] = float(point.epoch)
         self.out.log(results, step)
         label = f"step {step} (epoch {point.epoch})" if point.mid else f"epoch {point.epoch}"
         self.out.say(validation_line(label, results, self.task.metric_directions))
         self.last_validation = results
         self.checkpointer.record_metric(step, results)
-        self.callbacks.validation_end(self, step, results)
         return self._check_early_stop(results)
 
     def _preempt_boundary(

@@ -1,0 +1,130 @@
+"""``ema``: an exponential moving average of the weights (Polyak averaging), the usual companion of
+long runs and the weights many papers report.
+
+After each optimizer step at its interval (default: every step), on every process and on the
+device, with no host sync: ``ema = decay_t * ema + (1 - decay_t) * weights`` (one fused
+``torch._foreach_lerp_`` over the parameters; buffers such as BatchNorm statistics are copied).
+``decay_t`` is ``decay``, or with ``warmup`` ``min(decay, (1 + n) / (10 + n))`` after ``n`` updates
+(as timm's and torch-ema's warm-up), so early averages are not dominated by the random start.
+
+- Checkpoints: the averaged weights are saved with the run's state (Accelerate's
+  ``register_for_checkpointing``: ``custom_checkpoint_<i>.pkl``, verified with the rest), and ``n``
+  in the callback's JSON state; a resumed run's average is byte-identical to an uninterrupted one's.
+- ``final/ema/``: the averaged weights in the format of ``final/`` (``model.safetensors``), which
+  ``linnaeus-accel evaluate --checkpoint <run>/final/ema`` reads like ``final/``.
+- ``validate: true``: after each standard validation pass (``val/``), the same pass on the averaged
+  weights, logged with the prefix ``val_ema/`` in the same record (``SCHEDULE.CHECKPOINT.METRIC``
+  and early stopping may rank by ``val_ema/loss``).
+- Memory: one more copy of the model's weights (in their own dtype) on each process.
+- FSDP and DeepSpeed shard the weights across processes; this callback keeps a whole copy and is
+  refused there (a ConfigError naming it) rather than averaging shards it cannot save as a model.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+import torch
+from accelerate.utils import DistributedType
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..config import ConfigError
+from . import Callback, register_callback
+
+if TYPE_CHECKING:
+    from ..training.trainer import Trainer
+
+
+class EmaOptions(BaseModel):
+    """``CALLBACKS: [{NAME: ema, OPTIONS: {...}}]``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+    decay: float = Field(
+        0.999, gt=0.0, lt=1.0, description="Weight of the average at each update (0 < decay < 1)."
+    )
+    warmup: bool = Field(False, description="Use min(decay, (1 + n) / (10 + n)) after n updates.")
+    validate_: bool = Field(
+        False,
+        alias="validate",
+        description="Also run the standard validation pass on the average (val_ema/).",
+    )
+
+
+class _AveragedWeights:
+    """What Accelerate saves and loads with the run's state: the averaged tensors, by name."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach() for k, v in self.model.state_dict().items()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.model.load_state_dict(state)
+
+
+@register_callback("ema")
+class EMA(Callback):
+    Options = EmaOptions
+
+    def __init__(self, decay: float = 0.999, warmup: bool = False, validate: bool = False) -> None:
+        options = EmaOptions.model_validate({"decay": decay, "warmup": warmup, "validate": validate})
+        self.decay, self.warmup, self.validate = options.decay, options.warmup, options.validate_
+        self.updates = 0
+        self.model: torch.nn.Module | None = None
+
+    def on_setup(self, trainer: Trainer) -> None:
+        acc = trainer.accelerator
+        if acc.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+            raise ConfigError(
+                [
+                    (
+                        "CALLBACKS",
+                        f"ema keeps a whole copy of the weights, which {acc.distributed_type.value} shards across "
+                        "processes: remove the ema callback, or train with DDP",
+                    )
+                ]
+            )
+        live = acc.unwrap_model(trainer.model, keep_torch_compile=False)
+        self.model = copy.deepcopy(live).requires_grad_(False).eval()
+        self._live = list(live.parameters())
+        self._average = list(self.model.parameters())
+        self._live_buffers = [b for b in live.buffers() if b.is_floating_point()]
+        self._buffers = [b for b in self.model.buffers() if b.is_floating_point()]
+        acc.register_for_checkpointing(_AveragedWeights(self.model))
+
+    def decay_at(self, updates: int) -> float:
+        return min(self.decay, (1 + updates) / (10 + updates)) if self.warmup else self.decay
+
+    @torch.no_grad()
+    def on_step_end(self, trainer: Trainer, step: int) -> None:
+        weight = 1.0 - self.decay_at(self.updates)  # a host float: nothing is read from the device
+        torch._foreach_lerp_(self._average, self._live, weight)
+        if self._buffers:
+            torch._foreach_copy_(self._buffers, self._live_buffers)
+        self.updates += 1
+
+    def on_validation_end(self, trainer: Trainer, step: int, metrics: dict[str, float]) -> None:
+        if not self.validate or trainer.val_batches is None or not any(k.startswith("val/") for k in metrics):
+            return
+        from ..tasks.base import STANDARD_PASS
+        from ..training.validation import run_pass
+
+        assert self.model is not None
+        vpass = dataclasses.replace(STANDARD_PASS, prefix="val_ema")
+        metrics.update(run_pass(trainer.accelerator, self.model, trainer.val_batches, trainer.task, vpass))
+
+    def on_fit_end(self, trainer: Trainer, summary: dict[str, Any]) -> None:
+        if summary["status"] == "preempted" or self.model is None:
+            return  # a preempted run's average is in its last checkpoint
+        trainer.accelerator.save_model(
+            self.model, trainer.config.output_dir / "final" / "ema", safe_serialization=True
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"updates": self.updates}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.updates = int(state["updates"])
