@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO, run_cli
+import torch
+from conftest import REPO, reset_accelerate, run_cli
 from pydantic import BaseModel, ConfigDict
 from test_resume import EPOCH_CKPT, TrainRun, assert_resumed_from, assert_same_run, committed
 
@@ -198,3 +199,83 @@ def test_callback_state_after_kill_and_rerun_equals_an_uninterrupted_run(tmp_pat
     # Each event counted exactly once over both launches, as in the uninterrupted run.
     assert counted(run, "counter") == {**every, "starts": 1}
     assert counted(run, "sparse") == sparse
+
+
+# -- lm_samples ------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_lm_samples_writes_what_the_trained_model_generates(tmp_path: Path) -> None:
+    """Greedy text at steps 10 and 20 in metrics.jsonl and the console; the last one equals greedy
+    decoding of the final weights, computed here with transformers; sampled text is seeded."""
+    from safetensors.torch import load_file
+    from test_lm import LM_CFG, SMALL_LM
+
+    from linnaeus_accel.config import load_config
+    from linnaeus_accel.data.packing import decode_bytes, encode_bytes
+    from linnaeus_accel.models import build_model
+
+    callbacks = (
+        "[{NAME: lm_samples, INTERVAL_STEPS: 10, OPTIONS: {prompts: ['def ', 'The '], max_new_tokens: 8}},"
+        " {NAME: lm_samples, INTERVAL_STEPS: 20, OPTIONS: {prompts: ['x'], temperature: 1.0, seed: 3}}]"
+    )
+    opts = [
+        *SMALL_LM,
+        "TRAIN.TARGET_TOKENS",
+        str(20 * 8 * 128),
+        "ENV.OUTPUT.BASE_DIR",
+        str(tmp_path),
+        "CALLBACKS",
+        callbacks,
+    ]
+    reset_accelerate()
+    try:
+        rc, out, err = run_cli("train", "--cfg", LM_CFG, "--opts", *opts)
+    finally:
+        reset_accelerate()
+    assert rc == 0, out + err
+    run = tmp_path / "lm_tiny"
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    greedy = [r for r in records if "samples/1" in r]
+    assert [r["global_step"] for r in greedy] == [10, 20]
+    assert all(r["samples/0"].startswith("def ") and r["samples/1"].startswith("The ") for r in greedy)
+    assert f"step 20 sample: 'def ' -> {greedy[-1]['samples/0'][4:]!r}" in out
+
+    config = load_config(LM_CFG, [*SMALL_LM, "MODEL.OPTIONS.vocab_size", "257"])
+    model = build_model(config, None).eval()
+    model.load_state_dict(load_file(run / "final" / "model.safetensors"), strict=False)
+    model.tie_weights()
+    with torch.no_grad():
+        ids = torch.tensor([encode_bytes("def ")])
+        for _ in range(8):
+            ids = torch.cat([ids, model(ids).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert greedy[-1]["samples/0"] == "def " + decode_bytes(ids[0, 4:])
+    sampled = [r for r in records if "samples/0" in r and "samples/1" not in r]
+    assert [r["global_step"] for r in sampled] == [20]
+    assert sampled[0]["samples/0"].startswith("x")
+
+
+def test_profile_traces_its_steps_and_prints_a_summary(tmp_path: Path) -> None:
+    from linnaeus_accel.callbacks.profile import Profile
+
+    calls: list[int] = []
+
+    class Seen(Profile):
+        def on_step_end(self, trainer: Any, step: int) -> None:
+            calls.append(step)
+            super().on_step_end(trainer, step)
+
+    register_callback("test_profile_seen")(Seen)
+    opts = [
+        "ENV.OUTPUT.BASE_DIR", str(tmp_path), "TRAIN.EPOCHS", "2", "DATA.BATCH_SIZE", "256",
+        "CALLBACKS", "[{NAME: test_profile_seen, OPTIONS: {start_step: 3, steps: 2}}]",
+    ]  # fmt: skip
+    reset_accelerate()
+    try:
+        rc, out, err = run_cli("train", "--cfg", str(REPO / "configs" / "default.yaml"), "--opts", *opts)
+    finally:
+        reset_accelerate()
+    assert rc == 0, out + err
+    trace = tmp_path / "digits_default" / "profile" / "steps_3-4.rank0.json"
+    assert json.loads(trace.read_text())["traceEvents"]
+    assert "profile of steps 3-4" in out
+    assert "Self CPU" in out
+    assert calls == [1, 2, 3, 4]  # nothing asked after its range (12 steps in the run)

@@ -23,7 +23,7 @@ From a config, register it (``@register_callback("count_steps")``) and list it u
 with its ``OPTIONS`` (keyword arguments of the class, checked against its ``Options`` model when
 it has one) and ``INTERVAL_*``.
 
-Built in: ``ema`` (``linnaeus_accel.callbacks.ema``).
+Built in: ``ema``, ``lm_samples`` and ``profile`` (their modules in ``linnaeus_accel.callbacks``).
 
 Which process runs which event (the same on 1 or N processes):
 - ``on_setup``, ``on_fit_start``, ``on_step_end``, ``on_validation_end``, ``on_fit_end`` run on **every** process,
@@ -88,6 +88,12 @@ class Callback:
     def on_fit_end(self, trainer: Trainer, summary: dict[str, Any]) -> None:
         """Every process, when the run ends (completed, stopped early or preempted; not on failure)."""
 
+    @property
+    def finished(self) -> bool:
+        """True once the callback wants no more ``on_step_end`` calls in this run (``profile``
+        after its range): the loop stops asking."""
+        return False
+
     def state_dict(self) -> dict[str, Any]:
         return {}
 
@@ -99,7 +105,11 @@ CALLBACKS: Registry[type[Callback]] = Registry(
     "callback",
     "CALLBACKS.<i>.NAME",
     "linnaeus_accel.register_callback",
-    {"ema": "linnaeus_accel.callbacks.ema"},  # built-in callbacks, imported when first named
+    {  # built-in callbacks, imported when first named
+        "ema": "linnaeus_accel.callbacks.ema",
+        "lm_samples": "linnaeus_accel.callbacks.lm_samples",
+        "profile": "linnaeus_accel.callbacks.profile",
+    },
 )
 register_callback = CALLBACKS.register
 

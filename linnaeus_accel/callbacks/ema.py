@@ -28,28 +28,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from accelerate.utils import DistributedType
-from pydantic import BaseModel, ConfigDict, Field
 
 from ..config import ConfigError
+from ..config.callbacks import EmaOptions
 from . import Callback, register_callback
 
 if TYPE_CHECKING:
     from ..training.trainer import Trainer
-
-
-class EmaOptions(BaseModel):
-    """``CALLBACKS: [{NAME: ema, OPTIONS: {...}}]``."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
-    decay: float = Field(
-        0.999, gt=0.0, lt=1.0, description="Weight of the average at each update (0 < decay < 1)."
-    )
-    warmup: bool = Field(False, description="Use min(decay, (1 + n) / (10 + n)) after n updates.")
-    validate_: bool = Field(
-        False,
-        alias="validate",
-        description="Also run the standard validation pass on the average (val_ema/).",
-    )
 
 
 class _AveragedWeights:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from .base import Fraction, Problem, Section, StepsOrOff, one_unit_problems
 
@@ -40,3 +40,51 @@ class CallbackConfig(Section):
 
     def problems(self) -> list[Problem]:
         return one_unit_problems(self, "INTERVAL", units=INTERVAL_UNITS)
+
+
+# -- the options of the built-in callbacks (their classes: linnaeus_accel.callbacks.<name>) -----------
+class EmaOptions(BaseModel):
+    """``CALLBACKS: [{NAME: ema, OPTIONS: {...}}]``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+    decay: float = Field(
+        0.999, gt=0.0, lt=1.0, description="Weight of the average at each update (0 < decay < 1)."
+    )
+    warmup: bool = Field(False, description="Use min(decay, (1 + n) / (10 + n)) after n updates.")
+    validate_: bool = Field(
+        False,
+        alias="validate",
+        description="Also run the standard validation pass on the average (val_ema/).",
+    )
+
+
+class LmSamplesOptions(BaseModel):
+    """``CALLBACKS: [{NAME: lm_samples, OPTIONS: {...}}]``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    prompts: list[str] = Field(min_length=1, description="The texts to continue.")
+    max_new_tokens: int = Field(32, ge=1, description="Tokens generated per prompt.")
+    temperature: float = Field(0.0, ge=0.0, description="0: greedy; else sample from softmax(logits / T).")
+    seed: int = Field(0, description="Seeds the sampling, with the step and the prompt's index.")
+    tokenizer: str | None = Field(None, description="A tokenizer.json; default: UTF-8 bytes (257 ids).")
+    context: int | None = Field(None, ge=1, description="Tokens the model sees (default: the data's window).")
+
+
+class ProfileOptions(BaseModel):
+    """``CALLBACKS: [{NAME: profile, OPTIONS: {...}}]``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    start_step: int = Field(
+        10, ge=1, description="The first global step traced (skip the first steps' warm-up)."
+    )
+    steps: int = Field(5, ge=1, description="How many steps are traced.")
+    record_shapes: bool = Field(False, description="Record operators' input shapes.")
+    with_stack: bool = Field(False, description="Record Python stacks (larger traces).")
+    row_limit: int = Field(15, ge=1, description="Rows of the printed summary.")
+
+
+BUILTIN_OPTIONS: dict[str, type[BaseModel]] = {
+    "ema": EmaOptions,
+    "lm_samples": LmSamplesOptions,
+    "profile": ProfileOptions,
+}

@@ -158,7 +158,32 @@ def render() -> str:
         out += ["", "| key | accepts | default | description |", "|---|---|---|---|"]
         for key in section.keys:
             out.append(_row(key))
+    out += _builtin_callbacks()
     return "\n".join(out) + "\n"
+
+
+def _builtin_callbacks() -> list[str]:
+    """The OPTIONS of each built-in callback of ``CALLBACKS``."""
+    from .callbacks import BUILTIN_OPTIONS
+
+    out = [
+        "",
+        "## Built-in callbacks",
+        "",
+        "`CALLBACKS: [{NAME: <name>, OPTIONS: {...}, INTERVAL_*: ...}]`; what each does is in the",
+        "docstring of `linnaeus_accel/callbacks/<name>.py`.",
+    ]
+    for name, model in BUILTIN_OPTIONS.items():
+        out += ["", f"### {name}", "", "| option | type | default | description |", "|---|---|---|---|"]
+        for field_name, field in model.model_fields.items():
+            option = field.alias or field_name
+            annotation = field.annotation
+            kind = annotation.__name__ if isinstance(annotation, type) else str(annotation)
+            kind = kind.replace("typing.", "").replace(" | ", " or ")
+            out.append(
+                f"| `{option}` | {_text(kind)} | `{default_text(field)}` | {_text(field.description or '')} |"
+            )
+    return out
 
 
 INTRO = """\

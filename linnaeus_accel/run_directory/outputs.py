@@ -94,7 +94,7 @@ class RunOutputs:
             )
             self._plotting.start()
 
-    def log(self, metrics: dict[str, float], step: int, tracked: dict[str, float] | None = None) -> None:
+    def log(self, metrics: dict[str, Any], step: int, tracked: dict[str, Any] | None = None) -> None:
         """One logging event: a line of metrics.jsonl, and ``tracked`` (default: all of ``metrics``;
         nothing when empty) to the trackers, at the global step."""
         record = {"global_step": step, **{k: _json_number(v) for k, v in metrics.items()}}
@@ -142,7 +142,7 @@ class SilentRunOutputs(RunOutputs):
     def write_assets(self, config: Config, summary_text: str, plan: ResolvedPlan) -> None:
         pass
 
-    def log(self, metrics: dict[str, float], step: int, tracked: dict[str, float] | None = None) -> None:
+    def log(self, metrics: dict[str, Any], step: int, tracked: dict[str, Any] | None = None) -> None:
         tracked = metrics if tracked is None else tracked
         if tracked:  # a no-op off the main process, but collective-safe
             self.accelerator.log(tracked, step=step)
@@ -179,9 +179,10 @@ def _metrics_record(raw: bytes) -> dict[str, Any] | None:
     return record
 
 
-def _json_number(value: float) -> float | str | None:
+def _json_number(value: float | str) -> float | str | None:
     # JSON has no NaN/Infinity; keep the information as a string rather than writing invalid JSON.
-    return value if math.isfinite(value) else str(value)
+    # Text (a callback's samples) is written as it is.
+    return value if isinstance(value, str) or math.isfinite(value) else str(value)
 
 
 def _read(path: Path) -> str | None:

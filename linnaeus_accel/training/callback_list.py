@@ -47,20 +47,21 @@ class CallbackList:
         if resumed_from is not None:
             self.checkpoint_saved(step)
             self.committed(step, resumed_from)
-        for i, timing in enumerate(self.plan.callbacks):
-            due = next_call(self.plan, timing, step) if _overrides(self.callbacks[i], "on_step_end") else None
-            self._next[i] = NEVER if due is None else due
-        self.next_due = min(self._next, default=NEVER)
         for callback in self.callbacks:
             callback.on_fit_start(trainer)
-        self.announce_commits(trainer)
+        for i, (timing, callback) in enumerate(zip(self.plan.callbacks, self.callbacks, strict=True)):
+            asks = _overrides(callback, "on_step_end") and not callback.finished
+            due = next_call(self.plan, timing, step) if asks else None
+            self._next[i] = NEVER if due is None else due
+        self.next_due = min(self._next, default=NEVER)
+        self.announce_commits(trainer)  # the checkpoint resumed from, at once
 
     def step_end(self, trainer: Any, step: int) -> None:
         """The loop calls this once ``step >= next_due``."""
         for i, callback in enumerate(self.callbacks):
             if self._next[i] <= step:
                 callback.on_step_end(trainer, step)
-                due = next_call(self.plan, self.plan.callbacks[i], step)
+                due = None if callback.finished else next_call(self.plan, self.plan.callbacks[i], step)
                 self._next[i] = NEVER if due is None else due
         self.announce_commits(trainer)
         self.next_due = min(self._next, default=NEVER)
