@@ -4,7 +4,7 @@ in both modes, against a bare ``accelerator.save_state`` of the same state.
 The state is the default task's MLP widened to ~50 MB of fp32 weights, with AdamW's two moments
 (~150 MB in all). One round saves it three ways back to back on the same Accelerator: a bare
 ``save_state`` into a fresh directory (the reference, as a hand-written loop would checkpoint), the
-trainer's own checkpoint (``Trainer._save_checkpoint``: the non-finite check, the state, the
+trainer's own checkpoint (``RunCheckpoints.save``: the non-finite check, the state, the
 commit) with ``SCHEDULE.CHECKPOINT.ASYNC`` false, then true. For ours, "blocked" is the time until
 the call returns (the loop goes on), "commit" the time until the background commit has finished
 (hashes and fsync, marker; retention follows it). Each round's ratios are taken against that
@@ -68,7 +68,7 @@ def _save(trainer: Any, step: int) -> tuple[float, float]:
     trainer.checkpointer.worker.wait()  # the previous round's work is not this round's cost
     trainer.progress.global_step = step
     started = time.perf_counter()
-    trainer._save_checkpoint(boundary=None)
+    trainer.checkpoints.save(boundary=None)
     blocked = time.perf_counter() - started
     trainer.checkpointer.worker.wait()  # retention follows the commit: not part of it
     committed = trainer.checkpointer.committed_at - started

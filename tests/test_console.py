@@ -23,7 +23,7 @@ from linnaeus_accel.models import build_model
 from linnaeus_accel.progress import TrainingConsistencyChecker
 from linnaeus_accel.run_directory.console import Console
 from linnaeus_accel.schedule import resolve_plan
-from linnaeus_accel.training import trainer as trainer_module
+from linnaeus_accel.training import events as events_module
 from linnaeus_accel.training.trainer import Trainer
 from linnaeus_accel.training.validation import validation_line
 
@@ -205,13 +205,13 @@ def test_dump_metrics_state_during_and_after_validation(
         "false",
     )
     dumps: list[str] = []
-    real_pass = trainer_module.run_pass
+    real_pass = events_module.run_pass
 
     def dumping_pass(*args: Any) -> dict[str, float]:  # a debugger's view before each pass
         dumps.append(json.dumps(run.dump_metrics_state(), allow_nan=False))
         return real_pass(*args)
 
-    monkeypatch.setattr(trainer_module, "run_pass", dumping_pass)
+    monkeypatch.setattr(events_module, "run_pass", dumping_pass)
     summary = run.fit()
     before_first, before_second = (json.loads(d) for d in dumps)
     assert before_first["stage"] == "VALIDATION_NORMAL"

@@ -20,7 +20,7 @@ from linnaeus_accel.training.trainer import Trainer
 
 READ_BACK_OPS = {"aten._local_scalar_dense.default", "aten.nonzero.default", "aten.masked_select.default"}
 # Where reading a value back is expected: logging steps, validation, epoch and run boundaries.
-ALLOWED = {"flush", "run_pass", "_epoch_boundary", "_start", "_finish", "__iter__", "__init__"}
+ALLOWED = {"flush", "run_pass", "epoch_boundary", "_start", "_finish", "__iter__", "__init__"}
 # torch.optim reads its own step counters, which live on the host even when the model is on a GPU
 # (non-capturable optimizers), so those reads are not device syncs.
 OPTIMIZER_DIR = str(Path(torch.optim.__file__).parent)

@@ -17,6 +17,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "linnaeus_accel"
 # life sits below the checkpoint and resume machinery, which sits below the loop that drives both.
 LAYERS: dict[str, float] = {
     "checkpoint": 0,
+    "json_files": 0,
     "config": 1,
     "registry": 1,
     "progress": 2,

@@ -83,7 +83,9 @@ EPOCH2_PASSES = ["val", "val_mask_meta", "val_mask_ROWS", "val_mask_COLS_MOMENTS
 
 # The same run under 2 processes: 12 steps per epoch, 48 in all, boundaries at 12, 24, 36, 48;
 # checkpoints at 24 and 48. The preemption flag is agreed on every 10 steps.
-TWO_PROC_OPTS = EPOCH_CKPT
+# With the ema callback (validated as val_ema/): its average, saved through Accelerate with the
+# run's state, must resume byte-identical on 2 processes too (final/ema/, the val_ema/ metrics).
+TWO_PROC_OPTS = [*EPOCH_CKPT, "CALLBACKS", "[{NAME: ema, OPTIONS: {decay: 0.9, validate: true}}]"]
 # The state copied to host memory in the loop, written and committed in the background: the same
 # run (the references are shared), killed at the same points.
 ASYNC = ["SCHEDULE.CHECKPOINT.ASYNC", "true"]
@@ -299,6 +301,10 @@ def assert_same_run(result: Result, reference: Result) -> None:
     assert final.read_bytes() == ref_final.read_bytes(), (
         f"final weights differ from the uninterrupted run\n{result.tail()}"
     )
+    ema, ref_ema = (r.dir / "final" / "ema" / "model.safetensors" for r in (result, reference))
+    assert ema.is_file() == ref_ema.is_file()
+    if ref_ema.is_file():  # the ema callback's average
+        assert ema.read_bytes() == ref_ema.read_bytes(), "the ema callback's average differs"
 
     got, want = summary(result.dir), summary(reference.dir)
     assert got["status"] == "completed", got
@@ -651,15 +657,15 @@ def test_sigterm_preempts_one_process_then_rerun_ends_identically(ref_epoch: Res
 # notice that arrives during validation rather than during a training step.
 SIGTERM_IN_PASS = """
 import os, signal, sys
-import linnaeus_accel.training.trainer as trainer
+import linnaeus_accel.training.events as events
 from linnaeus_accel.cli import main
-original, seen = trainer.run_pass, [0]
+original, seen = events.run_pass, [0]
 def run_pass(*args, **kwargs):
     seen[0] += 1
     if seen[0] == {n}:
         os.kill(os.getpid(), signal.SIGTERM)
     return original(*args, **kwargs)
-trainer.run_pass = run_pass
+events.run_pass = run_pass
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -745,8 +751,9 @@ def test_sigterm_before_a_boundary_with_two_processes_then_rerun_ends_identicall
     stop: each process's share of that window comes back from its own file (assert_same_run
     compares every logged float; it differed in 6 of 7 two-process resumes when one process's
     share was loaded by both). ASYNC: process 1 writes its part in the loop, process 0 in the
-    background, and the commit still follows both."""
-    run = TrainRun(tmp_path, CONFIGS[config], processes=2)
+    background, and the commit still follows both. With the ema callback: its average is saved
+    (in the background with ASYNC) and resumed byte-identical."""
+    run = TrainRun(tmp_path, [*TWO_PROC_OPTS, *(ASYNC if config == "epoch-async" else [])], processes=2)
     preempted = run.run(extra_env={"LINNAEUS_ACCEL_TERM_AT": "optimizer_step:21"})
     assert preempted.returncode == 0, preempted.tail()
     assert summary(run.dir)["status"] == "preempted", summary(run.dir)

@@ -8,7 +8,11 @@ epoch is converted through it; each process's share of the open metric window is
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
+
+from accelerate import Accelerator
+from accelerate.utils import DistributedType
 
 from ..config import ConfigError
 from ..schedule import ResolvedPlan
@@ -80,3 +84,23 @@ def own_rank_state(states: list[dict[str, Any]], rank: int, world_size: int) -> 
     else:
         merged["sums"] = [0.0] * len(sums[0] or [])
     return {"meter": merged}
+
+
+def check_resume(accelerator: Accelerator, saved_plan: Mapping[str, Any] | None) -> None:
+    """DeepSpeed's ZeRO checkpoints hold one optimizer partition per process and load only with
+    the same number of processes (DeepSpeed's universal checkpoints are another format); FSDP2's
+    sharded checkpoints are resharded on load, DDP's are whole."""
+    if accelerator.distributed_type != DistributedType.DEEPSPEED or not saved_plan:
+        return
+    saved = saved_plan.get("world_size")
+    if saved is not None and saved != accelerator.num_processes:
+        raise ConfigError(
+            [
+                (
+                    "--num_processes",
+                    f"the checkpoint was written by {saved} DeepSpeed processes and this run has "
+                    f"{accelerator.num_processes}: a ZeRO checkpoint loads only with the same number; "
+                    f"launch {saved} processes (or convert it with DeepSpeed's universal checkpoint tools)",
+                )
+            ]
+        )

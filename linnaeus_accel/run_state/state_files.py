@@ -209,6 +209,9 @@ def state_problem(state: Any, step: int) -> str | None:
     config = state.get("config")  # the resolved config it was trained with (reviewed on resume)
     if config is not None and not isinstance(config, dict):
         return f"{where}: config must be an object or null, got {_shown(config)}"
+    callbacks = state.get("callbacks")  # each callback's own JSON state, by its label
+    if callbacks is not None and not isinstance(callbacks, dict):
+        return f"{where}: callbacks must be an object or null, got {_shown(callbacks)}"
     run_id = state.get("wandb_run_id")
     if run_id is not None and not isinstance(run_id, str):
         return f"{where}: wandb_run_id must be a string or null, got {_shown(run_id)}"

@@ -161,26 +161,6 @@ def fill_deepspeed_auto(ds: dict[str, Any], config: Config) -> None:
         ds["train_micro_batch_size_per_gpu"] = config.DATA.BATCH_SIZE
 
 
-def check_resume(accelerator: Accelerator, saved_plan: Mapping[str, Any] | None) -> None:
-    """DeepSpeed's ZeRO checkpoints hold one optimizer partition per process and load only with
-    the same number of processes (DeepSpeed's universal checkpoints are another format); FSDP2's
-    sharded checkpoints are resharded on load, DDP's are whole."""
-    if accelerator.distributed_type != DistributedType.DEEPSPEED or not saved_plan:
-        return
-    saved = saved_plan.get("world_size")
-    if saved is not None and saved != accelerator.num_processes:
-        raise ConfigError(
-            [
-                (
-                    "--num_processes",
-                    f"the checkpoint was written by {saved} DeepSpeed processes and this run has "
-                    f"{accelerator.num_processes}: a ZeRO checkpoint loads only with the same number; "
-                    f"launch {saved} processes (or convert it with DeepSpeed's universal checkpoint tools)",
-                )
-            ]
-        )
-
-
 def scaler_skips_steps(accelerator: Accelerator) -> bool:
     """Whether a loss scaler may skip optimizer steps (fp16: Accelerate's GradScaler, DeepSpeed's
     own scaler); ``optimizer.step_was_skipped`` then says after each step whether it did."""

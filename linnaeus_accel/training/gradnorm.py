@@ -14,6 +14,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..config import Config
+
 _STATE_VERSION = 1
 
 
@@ -194,3 +196,11 @@ class GradNorm:
             self.step = 0
         self.exp_avg = m if m is not None and self.step else torch.zeros(n, device=device)
         self.exp_avg_sq = v if v is not None and self.step else torch.zeros(n, device=device)
+
+
+def gradnorm_for(config: Config, components: int) -> GradNorm | None:
+    """LOSS.GRAD_WEIGHTING.TASK's GradNorm over the task's loss components, if enabled."""
+    balance = config.LOSS.GRAD_WEIGHTING.TASK
+    if not balance.GRADNORM_ENABLED:
+        return None
+    return GradNorm(components, alpha=balance.ALPHA, initial_weights=config.LOSS.TASK_WEIGHTS)

@@ -15,6 +15,11 @@ from typing import Any
 import numpy as np
 import torch
 from accelerate import Accelerator
+from torch import nn
+
+from ..config import Config
+from ..tasks import Task
+from .backends import scaler_skips_steps
 
 _MAX_PENDING = 1024  # steps whose loss tensors are held separately before they are stacked
 
@@ -230,3 +235,24 @@ class TrainMeter:
         self._samples_at_last_flush = samples_seen
         self._tokens_at_last_flush = tokens_seen
         return metrics
+
+
+def meter_for(
+    accelerator: Accelerator, config: Config, task: Task, model: nn.Module, metrics_interval: int
+) -> TrainMeter:
+    """The run's meter: MFU from TASK.FLOPS_PER_TOKEN / FLOPS_PER_SAMPLE, else the task's estimate."""
+    cfg = config.TASK
+    if cfg.FLOPS_PER_TOKEN is not None or cfg.FLOPS_PER_SAMPLE is not None:
+        flops, per_token = cfg.FLOPS_PER_TOKEN or cfg.FLOPS_PER_SAMPLE, cfg.FLOPS_PER_TOKEN is not None
+    else:
+        flops, per_token = task.default_flops_per_unit(accelerator.unwrap_model(model)), task.counts_tokens
+    return TrainMeter(
+        accelerator,
+        task.components,
+        counts_tokens=task.counts_tokens,
+        flops_per_unit=flops,
+        mfu_per_token=per_token,
+        peak=config.ENV.PEAK_FLOPS,
+        window=metrics_interval,
+        counts_skipped_steps=scaler_skips_steps(accelerator),
+    )

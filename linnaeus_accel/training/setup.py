@@ -1,23 +1,71 @@
-"""Turning what the user hands the Trainer into what Accelerate prepares: parameter groups of the
-LR schedule, the optimizer, the dataloaders, and the parameters GradNorm balances on."""
+"""Turning what the user hands the Trainer into what Accelerate prepares: the Accelerator, parameter
+groups of the LR schedule, the optimizer, the dataloaders, and the parameters GradNorm balances on."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from datetime import timedelta
 from fnmatch import fnmatch
 from typing import Any, NamedTuple
 
 import torch
+from accelerate import Accelerator
+from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
+from ..callbacks import Callback, callback_entries
 from ..config import Config, ConfigError
 from ..data.sampling import make_dataloader
 from ..data.stream_reader import StreamError
 from ..data.streaming import StreamShard, stream_loader
+from ..run_directory.trackers import check_log_with, log_with
+from ..schedule import ResolvedPlan, resolve_plan
 from ..schedule.steps import batches_per_process
+from .backends import check_backend
+from .batches import BatchSource
 
 OptimizerFactory = Callable[[list[dict[str, Any]]], torch.optim.Optimizer]
+
+
+def make_accelerator(config: Config, given: Accelerator | None) -> Accelerator:
+    """The run's Accelerator (``given``, or one built from the config), checked against the config
+    and the launch before anything is prepared."""
+    accum = config.TRAIN.accumulation
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    acc = given or Accelerator(
+        # Under torchrun on a machine without CUDA, Accelerate needs cpu=True to form the gloo group.
+        cpu=launched > 1 and not torch.cuda.is_available(),
+        gradient_accumulation_steps=accum,
+        log_with=log_with(config),  # a tracker whose package is missing: a ConfigError
+        project_dir=str(config.output_dir),
+        step_scheduler_with_optimizer=False,
+        # A DataLoader given with shuffle=True gets a sampler seeded by (seed, epoch), so a resumed
+        # run draws the epoch's order again instead of a new one (our own sampler already does).
+        dataloader_config=DataLoaderConfiguration(
+            use_seedable_sampler=True, data_seed=config.EXPERIMENT.SEED
+        ),
+        # A process that stops answering must not hold the others for torch's 30 minutes.
+        kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=config.ENV.DIST_TIMEOUT_S))],
+    )
+    if acc.num_processes != launched:
+        raise RuntimeError(
+            f"{launched} processes were launched but Accelerate joined {acc.num_processes}: "
+            "each would train alone; check the launcher and accelerate config"
+        )
+    if acc.gradient_accumulation_steps != accum:
+        raise ConfigError(
+            [
+                (
+                    "TRAIN.ACCUMULATION_STEPS",
+                    f"is {accum} but the Accelerator given accumulates {acc.gradient_accumulation_steps}",
+                )
+            ]
+        )
+    check_log_with(acc, config)
+    check_backend(acc, config)  # before prepare: DeepSpeed reads its config there
+    return acc
 
 
 def default_optimizer(param_groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
@@ -136,3 +184,60 @@ def shared_parameters(model: nn.Module) -> list[nn.Parameter]:
         for name, p in model.named_parameters()
         if p.requires_grad and not name.split(".")[0].startswith("head")
     ]
+
+
+class Prepared(NamedTuple):
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    train: BatchSource
+    val: BatchSource | None
+    batches_per_epoch: int | None  # per process (None: a stream of unknown length)
+
+
+def prepare_run(
+    acc: Accelerator,
+    config: Config,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    train: Loader,
+    val: Loader | None,
+) -> Prepared:
+    """The model, optimizer and map-style loaders through ``accelerator.prepare``; a stream loader
+    shards itself, so Accelerate must not shard it again."""
+    seed = config.EXPERIMENT.SEED
+    if train.stream:
+        model, optimizer = acc.prepare(model, optimizer)
+        train_loader, per_epoch = train.loader, train.batches_per_epoch
+    else:
+        model, optimizer, train_loader = acc.prepare(model, optimizer, train.loader)
+        per_epoch = len(train_loader)
+    train_batches = BatchSource(
+        acc, train_loader, train.size, train.batch_size, stream=train.stream, seed=seed,
+        sampler=train.sampler, drop_last=config.DATA.DROP_LAST,
+    )  # fmt: skip
+    val_batches = None if val is None else BatchSource(
+        acc, val.loader if val.stream else acc.prepare(val.loader), val.size, val.batch_size,
+        stream=val.stream, seed=seed,
+    )  # fmt: skip
+    return Prepared(model, optimizer, train_batches, val_batches, per_epoch)
+
+
+def resolve_run_plan(
+    config: Config,
+    callbacks: list[Callback],
+    names: list[str],
+    train: Loader,
+    batches_per_epoch: int | None,
+    world: int,
+) -> ResolvedPlan:
+    """The run's plan, with when each callback runs (the config's and the Python API's)."""
+    timed = config.model_copy(update={"CALLBACKS": callback_entries(callbacks, names)})
+    describe = getattr(train.dataset, "describe", None)
+    return resolve_plan(
+        timed,
+        batches_per_epoch,
+        world,
+        train.size,
+        tokens_per_sample=getattr(train.dataset, "tokens_per_sample", None),
+        sources=describe() if callable(describe) else (),
+    )

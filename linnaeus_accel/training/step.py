@@ -91,6 +91,12 @@ class OptimizerStep:
         # steps; the totals already divide by every unit of the step, so both are undone here.
         self.scale = float(accelerator.gradient_accumulation_steps * self.world)
 
+    def load_gradnorm(self, state: dict[str, Any]) -> None:
+        """GradNorm's state from a checkpoint, and the loss weights it had reached."""
+        assert self.gradnorm is not None
+        self.gradnorm.load_state_dict(state)
+        self.set_weights(self.gradnorm.weights)
+
     def set_weights(self, weights: Tensor) -> None:
         self.weights = weights.detach().to(device=self.accelerator.device, dtype=torch.float32).clone()
         self.unit_weights = False

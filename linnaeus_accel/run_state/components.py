@@ -1,0 +1,74 @@
+"""Every stateful part of a run registers here under a name; a checkpoint saves what the registry
+holds and a resume hands each part its own entry back. The trainer lists nothing by hand.
+
+Two kinds of state: the run's (``per_rank=False``: progress, early stopping, GradNorm, callbacks),
+taken on the main process into ``trainer_state.json``; and each process's own (``per_rank=True``:
+its metric window, its data position), one file per rank, converted to another layout by
+``elastic.own_rank_state``. Each part's state is plain, versioned JSON of its own; tensors (an EMA
+of the weights) are saved with the model through Accelerate's ``register_for_checkpointing``.
+
+Loading is tolerant: a name the checkpoint lacks (a part added since, e.g. a checkpoint written
+before callbacks existed) leaves that part as built; a ``null`` entry (a part that was off) too.
+The names are the keys checkpoints have always used, so older checkpoints resume unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+class Stateful(Protocol):
+    def state_dict(self) -> Any: ...
+
+    def load_state_dict(self, state: Any) -> Any: ...
+
+
+@dataclass(frozen=True)
+class _Part:
+    name: str
+    save: Callable[[], Any]
+    load: Callable[[Any], Any]
+    per_rank: bool
+
+
+class StateRegistry:
+    def __init__(self) -> None:
+        self._parts: list[_Part] = []
+
+    def register(
+        self,
+        name: str,
+        part: Stateful | None = None,
+        *,
+        save: Callable[[], Any] | None = None,
+        load: Callable[[Any], Any] | None = None,
+        per_rank: bool = False,
+    ) -> None:
+        """``part``'s ``state_dict``/``load_state_dict`` under ``name``; or ``save``/``load`` where
+        a part needs more than that (a value saved only mid-epoch, a load that informs others)."""
+        if any(p.name == name and p.per_rank == per_rank for p in self._parts):
+            raise ValueError(f"state {name!r} is registered twice")
+        save = save or (part.state_dict if part is not None else None)
+        load = load or (part.load_state_dict if part is not None else None)
+        if save is None or load is None:
+            raise ValueError(f"state {name!r} needs a part, or save and load")
+        self._parts.append(_Part(name, save, load, per_rank))
+
+    @property
+    def names(self) -> list[str]:
+        return [p.name for p in self._parts]
+
+    def state(self, per_rank: bool) -> dict[str, Any]:
+        return {p.name: p.save() for p in self._parts if p.per_rank == per_rank}
+
+    def load(self, state: Mapping[str, Any], per_rank: bool) -> list[str]:
+        """Each part's entry of ``state``; what the parts say about it (a load that returns a list
+        of lines, as the callbacks' does: one new since the checkpoint starts fresh)."""
+        notes: list[str] = []
+        for part in self._parts:
+            if part.per_rank == per_rank and state.get(part.name) is not None:
+                said = part.load(state[part.name])
+                notes += said if isinstance(said, list) else []
+        return notes

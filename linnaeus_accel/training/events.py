@@ -1,0 +1,183 @@
+"""The events at a point of the run (SPEC §5, §12): an epoch boundary, or a step inside an epoch
+where a mid-epoch checkpoint or validation is due. In SPEC §5's order: the checkpoint first (it
+records the validation passes still due, so a run killed during them reruns exactly the missing
+ones), then the passes, then early stopping. A run resumed from a checkpoint taken at such a point
+finishes its passes first (``finish_interrupted``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from accelerate import Accelerator
+from accelerate.utils import broadcast_object_list
+from torch import nn
+
+from ..config import Config
+from ..progress import TrainingProgress
+from ..run_directory.faults import fault_point
+from ..run_directory.preemption import PreemptionWatch
+from ..run_state.run_checkpoints import RunCheckpoints
+from ..schedule import EarlyStopping, OpsSchedule, StopDecision
+from ..schedule.events import EventPoint
+from ..tasks import Task, ValidationPass
+from .batches import BatchSource
+from .meter import TrainMeter
+from .validation import run_pass, validation_line
+
+
+class RunEvents:
+    def __init__(
+        self,
+        accelerator: Accelerator,
+        config: Config,
+        model: nn.Module,
+        task: Task,
+        ops: OpsSchedule,
+        progress: TrainingProgress,
+        val_batches: BatchSource | None,
+        checkpoints: RunCheckpoints,
+        preemption: PreemptionWatch,
+        early_stopping: EarlyStopping,
+        meter: TrainMeter,
+        ranking_mode: str,
+        on_validation_end: Callable[[int, dict[str, float]], None],
+    ) -> None:
+        self.accelerator, self.config, self.model, self.task, self.ops = accelerator, config, model, task, ops
+        self.progress, self.val_batches, self.checkpoints = progress, val_batches, checkpoints
+        self.checkpointer = checkpoints.checkpointer
+        self.preemption, self.early_stopping, self.meter = preemption, early_stopping, meter
+        self.ranking_mode, self.on_validation_end = ranking_mode, on_validation_end
+        self.out: Any = None  # the run's outputs, once the run has started
+        self.final_done = False  # the run's last boundary has run
+        self.last_validation: dict[str, float] = {}
+        self.passes_done: dict[str, dict[str, float]] = {}  # by prefix, at the latest point
+
+    # -- the points --------------------------------------------------------------------------------
+    def mid_epoch(self, epoch: int, step: int) -> StopDecision | None:
+        """SCHEDULE.CHECKPOINT.MID_EPOCH / SCHEDULE.VALIDATION.MID_EPOCH at step multiples."""
+        ops = self.ops
+        validate = self.val_batches is not None and ops.should_validate_mid_epoch(step)
+        checkpoint = ops.should_save_mid_epoch_checkpoint(step)
+        if not (validate or checkpoint):
+            return None
+        point = ops.after_step(epoch, step)
+        passes = self.task.validation_passes(ops.at(point), epoch, False) if validate else []
+        return self._run(point, passes, checkpoint)
+
+    def epoch_boundary(self, epoch: int, final: bool, preempted: bool = False) -> StopDecision | None:
+        """``preempted``: checkpoint whatever the schedule says; the first pass then sees the flag
+        and stops."""
+        if self.ops.plan.known_epochs:
+            point = self.ops.boundary(epoch, final)
+        else:  # the pass ended where the stream did: the loop knows the steps, not the plan
+            point = EventPoint(epoch, self.progress.global_step, self.progress.epoch_start_step, final)
+        ops = self.ops.at(point)
+        passes = self.task.validation_passes(ops, epoch, final) if self.val_batches is not None else []
+        self.final_done = final
+        return self._run(point, passes, preempted or ops.should_save_checkpoint(epoch, final))
+
+    def finish_interrupted(self) -> StopDecision | None:
+        """After resuming from a checkpoint taken at a boundary or a mid-epoch validation point: run
+        exactly the passes its journal does not record as complete (SPEC §6), then carry on."""
+        record = self.checkpoints.boundary
+        if record is None:
+            return None
+        point = self._recorded_point(record)
+        self.final_done = point.final
+        if not self.progress.has_pending_validations():
+            return None
+        assert self.val_batches is not None
+        passes = self.task.validation_passes(self.ops.at(point), point.epoch, point.final)
+        assert self.checkpointer.current is not None
+        done = {e["prefix"]: e["metrics"] for e in self.checkpointer.journal(self.checkpointer.current)}
+        return self._validate(point, passes, done)
+
+    def _recorded_point(self, record: dict[str, Any]) -> EventPoint:
+        """The event point a checkpoint recorded (before mid-epoch events, only epoch and final)."""
+        epoch, final = int(record["epoch"]), bool(record["final"])
+        if "step" in record:
+            return EventPoint(
+                epoch,
+                int(record["step"]),
+                int(record["previous_step"]),
+                final,
+                bool(record.get("mid", False)),
+            )
+        return self.ops.boundary(epoch, final)
+
+    # -- what happens there --------------------------------------------------------------------
+    def _run(self, point: EventPoint, passes: list[ValidationPass], checkpoint: bool) -> StopDecision | None:
+        """The passes due at ``point``, after its checkpoint (which records them as pending)."""
+        if point.mid:
+            self.progress.clear_validations()  # the previous mid-epoch point's are done
+        for vpass in passes:
+            self.progress.schedule_validation(vpass.stage, vpass.partial_index)
+        if checkpoint:
+            self.checkpoints.save(boundary=dataclasses.asdict(point))
+        return self._validate(point, passes, done={})
+
+    def _validate(
+        self, point: EventPoint, passes: list[ValidationPass], done: dict[str, dict[str, float]]
+    ) -> StopDecision | None:
+        step = self.progress.global_step
+        journal = self.checkpointer.current if self.checkpointer.current_step == step else None
+        self.passes_done = done  # filled pass by pass: Trainer.dump_metrics_state() shows it
+        results: dict[str, float] = {}
+        for vpass in passes:
+            if self.preemption.should_stop(step, now=True):
+                return self._preempt(dataclasses.asdict(point), journal, done)
+            metrics = done.get(vpass.prefix)
+            if metrics is None:
+                self.progress.start_validation(vpass.stage)
+                assert self.val_batches is not None
+                metrics = run_pass(self.accelerator, self.model, self.val_batches, self.task, vpass)
+                self.checkpointer.record_validation(journal, {"prefix": vpass.prefix, "metrics": metrics})
+                done[vpass.prefix] = metrics
+                fault_point("validation_pass")
+            self.progress.complete_validation(vpass.stage, vpass.partial_index)
+            results.update(metrics)
+        if not results:
+            return None
+        self.on_validation_end(step, results)  # callbacks may add metrics of their own (val_ema/)
+        results["epoch"] = float(point.epoch)
+        self.out.log(results, step)
+        label = f"step {step} (epoch {point.epoch})" if point.mid else f"epoch {point.epoch}"
+        self.out.say(validation_line(label, results, self.task.metric_directions))
+        self.last_validation = results
+        self.checkpointer.record_metric(step, results)
+        return self._early_stop(results)
+
+    def _preempt(
+        self, boundary: dict[str, Any], journal: Path | None, done: dict[str, dict[str, float]]
+    ) -> StopDecision:
+        """Preempted between validation passes: the passes done so far are journalled in this
+        point's checkpoint (taken now if the schedule did not ask for one), so the resumed run runs
+        only the rest."""
+        if journal is None:
+            self.checkpoints.save(boundary=boundary)
+            for prefix, metrics in done.items():
+                self.checkpointer.record_validation(
+                    self.checkpointer.current, {"prefix": prefix, "metrics": metrics}
+                )
+        return StopDecision(
+            "preempted", f"preempted by a signal during validation at step {self.progress.global_step}"
+        )
+
+    def _early_stop(self, results: dict[str, float]) -> StopDecision | None:
+        es = self.early_stopping
+        ranking = self.config.SCHEDULE.CHECKPOINT.METRIC or es.metric
+        if ranking in results:
+            self.progress.update_best(ranking, results[ranking], self.ranking_mode)
+        step = self.progress.global_step
+        decision = es.check(
+            step,
+            results.get(es.metric),
+            lr=self.ops.plan.lr(max(0, step - 1)),
+            grad_norm=self.meter.last_grad_norm(),
+        )
+        # Taken on the main process, applied on all: no process keeps training alone (SPEC §7).
+        shared = broadcast_object_list([decision], from_process=0)
+        return shared[0]  # type: ignore[no-any-return]

@@ -1,0 +1,105 @@
+"""How a run ends: its last checkpoint committed, the final weights written (``final/``), and
+``summary.json``: completed, stopped early or preempted; or, when it cannot go on, ``failed``
+with the reason (written when it still can be: the disk may be full)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+from accelerate import Accelerator
+from accelerate.utils import is_compiled_module
+from torch import nn
+
+from ..config import Config
+from ..progress import TrainingProgress
+from ..run_directory.failures import NonFiniteGuard
+from ..run_state.saver import Checkpointer
+from ..schedule import ResolvedPlan, StopDecision
+
+
+class RunEnd:
+    def __init__(
+        self,
+        accelerator: Accelerator,
+        config: Config,
+        plan: ResolvedPlan,
+        model: nn.Module,
+        progress: TrainingProgress,
+        checkpointer: Checkpointer,
+        nonfinite: NonFiniteGuard,
+        take_tokens: Callable[[], int],
+    ) -> None:
+        self.accelerator, self.config, self.plan, self.model = accelerator, config, plan, model
+        self.progress, self.checkpointer, self.nonfinite, self.take_tokens = (
+            progress,
+            checkpointer,
+            nonfinite,
+            take_tokens,
+        )
+        self.out: Any = None  # the run's outputs, once the run has started
+        self.run_info: dict[str, Any] = {}  # what the run ran on (main process)
+        self.last_validation: Callable[[], dict[str, float]] = dict
+
+    def summary(
+        self, status: str, stop: StopDecision | None = None, error: str | None = None
+    ) -> dict[str, Any]:
+        progress = self.progress
+        return {
+            "global_step": progress.global_step,
+            "epoch": progress.epoch,
+            "samples_seen": progress.samples_seen,
+            "tokens_seen": progress.tokens_seen,
+            "status": status,
+            "stop_reason": stop.reason if stop else None,
+            "error": error,
+            "best_metric": progress.best_metric,
+            "expected_total_steps": self.plan.total_steps,
+            "last_validation": self.last_validation(),
+            "run_info": self.run_info,
+        }
+
+    def finish(self, stop: StopDecision | None, before_summary: Callable[[], None]) -> dict[str, Any]:
+        """Every process: the last checkpoint committed (``before_summary`` then runs: callbacks
+        hear of it), ``final/`` written (collective), ``summary.json``."""
+        acc, progress = self.accelerator, self.progress
+        preempted = stop is not None and stop.reason == "preempted"
+        progress.tokens_seen += self.take_tokens()
+        self.checkpointer.settle()  # the last checkpoint is committed, or every process stops here
+        before_summary()
+        if not preempted:  # a preempted run's weights are in its last checkpoint
+            self.nonfinite.check(progress.global_step, "the final weights", self.checkpointer.current)
+            # A compiled model's weights under the model's own names (no "_orig_mod." prefix);
+            # Accelerate still gathers them from whatever wraps it (DDP, FSDP, DeepSpeed).
+            model = self.model._orig_mod if is_compiled_module(self.model) else self.model
+            acc.save_model(model, self.config.output_dir / "final", safe_serialization=True)  # collective
+        status = "preempted" if preempted else ("early_stopped" if stop is not None else "completed")
+        summary = self.summary(status, stop)
+        summary["remote_sync_errors"] = self.checkpointer.close()
+        summary["checkpoint_blocked_s"] = round(self.checkpointer.total_blocked_s, 3)
+        summary["checkpoint_wait_s"] = round(self.checkpointer.total_waited_s, 3)
+        self.out.write_json("summary.json", summary)
+        return summary
+
+    def tear_down(self) -> None:
+        """Every process tears the process group down together (PyTorch's advice for
+        destroy_process_group): one destroying it while process 0 still writes, and hosts the
+        rendezvous store, was seen to hang at exit with 2 gloo processes; one never destroying it
+        was seen to abort at exit (gloo's threads outliving the interpreter)."""
+        self.accelerator.wait_for_everyone()
+        self.accelerator.end_training()
+
+    def record_failure(self, message: str, agreed: bool) -> None:
+        """``summary.json`` says ``status: failed``. ``agreed``: every process is here, so the
+        process group is torn down together."""
+        if self.out is None:
+            return
+        with contextlib.suppress(Exception):
+            self.checkpointer.close(timeout=60.0)
+        with contextlib.suppress(OSError):
+            self.out.write_json("summary.json", self.summary("failed", error=message))
+        if agreed:
+            with contextlib.suppress(Exception):
+                self.tear_down()
+        self.out.close()
