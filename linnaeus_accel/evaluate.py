@@ -15,9 +15,6 @@ meanwhile).
 from __future__ import annotations
 
 import json
-import math
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +26,7 @@ from safetensors.torch import load_file
 from torch import nn
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
+from . import json_files
 from .checkpoint import MARKER, MarkerError, read_marker
 from .config import Config, ConfigError
 from .run_state.state_files import checkpoint_store
@@ -192,7 +190,7 @@ def evaluate(config: Config, checkpoint: str | Path, out: str | Path | None = No
         print(f"evaluating {weights.path} ({step}) on {acc.num_processes} process(es)")
         for prefix, metrics in by_pass.items():
             print(f"{prefix}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
-        _write_json(target, result)
+        json_files.write_json(target, result)
         print(f"wrote {target}")
     acc.wait_for_everyone()
     acc.end_training()
@@ -218,26 +216,3 @@ def _summary_step(run_dir: Path) -> int | None:
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return step if type(step) is int else None
-
-
-def _write_json(target: Path, data: dict[str, Any]) -> None:
-    """Whole or not at all: a temporary file next to ``target``, renamed over it."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(_finite(data), indent=2) + "\n"
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}-", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _finite(value: Any) -> Any:
-    """JSON has no NaN or Infinity: such a metric is written as a string, as metrics.jsonl does."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    return value

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-from .schedule.steps import batches_per_process, optimizer_steps_per_epoch, steps_from_fraction
+from .schedule.steps import batches_per_process, optimizer_steps_per_epoch
 
 if TYPE_CHECKING:
     from .schedule.plan import ResolvedPlan
@@ -142,18 +142,6 @@ class TrainingProgress:
         return better
 
     # -- fractions -------------------------------------------------------------------------------
-    def get_progress_fraction(self) -> float:
-        if self.expected_total_steps:
-            return min(1.0, self.global_step / self.expected_total_steps)
-        return min(1.0, self.epoch / max(1, self.total_epochs))
-
-    def is_fraction_point(self, fraction: float) -> bool:
-        """True right after the optimizer step at which ``fraction`` of training is reached (the
-        step that fraction resolves to, SPEC §2)."""
-        if not self.expected_total_steps or not 0 < fraction <= 1:
-            return False
-        return self.global_step == steps_from_fraction(fraction, self.expected_total_steps)
-
     # -- state -----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -294,24 +282,3 @@ class TrainingConsistencyChecker:
             )
             return False
         return True
-
-    def validate_epoch_steps(self, epoch: int, actual_steps: int) -> bool:
-        if self.expected_steps_per_epoch is None:
-            raise RuntimeError("call initialize_with_first_epoch() first")
-        if actual_steps != self.expected_steps_per_epoch:
-            logger.warning(
-                "epoch %d took %d optimizer steps, expected %d",
-                epoch,
-                actual_steps,
-                self.expected_steps_per_epoch,
-            )
-            return False
-        return True
-
-    def calculate_expected_fractions(
-        self, fractions: tuple[float, ...] = (0.25, 0.5, 0.75)
-    ) -> dict[float, int]:
-        """The global step at which each fraction of training is reached."""
-        if self.expected_total_steps is None:
-            raise RuntimeError("call initialize_with_first_epoch() first")
-        return {f: steps_from_fraction(f, self.expected_total_steps) for f in fractions}

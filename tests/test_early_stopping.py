@@ -9,7 +9,7 @@ import pytest
 
 from linnaeus_accel.config import ConfigError, validate_config
 from linnaeus_accel.config.sections import EarlyStopConfig
-from linnaeus_accel.schedule import EarlyStopping, OpsSchedule, StopDecision, resolve_plan
+from linnaeus_accel.schedule import EarlyStopping, StopDecision, resolve_plan
 
 STEPS = [100, 200, 300, 400, 500, 600]
 VALUES = [1.0, 0.995, 0.98, 0.979, 0.975, 0.972]
@@ -269,20 +269,16 @@ def test_reached_max_steps_exact(step: int, stop: str | None) -> None:
     assert reason(es.reached_max_steps(step)) == stop
 
 
-def test_max_steps_in_plan_and_ops_schedule() -> None:
+def test_max_steps_in_plan() -> None:
     config = validate_config({"TRAIN": {"EPOCHS": 10, "EARLY_STOP": {"ACTIVE": True, "MAX_STEPS": 250}}})
     plan = resolve_plan(config, 100, 1)
-    ops = OpsSchedule(plan)
     assert plan.max_steps == 250
     assert plan.total_steps == 1000  # a cut-off, the schedule is not re-resolved
-    assert next(s for s in range(1001) if ops.should_stop_at_max_steps(s)) == 250
-    assert not ops.should_stop_at_max_steps(249)
 
 
 def test_max_steps_ignored_when_inactive() -> None:
     config = validate_config({"TRAIN": {"EPOCHS": 10, "EARLY_STOP": {"ACTIVE": False, "MAX_STEPS": 250}}})
-    ops = OpsSchedule(resolve_plan(config, 100, 1))
-    assert not any(ops.should_stop_at_max_steps(s) for s in range(1001))
+    assert resolve_plan(config, 100, 1).max_steps is None
     es = EarlyStopping(config.TRAIN.EARLY_STOP)
     assert es.reached_max_steps(250) is None
     assert es.reached_max_steps(10_000) is None

@@ -235,76 +235,6 @@ def test_start_training_epoch_with_explicit_epoch_resets_epoch_state() -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("total", "step", "fraction"),
-    [
-        (1000, 0, 0.0),  # start
-        (1000, 250, 0.25),  # a quarter
-        (1000, 999, 0.999),  # last step before the end
-        (1000, 1000, 1.0),  # end
-        (1000, 1200, 1.0),  # clamped (e.g. a run resumed past its plan)
-        (10, 3, 0.3),  # small run
-    ],
-)
-def test_progress_fraction_by_steps(total: int, step: int, fraction: float) -> None:
-    p = TrainingProgress(total_epochs=10, expected_total_steps=total)
-    p.global_step = step
-    assert p.get_progress_fraction() == pytest.approx(fraction)
-
-
-@pytest.mark.parametrize(
-    ("epoch", "fraction"),
-    [
-        (0, 0.0),  # no epoch done
-        (1, 0.25),  # one of four
-        (4, 1.0),  # all
-        (5, 1.0),  # clamped
-    ],
-)
-def test_progress_fraction_by_epochs_without_expected_steps(epoch: int, fraction: float) -> None:
-    p = TrainingProgress(total_epochs=4)
-    p.epoch = epoch
-    assert p.get_progress_fraction() == pytest.approx(fraction)
-
-
-@pytest.mark.parametrize(
-    ("total", "fraction", "step"),
-    [
-        (1000, 0.25, 250),  # exact
-        (10, 0.25, 3),  # round-half-up(2.5) = 3
-        (10, 0.5, 5),  # exact
-        (10, 0.75, 8),  # round-half-up(7.5) = 8
-        (1010, 0.15, 152),  # 151.5 as written rounds up (not float 151.4999...)
-        (1000, 0.0004, 1),  # max(1, round(0.4))
-        (7, 1.0, 7),  # the very end
-    ],
-)
-def test_is_fraction_point_only_at_resolved_step(total: int, fraction: float, step: int) -> None:
-    p = TrainingProgress(total_epochs=1, expected_total_steps=total)
-    hits = []
-    for s in range(total + 1):
-        p.global_step = s
-        if p.is_fraction_point(fraction):
-            hits.append(s)
-    assert hits == [step]
-
-
-@pytest.mark.parametrize("fraction", [0.0, -0.25, 1.5])  # outside (0, 1]: never a point
-def test_is_fraction_point_outside_unit_interval_is_never_true(fraction: float) -> None:
-    p = TrainingProgress(total_epochs=1, expected_total_steps=100)
-    for s in range(101):
-        p.global_step = s
-        assert not p.is_fraction_point(fraction)
-
-
-def test_is_fraction_point_needs_expected_total_steps() -> None:
-    p = TrainingProgress(total_epochs=1)
-    p.global_step = 0
-    assert not p.is_fraction_point(0.25)
-    p.global_step = 1
-    assert not p.is_fraction_point(0.25)
-
-
 # ---------------------------------------------------------------------------------------------
 # Best metric
 # ---------------------------------------------------------------------------------------------
@@ -487,50 +417,5 @@ def test_consistency_checker_match_does_not_warn(caplog: pytest.LogCaptureFixtur
     checker = TrainingConsistencyChecker(total_epochs=2, batch_size=8, world_size=2, accumulation_steps=4)
     with caplog.at_level(logging.WARNING, logger="linnaeus_accel.progress"):
         assert checker.initialize_with_first_epoch(16, 1001)
-        assert checker.validate_epoch_steps(2, 16)
+        assert checker.epoch_problem(1, 16) is None
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
-
-
-def test_validate_epoch_steps(caplog: pytest.LogCaptureFixture) -> None:
-    checker = TrainingConsistencyChecker(total_epochs=3, batch_size=10, world_size=1, accumulation_steps=1)
-    with pytest.raises(RuntimeError):
-        checker.validate_epoch_steps(1, 100)
-    checker.initialize_with_first_epoch(100, 1000)
-    assert checker.validate_epoch_steps(2, 100) is True
-    with caplog.at_level(logging.WARNING, logger="linnaeus_accel.progress"):
-        assert checker.validate_epoch_steps(3, 99) is False
-    assert any("99" in r.getMessage() and "100" in r.getMessage() for r in caplog.records)
-
-
-@pytest.mark.parametrize(
-    ("dataset", "batch", "epochs", "expected"),
-    [
-        (1000, 10, 10, {0.25: 250, 0.5: 500, 0.75: 750}),  # T = 1000
-        (50, 5, 3, {0.25: 8, 0.5: 15, 0.75: 23}),  # T = 30: 7.5 -> 8, 22.5 -> 23 (half up)
-        (10, 10, 10, {0.25: 3, 0.5: 5, 0.75: 8}),  # T = 10
-        (1, 10, 1, {0.25: 1, 0.5: 1, 0.75: 1}),  # T = 1: never below one step
-    ],
-)
-def test_calculate_expected_fractions(
-    dataset: int, batch: int, epochs: int, expected: dict[float, int]
-) -> None:
-    checker = TrainingConsistencyChecker(
-        total_epochs=epochs, batch_size=batch, world_size=1, accumulation_steps=1
-    )
-    with pytest.raises(RuntimeError):
-        checker.calculate_expected_fractions()
-    checker.initialize_with_first_epoch(checker.expected_steps_for(dataset), dataset)
-    fractions = checker.calculate_expected_fractions()
-    assert fractions == expected
-    assert list(fractions) == [0.25, 0.5, 0.75]
-    # the same steps at which TrainingProgress reports the fraction point
-    progress = TrainingProgress(total_epochs=epochs, expected_total_steps=checker.expected_total_steps)
-    for fraction, step in fractions.items():
-        progress.global_step = step
-        assert progress.is_fraction_point(fraction)
-
-
-def test_calculate_expected_fractions_custom() -> None:
-    checker = TrainingConsistencyChecker(total_epochs=2, batch_size=1, world_size=1, accumulation_steps=1)
-    checker.initialize_with_first_epoch(50, 50)
-    assert checker.calculate_expected_fractions((0.1, 1.0)) == {0.1: 10, 1.0: 100}

@@ -245,13 +245,6 @@ def prefixed(prefix: str, problems: Iterable[Problem]) -> list[Problem]:
     return [Problem(tuple(f"{prefix}.{k}" for k in p.keys), p.message) for p in problems]
 
 
-def json_safe(value: Any) -> Any:
-    """Plain-data view of a config value (for the resolved config written next to a run)."""
-    if isinstance(value, BaseModel):
-        return value.model_dump(mode="json", by_alias=True)
-    return value
-
-
 def canonical_metric_name(name: str) -> str:
     """'val_loss' -> 'val/loss' (linnaeus' spelling); names that already contain '/' are kept."""
     if "/" not in name and name.startswith("val_"):

@@ -75,6 +75,12 @@ class Config(Section):
         return cross_section_problems({name: getattr(self, name) for name in type(self).model_fields})
 
     @property
+    def ranking_metric(self) -> str:
+        """The metric that ranks checkpoints (KEEP_TOP_N, the best metric): SCHEDULE.CHECKPOINT.METRIC,
+        by default TRAIN.EARLY_STOP.METRIC. Resolved here only."""
+        return self.SCHEDULE.CHECKPOINT.METRIC or self.TRAIN.EARLY_STOP.METRIC
+
+    @property
     def output_dir(self) -> Path:
         return Path(self.ENV.OUTPUT.BASE_DIR) / self.EXPERIMENT.NAME
 

@@ -8,7 +8,6 @@ multiple (SPEC §5).
 
 from __future__ import annotations
 
-from itertools import chain
 from typing import Any
 
 from pydantic import AliasChoices, Field
@@ -459,6 +458,3 @@ class ScheduleConfig(Section):
                 self.VALIDATION.FINAL_EPOCH.EXHAUSTIVE_META_COMPONENTS
             ],
         }
-
-    def meta_components_used(self) -> set[str]:
-        return set(chain.from_iterable(chain.from_iterable(self.partial_whitelists().values())))

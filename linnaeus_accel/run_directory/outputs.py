@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import shutil
 import threading
@@ -17,6 +16,7 @@ from typing import Any
 import yaml
 from accelerate import Accelerator
 
+from .. import json_files
 from ..config import Config, output_dir_problem
 from ..schedule.plan import ResolvedPlan
 from ..schedule.plot import write_schedule_plot
@@ -97,8 +97,7 @@ class RunOutputs:
     def log(self, metrics: dict[str, Any], step: int, tracked: dict[str, Any] | None = None) -> None:
         """One logging event: a line of metrics.jsonl, and ``tracked`` (default: all of ``metrics``;
         nothing when empty) to the trackers, at the global step."""
-        record = {"global_step": step, **{k: _json_number(v) for k, v in metrics.items()}}
-        self._metrics.write(json.dumps(record) + "\n")
+        self._metrics.write(json_files.dumps({"global_step": step, **metrics}) + "\n")
         self._metrics.flush()
         tracked = metrics if tracked is None else tracked
         if tracked:
@@ -115,12 +114,8 @@ class RunOutputs:
         self.console.say(message)
 
     def write_json(self, relative: str, data: dict[str, Any]) -> Path:
-        path = self.dir / relative
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-        tmp.replace(path)  # readers never see half a file
-        return path
+        """``summary.json`` and the assets: strict JSON, whole or not at all (``json_files``)."""
+        return json_files.write_json(self.dir / relative, data)
 
     def close(self) -> None:
         if self._plotting is not None:
@@ -179,12 +174,6 @@ def _metrics_record(raw: bytes) -> dict[str, Any] | None:
     return record
 
 
-def _json_number(value: float | str) -> float | str | None:
-    # JSON has no NaN/Infinity; keep the information as a string rather than writing invalid JSON.
-    # Text (a callback's samples) is written as it is.
-    return value if isinstance(value, str) or math.isfinite(value) else str(value)
-
-
 def _read(path: Path) -> str | None:
     return path.read_text(encoding="utf-8") if path.is_file() else None
 
@@ -205,8 +194,10 @@ def clear_run(out: Path) -> None:
     """``--overwrite``: remove what a previous run wrote here (and nothing else)."""
     for name in ("checkpoints", "final", "assets", "eval", "wandb", TENSORBOARD_DIR):
         shutil.rmtree(out / name, ignore_errors=True)
-    for name in ("metrics.jsonl", "metrics.jsonl.tmp", "summary.json", "summary.json.tmp"):
+    for name in ("metrics.jsonl", "metrics.jsonl.tmp", "summary.json"):
         (out / name).unlink(missing_ok=True)
+    for leftover in out.glob(".summary.json-*.tmp"):  # a write a kill interrupted
+        leftover.unlink(missing_ok=True)
     for corrupt in out.glob("summary.json.corrupt*"):
         corrupt.unlink(missing_ok=True)
 

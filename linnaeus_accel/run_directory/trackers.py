@@ -14,6 +14,7 @@ from accelerate.tracking import GeneralTracker, TensorBoardTracker, get_availabl
 
 from ..config import Config, ConfigError
 from ..config.sections import DEFAULT_PROJECT
+from ..json_files import flatten
 
 # How to install each tracker's package: the extra of this package where there is one.
 TRACKER_INSTALL = {
@@ -107,14 +108,9 @@ def init_trackers(accelerator: Accelerator, config: Config, resumed_run_id: str 
         tracker.store_init_configuration(nested if tracker.name == "wandb" else flat)
 
 
-def _flat_config(tree: dict[str, Any], prefix: str = "") -> dict[str, bool | int | float | str]:
+def _flat_config(tree: dict[str, Any]) -> dict[str, bool | int | float | str]:
     """``{"TRAIN.EPOCHS": 20, ...}``: what every tracker takes as hyperparameters (lists and null as JSON text)."""
-    flat: dict[str, bool | int | float | str] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            flat.update(_flat_config(value, f"{prefix}{key}."))
-        elif isinstance(value, (bool, int, float, str)):
-            flat[f"{prefix}{key}"] = value
-        else:
-            flat[f"{prefix}{key}"] = json.dumps(value)
-    return flat
+    return {
+        key: value if isinstance(value, (bool, int, float, str)) else json.dumps(value)
+        for key, value in flatten(tree).items()
+    }

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..config import Config, ConfigError, load_config
+from ..json_files import flatten
 from ..schedule import ResolvedPlan, resolve_plan
 
 # Keys (or key prefixes, ending in ".") that act only on steps still to come.
@@ -45,16 +46,6 @@ FORWARD_ONLY = (
 # position when the product is the same (checked by ``resume.compatible_position``).
 ELASTIC = ("DATA.BATCH_SIZE", "TRAIN.ACCUMULATION_STEPS")
 _SAMPLED_STEPS = 20_000  # schedule values compared at most at this many past steps
-
-
-def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, Mapping):
-            flat.update(flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 def differing_keys(saved: Mapping[str, Any], now: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:

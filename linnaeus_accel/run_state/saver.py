@@ -54,6 +54,7 @@ from .state_files import (
     STATE_VERSION,
     check_state,
     checkpoint_store,
+    rank_files,
     read_json,
 )
 from .validation_journal import ValidationJournals
@@ -104,7 +105,7 @@ class Checkpointer:
         self.uploader: Any = None
         if accelerator.is_main_process:
             self.remote, self.uploader = self._remote(remote)
-        self.ranking_metric = config.SCHEDULE.CHECKPOINT.METRIC or config.TRAIN.EARLY_STOP.METRIC
+        self.ranking_metric = config.ranking_metric
         self.mode: Mode = mode or ("min" if "loss" in self.ranking_metric else "max")
         # Ranking metric of each checkpoint, for retention; read and changed by the background
         # commit too, hence the lock.
@@ -200,7 +201,7 @@ class Checkpointer:
         state_json = None
         if acc.is_main_process:
             with self._metrics_lock:
-                metrics = _json_metrics(self.metric_at)
+                metrics = _rankable(self.metric_at)
             state_json = json.dumps({"version": STATE_VERSION, **state, "checkpoint_metrics": metrics})
         if self.snapshot is not None:
             captured: list[Any] = []
@@ -428,12 +429,12 @@ class Checkpointer:
     def rank_states(self, path: Path) -> list[dict[str, Any]]:
         """Every process's own state saved in the checkpoint at ``path``, by rank (none in a
         checkpoint written before they existed)."""
-        states: list[dict[str, Any]] = []
-        while (file := path / RANK_FILE.format(len(states))).is_file():
-            state, _ = read_json(file)
-            states.append(state if isinstance(state, dict) else {})
-        return states
+        states = [read_json(file)[0] for file in rank_files(path)]
+        return [state if isinstance(state, dict) else {} for state in states]
 
 
-def _json_metrics(metric_at: dict[int, float | None]) -> dict[str, float | None]:
+def _rankable(metric_at: dict[int, float | None]) -> dict[str, float | None]:
+    """The ranking metric by step, as saved for retention: a NaN or infinite value (a diverged
+    run) cannot rank a checkpoint, so it is saved as null, which ranks last (unlike metrics.jsonl,
+    where ``json_files`` keeps such a value as its string for the reader)."""
     return {str(k): (v if v is None or math.isfinite(v) else None) for k, v in metric_at.items()}

@@ -342,17 +342,25 @@ def check_state(path: Path) -> str | None:
     problem = state_problem(state, step)
     if problem is not None:
         return problem
-    rank = 0
-    while (file := path / RANK_FILE.format(rank)).is_file():
+    files = rank_files(path)
+    for rank, file in enumerate(files):
         rank_state, problem = read_json(file)
         problem = problem or rank_state_problem(rank_state, rank)
         if problem is not None:
             return problem
-        rank += 1
     names = sorted(p.name for p in path.glob("rank_*.json"))
-    if len(names) != rank:
+    if len(names) != len(files):
         return f"the per-process files are not numbered from 0 without gaps: {names}"
     return None
+
+
+def rank_files(path: Path) -> list[Path]:
+    """The per-process state files of the checkpoint at ``path``, by rank: rank_00000.json up to
+    the first missing number (none in a checkpoint written before they existed)."""
+    files: list[Path] = []
+    while (file := path / RANK_FILE.format(len(files))).is_file():
+        files.append(file)
+    return files
 
 
 def read_json(file: Path) -> tuple[Any, str | None]:

@@ -50,13 +50,6 @@ class Interval:
             return point.step % self.every == 0
         return not point.mid and self.fires(point.epoch, point.step, point.previous_step)
 
-    def describe(self) -> str:
-        return (
-            f"every {self.every} {'epoch' if self.every == 1 else 'epochs'}"
-            if self.unit == "epochs"
-            else (f"at the first epoch boundary after every {self.every} steps")
-        )
-
 
 def interval_from(*, epochs: int | None, steps: int | None, fraction_steps: int | None) -> Interval | None:
     """The interval of whichever unit is set; a fraction that resolved to 0 steps disables it."""

@@ -127,9 +127,6 @@ class OpsSchedule:
         return mask_pass_name(combination)
 
     # -- per step (SPEC §3, §4, §8) -------------------------------------------------------------
-    def get_lr(self, k: int, group: int = 0) -> float:
-        return self.plan.lr(k, group)
-
     def get_meta_mask_prob(self, k: int) -> float:
         return self.plan.meta_mask(k)
 
@@ -149,9 +146,6 @@ class OpsSchedule:
     def should_update_gradnorm(self, k: int) -> bool:
         p = self.plan
         return p.gradnorm_enabled and k >= p.gradnorm_warmup_steps and k % p.gradnorm_interval == 0
-
-    def should_stop_at_max_steps(self, global_step: int) -> bool:
-        return self.plan.max_steps is not None and global_step >= self.plan.max_steps
 
     # -- logging: ``global_step`` counts completed optimizer steps --------------------------------
     def _every(self, interval: int, global_step: int) -> bool:

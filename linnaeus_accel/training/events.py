@@ -168,7 +168,7 @@ class RunEvents:
 
     def _early_stop(self, results: dict[str, float]) -> StopDecision | None:
         es = self.early_stopping
-        ranking = self.config.SCHEDULE.CHECKPOINT.METRIC or es.metric
+        ranking = self.config.ranking_metric
         if ranking in results:
             self.progress.update_best(ranking, results[ranking], self.ranking_mode)
         step = self.progress.global_step

@@ -138,10 +138,7 @@ class Trainer:
         state.register("callbacks", self.callbacks)
         state.register("meter", self.meter, per_rank=True)
         self.resumed_data_state: dict[str, Any] | None = None  # where the resumed epoch's data stands
-        mid_epoch_data = lambda: (
-            self.train_batches.state_dict() if self.progress.batches_seen_in_epoch else None
-        )  # noqa: E731
-        state.register("data", save=mid_epoch_data, load=self._hold_data_state, per_rank=True)
+        state.register("data", save=self._data_state, load=self._hold_data_state, per_rank=True)
         self.checkpoints = RunCheckpoints(
             acc, config, self.plan, self.checkpointer, state, self.progress, self.nonfinite, self.meter.take_tokens
         )  # fmt: skip
@@ -160,6 +157,9 @@ class Trainer:
         self.allow_config_change = False
         self.out: Any = None
         self.callbacks.setup(self)  # before any checkpoint is loaded (they may register state)
+
+    def _data_state(self) -> dict[str, Any] | None:  # only inside an epoch: a boundary starts afresh
+        return self.train_batches.state_dict() if self.progress.batches_seen_in_epoch else None
 
     def _hold_data_state(self, state: dict[str, Any]) -> None:
         self.resumed_data_state = state  # the resumed epoch continues from it (``_train_epoch``)
