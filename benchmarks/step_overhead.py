@@ -16,7 +16,9 @@ augmentation), once with one micro-batch per optimizer step and once with 4; the
 (at most 25 µs per micro-batch over the hand loop) is checked on both. ``convnet``
 (configs/digits_classification.yaml) and ``lm`` (configs/lm_tiny.yaml, a 0.9M-parameter Llama built
 from its config) report the ratio. ``A/A`` runs the hand loop against itself: its difference and
-ratio are the noise floor of this machine at that moment (0 and 1 in a quiet world). The note of
+ratio are the noise floor of this machine at that moment (0 and 1 in a quiet world). ``mlp: ours with
+a callback not due`` runs our loop with a callback whose ``on_step_end`` waits for an interval the
+run never reaches, against our loop without callbacks: what a callback costs when it is not due. The note of
 each row also says whether both sides logged the same first training loss (they must, within the
 first epoch).
 """
@@ -44,6 +46,9 @@ CASES = [
     ("lm", "lm", 1, 80),
 ]
 AA_CASE = "A/A control: mlp, hand loop vs hand loop"
+# Ours with a callback whose on_step_end is not due, against ours without (issue 18: nil per step).
+CALLBACK_CASE = "mlp: ours with a callback not due vs ours without"
+CALLBACK_REFERENCE = "ours without callbacks"
 SMOKE_ROUNDS = {"mlp": 24, "convnet": 6}  # mlp: past one logging interval (20 steps)
 WORKER_PAIRS = 2  # each runs every case twice (roles swapped): the rounds are split in 4 segments
 
@@ -90,6 +95,9 @@ def run(smoke: bool) -> list[Row]:
         spec = {"workload": workload, "accumulation": accumulation, "steps": rounds + 1}
         ours = HAND_SIDE if case == AA_CASE else OURS
         jobs.append((case, {**spec, "side": ours}, {**spec, "side": HAND_SIDE}, rounds))
+    rounds = SMOKE_ROUNDS["mlp"] if smoke else CASES[0][3] // segments
+    spec = {"workload": "mlp", "accumulation": 1, "steps": rounds + 1, "side": OURS}
+    jobs.append((CALLBACK_CASE, {**spec, "callback": True}, spec, rounds))
     results = run_segments(jobs, pairs, swap=not smoke)
     rows: list[Row] = []
     for case, workload, accumulation, _ in cases:
@@ -108,6 +116,9 @@ def run(smoke: bool) -> list[Row]:
             row(BENCHMARK, case, "s per optimizer step", HAND, **stats, **fields, note="; ".join(notes))
         )
     rows += skipped
+    stats = paired(*pooled(results[CALLBACK_CASE]))
+    note = f"{check_same_loss(*results[CALLBACK_CASE][0])}; {per_run(results[CALLBACK_CASE])}"
+    rows.append(row(BENCHMARK, CALLBACK_CASE, "s per optimizer step", CALLBACK_REFERENCE, **stats, note=note))
     stats = paired(*pooled(results[AA_CASE]))
     note = f"the noise floor: both sides run the same hand loop; {per_run(results[AA_CASE])}"
     rows.append(row(BENCHMARK, AA_CASE, "s per optimizer step", HAND, **stats, note=note))
