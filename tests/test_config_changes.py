@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from linnaeus_accel.config import Config, ConfigError, load_config, validate_config
-from linnaeus_accel.run_state.config_changes import review_changes
+from linnaeus_accel.run_state.config_changes import differing_keys, review_changes
 from linnaeus_accel.run_state.elastic import plan_identity
 from linnaeus_accel.schedule import resolve_plan
 from tests.conftest import DEFAULT_CONFIG
@@ -130,3 +130,13 @@ def test_a_longer_run_in_steps_is_applied_when_the_past_is_unchanged() -> None:
         lines = review_changes(before.model_dump(mode="json"), saved_plan, after, new, 20, allow=False)
         assert lines == ["TRAIN.STEPS: 100 -> 200"], (batches, lines)
         assert old.total_steps == 100
+
+
+def test_a_key_added_since_the_checkpoint_differs_only_when_set() -> None:
+    """A checkpoint written before CALLBACKS existed has no such key: this run's default ([]) is
+    no change, a callback listed is one (forward-only, applied and listed)."""
+    saved = Config().model_dump(mode="json")
+    del saved["CALLBACKS"]
+    assert differing_keys(saved, Config().model_dump(mode="json")) == {}
+    now = validate_config({"CALLBACKS": [{"NAME": "ema"}]}).model_dump(mode="json")
+    assert list(differing_keys(saved, now)) == ["CALLBACKS"]

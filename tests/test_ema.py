@@ -109,3 +109,18 @@ def test_bad_options_are_refused() -> None:
     assert rc == 2, out + err
     assert "CALLBACKS.0.OPTIONS.decay" in err
     assert "CALLBACKS.0.OPTIONS.tau" in err
+
+
+def test_ema_added_to_a_run_under_way_is_refused_naming_callbacks(tmp_path: Path) -> None:
+    from test_resume import TrainRun
+
+    opts = ["TRAIN.EPOCHS", "2", "DATA.BATCH_SIZE", "256", "SCHEDULE.CHECKPOINT.INTERVAL_EPOCHS", "1"]
+    run = TrainRun(tmp_path, opts)
+    assert run.run(kill_at="optimizer_step:9").returncode != 0  # after the checkpoint of step 6
+    with_ema = TrainRun(tmp_path, [*opts, "CALLBACKS", "[{NAME: ema}]"])
+    refused = with_ema.run()
+    assert refused.returncode == 2, refused.tail()
+    assert (
+        "CALLBACKS: the checkpoint step_00000006 holds the saved tensors of 0 callback(s)" in refused.output
+    )
+    assert "Traceback" not in refused.output

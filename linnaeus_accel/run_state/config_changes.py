@@ -49,13 +49,17 @@ _SAMPLED_STEPS = 20_000  # schedule values compared at most at this many past st
 
 
 def differing_keys(saved: Mapping[str, Any], now: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
-    """key -> (the checkpoint's value, this run's value), for every key that differs."""
+    """key -> (the checkpoint's value, this run's value), for every key that differs. A key the
+    checkpoint's config does not have (added to linnaeus-accel since it was written) differs only
+    when this run sets it to something other than its default."""
     old, new = flatten(saved), flatten(now)
+    defaults = flatten(Config().model_dump(mode="json"))
     missing = object()
     return {
         key: (old.get(key), new.get(key))
         for key in sorted(old.keys() | new.keys())
         if old.get(key, missing) != new.get(key, missing)
+        and not (key not in old and key in defaults and new.get(key) == defaults[key])
     }
 
 

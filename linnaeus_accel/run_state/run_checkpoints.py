@@ -102,6 +102,7 @@ class RunCheckpoints:
         changes = review_changes(
             saved.get("config"), saved.get("plan"), self.config, self.plan, done, allow_config_change
         )
+        _check_saved_tensors(acc, path, saved.get("config"))
         state = checkpointer.load(path)
         notes = self.registry.load(state, per_rank=False)
         progress.batches_seen_in_epoch = batches_seen  # in this run's layout
@@ -130,3 +131,25 @@ def wandb_run_id(accelerator: Accelerator) -> str | None:
     wandb = next((t.tracker for t in accelerator.trackers if t.name == "wandb"), None)
     run = getattr(wandb, "id", None)
     return str(run) if run else None
+
+
+def _check_saved_tensors(accelerator: Accelerator, path: Path, saved_config: dict[str, Any] | None) -> None:
+    """Callbacks that save tensors with the run's state (``ema``) must be those the checkpoint was
+    written with: Accelerate loads them by position and fails on any other count."""
+    saved = len(list(path.glob("custom_checkpoint_*.pkl")))
+    registered = len(accelerator._custom_objects)
+    if saved == registered:
+        return
+    then = [entry.get("NAME") for entry in (saved_config or {}).get("CALLBACKS") or []]
+    raise ConfigError(
+        [
+            (
+                "CALLBACKS",
+                f"the checkpoint {path.name} holds the saved tensors of {saved} callback(s) (its run's CALLBACKS: "
+                f"{then or 'none'}) and this run registers {registered}: a callback that saves tensors (ema) "
+                "cannot be added to or removed from a run under way; list the checkpoint's CALLBACKS, or "
+                "start a new run in another directory",
+            )
+        ],
+        source="resume",
+    )
