@@ -24,7 +24,7 @@ from conftest import REPO, reset_accelerate, run_cli
 from test_trainer import train
 
 from linnaeus_accel.config import ConfigError, load_config, validate_config
-from linnaeus_accel.config.sections import TRACKER_NAMES
+from linnaeus_accel.config.run import TRACKER_NAMES
 from linnaeus_accel.data import build_dataset
 from linnaeus_accel.models import build_model
 from linnaeus_accel.run_directory.trackers import TRACKER_INSTALL, log_with

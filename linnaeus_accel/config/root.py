@@ -12,11 +12,10 @@ from pydantic import BaseModel, Field
 from .base import Problem, Section
 from .callbacks import CallbackConfig
 from .lr import LRSchedulerConfig
+from .run import EnvConfig, ExperimentConfig
 from .schedule import ScheduleConfig
 from .sections import (
     DataConfig,
-    EnvConfig,
-    ExperimentConfig,
     LossConfig,
     ModelConfig,
     TaskConfig,

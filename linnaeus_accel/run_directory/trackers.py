@@ -13,7 +13,7 @@ from accelerate import Accelerator
 from accelerate.tracking import GeneralTracker, TensorBoardTracker, get_available_trackers
 
 from ..config import Config, ConfigError
-from ..config.sections import DEFAULT_PROJECT
+from ..config.run import DEFAULT_PROJECT
 from ..json_files import flatten
 
 # How to install each tracker's package: the extra of this package where there is one.

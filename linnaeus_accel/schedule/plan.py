@@ -12,8 +12,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..config import Config, ConfigError
+from ..config.augmentation import ProbabilityRamp
 from ..config.lr import LRSchedulerConfig, ParameterGroup
-from ..config.schedule import ProbabilityRamp
 from .callback_steps import CallbackTiming, resolve_callbacks
 from .events import Interval, exhaustive_combinations, interval_from
 from .lr import LRCurve
