@@ -212,6 +212,8 @@ def test_lm_samples_writes_what_the_trained_model_generates(tmp_path: Path) -> N
         str(tmp_path),
         "CALLBACKS",
         callbacks,
+        "EXPERIMENT.TRACKERS",
+        "[tensorboard]",
     ]
     reset_accelerate()
     try:
@@ -238,6 +240,15 @@ def test_lm_samples_writes_what_the_trained_model_generates(tmp_path: Path) -> N
     sampled = [r for r in records if "samples/0" in r and "samples/1" not in r]
     assert [r["global_step"] for r in sampled] == [20]
     assert sampled[0]["samples/0"].startswith("x")
+    # TensorBoard holds the same text (read back by TensorBoard itself).
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(next((run / "tensorboard").rglob("events.out.*")).parent))
+    events.Reload()
+    tags = [t for t in events.Tags()["tensors"] if t.startswith("samples/1")]
+    assert tags, events.Tags()
+    texts = {e.step: e.tensor_proto.string_val[0].decode() for e in events.Tensors(tags[0])}
+    assert texts == {r["global_step"]: r["samples/1"] for r in greedy}
 
 
 def test_profile_traces_its_steps_and_prints_a_summary(tmp_path: Path) -> None:
