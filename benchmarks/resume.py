@@ -37,6 +37,7 @@ import sys
 import tempfile
 import time
 import zlib
+from collections.abc import Callable
 from functools import reduce
 from pathlib import Path
 from typing import Any
@@ -151,6 +152,42 @@ class FirstStepTaken(BaseException):
     failure handling (``except Exception``) does not record it as a failed run."""
 
 
+def seconds_to_first_step(
+    trainer_module: Any,
+    resumes: list[tuple[str, str]],
+    make_trainer: Callable[[str], Any],
+    before_each: Callable[[], None] = lambda: None,
+) -> list[float]:
+    """For each (run directory name, checkpoint) of ``resumes``: the seconds from ``fit()`` to the
+    end of the resumed run's first optimizer step. The trainer module's ``fault_point`` (called
+    after every optimizer step) ends each run there; ``before_each`` runs untimed before each."""
+    real_fault_point = getattr(trainer_module, "fault_point")  # noqa: B009
+    started = 0.0
+    seconds: list[float] = []
+
+    def first_step(name: str) -> None:
+        if name != "optimizer_step":
+            real_fault_point(name)
+            return
+        seconds.append(time.perf_counter() - started)
+        raise FirstStepTaken
+
+    setattr(trainer_module, "fault_point", first_step)  # noqa: B010
+    try:
+        for name, checkpoint in resumes:
+            timed = make_trainer(name)
+            before_each()
+            started = time.perf_counter()
+            try:
+                timed.fit(resume_from=checkpoint)
+            except FirstStepTaken:
+                continue
+            raise RuntimeError(f"the run resumed from {checkpoint} ended without an optimizer step")
+    finally:
+        setattr(trainer_module, "fault_point", real_fault_point)  # noqa: B010
+    return seconds
+
+
 def measure(spec: dict[str, Any]) -> dict[str, Any]:
     """The set-up run if ``spec["setup"]`` (and the cost of one ``__getitem__``), then one timed
     resume per ``spec["resumes"]`` entry (run directory name, checkpoint), in this order:
@@ -179,30 +216,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         for i in range(len(images)):
             images[i]
         out["getitem_s"] = (time.perf_counter() - tic) / len(images)
-    # The name the trainer module calls after every optimizer step (its own import of faults').
-    real_fault_point = getattr(trainer_module, "fault_point")  # noqa: B009
-    started = 0.0
-    seconds: list[float] = []
-
-    def first_step(name: str) -> None:
-        if name != "optimizer_step":
-            real_fault_point(name)
-            return
-        seconds.append(time.perf_counter() - started)
-        raise FirstStepTaken
-
-    setattr(trainer_module, "fault_point", first_step)  # noqa: B010
-    try:
-        for name, checkpoint in spec["resumes"]:
-            timed = trainer(name, decode=True)
-            started = time.perf_counter()
-            try:
-                timed.fit(resume_from=checkpoint)
-            except FirstStepTaken:
-                continue
-            raise RuntimeError(f"the run resumed from {checkpoint} ended without an optimizer step")
-    finally:
-        setattr(trainer_module, "fault_point", real_fault_point)  # noqa: B010
+    seconds = seconds_to_first_step(trainer_module, spec["resumes"], lambda name: trainer(name, decode=True))
     return {**out, "seconds": seconds}
 
 

@@ -53,7 +53,7 @@ from typing import Any, NamedTuple
 
 from .common import Row, paired, pin_to_one_core, row
 from .corpora import make_jsonl_shards, make_token_corpus
-from .resume import AA, POSITIONS, TARGET_RATIO, FirstStepTaken
+from .resume import AA, POSITIONS, TARGET_RATIO, seconds_to_first_step
 
 BENCHMARK = "resume_data"
 REPO = Path(__file__).resolve().parents[1]
@@ -187,33 +187,16 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         trainer("setup").fit()
     affinity = os.sched_getaffinity(0)
     pin_to_one_core()
-    real_fault_point = getattr(trainer_module, "fault_point")  # noqa: B009
-    started = 0.0
-    seconds: list[float] = []
 
-    def first_step(name: str) -> None:
-        if name != "optimizer_step":
-            real_fault_point(name)
-            return
-        seconds.append(time.perf_counter() - started)
-        raise FirstStepTaken
+    def untimed() -> None:
+        # A full collection of the millions of objects the imports left (~0.15 s here) would fall
+        # into some timed runs and not others, at the same place for the same position: frozen.
+        gc.collect()
+        gc.freeze()
 
-    setattr(trainer_module, "fault_point", first_step)  # noqa: B010
     try:
-        for name, checkpoint in spec["resumes"]:
-            timed = trainer(name)
-            # A full collection of the millions of objects the imports left (~0.15 s here) would fall
-            # into some timed runs and not others, at the same place for the same position: frozen.
-            gc.collect()
-            gc.freeze()
-            started = time.perf_counter()
-            try:
-                timed.fit(resume_from=checkpoint)
-            except FirstStepTaken:
-                continue
-            raise RuntimeError(f"the run resumed from {checkpoint} ended without an optimizer step")
+        seconds = seconds_to_first_step(trainer_module, spec["resumes"], trainer, before_each=untimed)
     finally:
-        setattr(trainer_module, "fault_point", real_fault_point)  # noqa: B010
         os.sched_setaffinity(0, affinity)
     return {"seconds": seconds}
 

@@ -56,10 +56,6 @@ class StateRegistry:
             raise ValueError(f"state {name!r} needs a part, or save and load")
         self._parts.append(_Part(name, save, load, per_rank))
 
-    @property
-    def names(self) -> list[str]:
-        return [p.name for p in self._parts]
-
     def state(self, per_rank: bool) -> dict[str, Any]:
         return {p.name: p.save() for p in self._parts if p.per_rank == per_rank}
 

@@ -32,9 +32,6 @@ class CallbackList:
         self.wants_commits = main_process and any(_overrides(c, "on_checkpoint") for c in callbacks)
         self._pending = 0  # checkpoints saved and not yet announced
 
-    def __bool__(self) -> bool:
-        return bool(self.callbacks)
-
     def setup(self, trainer: Any) -> None:
         for callback in self.callbacks:
             callback.on_setup(trainer)
