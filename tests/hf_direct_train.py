@@ -55,10 +55,10 @@ def main(data_dir: str, output_dir: str, mode: str, workers: int) -> None:
                 },
             },
             "TASK": {"NAME": "causal_lm"},
-            "TRAIN": {"STEPS": 40, "CLIP_GRAD": 1.0},
+            "TRAIN": {"STEPS": 32, "CLIP_GRAD": 1.0},
             "LR_SCHEDULER": {"NAME": "cosine", "BASE_LR": 3e-3, "REFERENCE_BS": None, "WARMUP_STEPS": 4},
             "SCHEDULE": {
-                "VALIDATION": {"INTERVAL_STEPS": 20, "MID_EPOCH": True},
+                "VALIDATION": {"INTERVAL_STEPS": 16, "MID_EPOCH": True},
                 "CHECKPOINT": {"INTERVAL_STEPS": 7, "MID_EPOCH": True, "KEEP_LAST_N": 2},
                 "METRICS": {"STEP_INTERVAL": 5},
             },
