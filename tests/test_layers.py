@@ -18,6 +18,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "linnaeus_accel"
 LAYERS: dict[str, float] = {
     "checkpoint": 0,
     "json_files": 0,
+    "durable_files": 0,
     "config": 1,
     "registry": 1,
     "progress": 2,

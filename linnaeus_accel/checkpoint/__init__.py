@@ -5,8 +5,9 @@
 """
 
 from .digests import EarlySeal, EarlyWriteback, file_digest
+from .marker import MARKER, MarkerError, read_marker
 from .retention import Mode, retained
-from .store import MARKER, CheckpointStore, MarkerError, read_marker, step_name
+from .store import CheckpointStore, step_name
 
 __all__ = [
     "MARKER",

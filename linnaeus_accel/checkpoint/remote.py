@@ -35,7 +35,8 @@ from tenacity import (
     wait_exponential,
 )
 
-from .store import MARKER, step_name
+from .marker import MARKER
+from .store import step_name
 
 log = logging.getLogger(__name__)
 

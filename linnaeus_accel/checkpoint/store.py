@@ -21,7 +21,6 @@ see ``digests``.
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import re
@@ -31,12 +30,11 @@ from collections.abc import Callable, Collection, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from .digests import DIGEST, DIGESTS, FileEntry, hash_file, hash_files
+from ..durable_files import fsync_directory, write_durably
+from .digests import DIGEST, FileEntry, hash_file, hash_files
+from .marker import MARKER, MARKER_TMP, MARKER_VERSION, MarkerError, read_marker
 from .retention import Mode, retained
 
-MARKER = "COMMITTED.json"
-MARKER_VERSION = 1
-_MARKER_TMP = ".COMMITTED.json.tmp"
 _STAGING_PREFIX = ".staging-"
 _TRASH_PREFIX = ".deleting-"  # a checkpoint being deleted: renamed out of the way, then removed
 REJECTED_DIR = "rejected"
@@ -44,47 +42,10 @@ REJECTED_NOTE = "REJECTED.txt"
 _NAME = re.compile(r"step_(\d{8,})")
 
 
-class MarkerError(ValueError):
-    """COMMITTED.json is missing, unreadable or malformed; the message says which."""
-
-
 def step_name(step: int) -> str:
     if step < 0:
         raise ValueError(f"a checkpoint step must be >= 0, got {step}")
     return f"step_{step:08d}"
-
-
-def read_marker(path: Path) -> dict[str, Any]:
-    """The validated contents of ``path/COMMITTED.json`` (plain JSON; for verify and remote sync)."""
-    marker = Path(path) / MARKER
-    try:
-        data = json.loads(marker.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise MarkerError(f"{MARKER} missing") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise MarkerError(f"{MARKER} unreadable ({e})") from None
-    if not isinstance(data, dict):
-        raise MarkerError(f"{MARKER} is not a JSON object")
-    if data.get("version") != MARKER_VERSION:
-        raise MarkerError(f"{MARKER} version {data.get('version')!r} is not {MARKER_VERSION}")
-    if type(data.get("step")) is not int:
-        raise MarkerError(f"{MARKER} has no integer step")
-    if not isinstance(data.get("files"), list) or not data["files"]:
-        raise MarkerError(f"{MARKER} has no file list")
-    for entry in data["files"]:
-        if (
-            not isinstance(entry, dict)
-            or not isinstance(entry.get("path"), str)
-            or type(entry.get("size")) is not int
-            or len(digests := [k for k in DIGESTS if k in entry]) != 1
-            or not isinstance(entry[digests[0]], str)
-        ):
-            raise MarkerError(f"{MARKER} has a malformed file entry: {entry!r}"[:200])
-        rel = PurePosixPath(entry["path"])
-        # An untrusted manifest must not make us stat or hash files outside the checkpoint.
-        if rel.is_absolute() or ".." in rel.parts or not rel.parts or "\\" in entry["path"]:
-            raise MarkerError(f"{MARKER} names a path outside the checkpoint: {entry['path']!r}")
-    return data
 
 
 class CheckpointStore:
@@ -176,7 +137,7 @@ class CheckpointStore:
     def _seal(self, staging: Path, sealed: Mapping[str, FileEntry] | None = None) -> list[FileEntry]:
         """Hash and fsync every staged file not in ``sealed`` (whose size must still be the one it
         was hashed at); the manifest the marker will carry."""
-        if (staging / MARKER).exists() or (staging / _MARKER_TMP).exists():
+        if (staging / MARKER).exists() or (staging / MARKER_TMP).exists():
             # It would make the directory look complete the moment it is renamed.
             raise ValueError(f"{staging} already contains {MARKER}")
         files: list[Path] = []
@@ -202,7 +163,7 @@ class CheckpointStore:
                 rest.append(file)
         manifest += hash_files(staging, rest)
         for here in dirs:
-            _fsync_dir(here)  # the entries of files created in it
+            fsync_directory(here)  # the entries of files created in it
         return sorted(manifest, key=lambda entry: str(entry["path"]))
 
     def _publish(self, staging: Path, final: Path) -> None:
@@ -216,12 +177,12 @@ class CheckpointStore:
             # moved aside, not deleted.
             self.reject(final, problem)
         os.replace(staging, final)
-        _fsync_dir(self.root)
+        fsync_directory(self.root)
 
     def _mark(self, final: Path, step: int, manifest: list[FileEntry], info: Mapping[str, Any]) -> None:
         """Write COMMITTED.json, last: from this instant the checkpoint counts."""
         marker = {"version": MARKER_VERSION, "step": step, "files": manifest, "info": dict(info)}
-        _atomic_write(final / MARKER, final / _MARKER_TMP, json.dumps(marker, indent=1).encode("utf-8"))
+        write_durably(final / MARKER, final / MARKER_TMP, json.dumps(marker, indent=1).encode("utf-8"))
 
     def delete(self, step: int) -> None:
         """Remove a checkpoint: the marker first, so a crash mid-delete leaves an ignored directory,
@@ -230,7 +191,7 @@ class CheckpointStore:
         if not final.exists():
             return
         (final / MARKER).unlink(missing_ok=True)
-        _fsync_dir(final)
+        fsync_directory(final)
         trash = self.root / f"{_TRASH_PREFIX}{final.name}"
         shutil.rmtree(trash, ignore_errors=True)
         os.replace(final, trash)
@@ -246,8 +207,8 @@ class CheckpointStore:
             n += 1
             target = self.rejected_root / f"{path.name}.{n}"
         os.replace(path, target)
-        _fsync_dir(self.root)
-        _fsync_dir(self.rejected_root)
+        fsync_directory(self.root)
+        fsync_directory(self.rejected_root)
         note = (
             f"{path.name} was moved here from {self.root} on {time.strftime('%Y-%m-%d %H:%M:%S %z')}\n"
             f"because it failed verification: {reason}\n\n"
@@ -403,30 +364,3 @@ class CheckpointStore:
                 problem += " (incomplete write?)"
             failed.append((path, problem))
         return None, failed
-
-
-def _fsync_dir(path: Path) -> None:
-    """Make the entries of ``path`` durable; filesystems that cannot fsync a directory are skipped."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    except OSError as e:
-        if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
-            raise
-    finally:
-        os.close(fd)
-
-
-def _atomic_write(target: Path, tmp: Path, data: bytes) -> None:
-    """Write ``data`` to ``target`` (through ``tmp``) so that a reader sees nothing or all of it."""
-    try:
-        with tmp.open("wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-    _fsync_dir(target.parent)

@@ -45,6 +45,7 @@ from numpy.typing import NDArray
 from tqdm import tqdm
 
 from ..config import ConfigError
+from ..durable_files import fsync_directory
 from .token_format import TOKEN_SUFFIXES, TokenSidecar, sidecar_path, smallest_dtype
 from .tokenize_inputs import (
     DATA_EXTRA,
@@ -253,14 +254,6 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _fsync_directory(directory: Path) -> None:
-    descriptor = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
-
 class TokenFileWriter:
     """Writes ``output`` and its sidecar to temporary files, and moves both into place on
     ``commit``; leaving the ``with`` block without a commit removes them."""
@@ -295,10 +288,10 @@ class TokenFileWriter:
             handle.write(sidecar.to_json())
             _sync(handle)
         sidecar_path(self.output).unlink(missing_ok=True)
-        _fsync_directory(self.output.parent)
+        fsync_directory(self.output.parent)
         os.replace(self.temporary, self.output)
         os.replace(self.sidecar_temporary, sidecar_path(self.output))
-        _fsync_directory(self.output.parent)
+        fsync_directory(self.output.parent)
 
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None

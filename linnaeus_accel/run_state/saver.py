@@ -38,12 +38,12 @@ from pathlib import Path
 from typing import Any
 
 from accelerate import Accelerator
-from accelerate.utils import broadcast_object_list, gather_object
+from accelerate.utils import broadcast_object_list
 
 from ..checkpoint import MARKER, EarlySeal, EarlyWriteback, Mode
 from ..checkpoint.background import SerialWorker
 from ..config import Config, ConfigError
-from ..run_directory.failures import RunFailed, attempt_write
+from ..run_directory.failures import attempt_write
 from ..run_directory.faults import fault_point
 from .host_snapshot import HostSnapshot
 from .resume_point import ResumeRefused, discard_after, find_checkpoint
@@ -58,6 +58,7 @@ from .state_files import (
     read_json,
 )
 from .validation_journal import ValidationJournals
+from .write_failures import CheckpointWriteError, StepFailed, agree_on_failure, background_failure
 
 __all__ = [
     "JOURNAL_FILE",
@@ -72,23 +73,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-# Errors that mean "the disk (or the quota) cannot take this checkpoint", named in messages.
-
-
-class _StepFailed(Exception):
-    """A background write or commit of checkpoint ``step`` failed (``description``: in words)."""
-
-    def __init__(self, step: int, description: str, cause: BaseException) -> None:
-        super().__init__(description)
-        self.step, self.description = step, description
-        self.__cause__ = cause
-
-
-class CheckpointWriteError(RunFailed):
-    """A checkpoint could not be written (no space left, a read-only filesystem, ...). Raised on
-    every process together; the partial checkpoint is gone and the previous one is still the
-    resume point. The message names the path and the cause (ENOSPC, EROFS, ...)."""
 
 
 class Checkpointer:
@@ -256,7 +240,7 @@ class Checkpointer:
         sealing = attempt_write(lambda: sealed.update(early.entries()), staging)  # ends its threads too
         error = error or sealing
         if error is not None:
-            raise _StepFailed(step, *error)
+            raise StepFailed(step, *error)
         fault_point("checkpoint_staged")
 
     def _commit(self, step: int, sealed: dict[str, Any]) -> None:
@@ -266,7 +250,7 @@ class Checkpointer:
         staging, final = self.store.staging_path(step), self.store.final_path(step)
         error = attempt_write(lambda: self.store.commit(step, {"global_step": step}, sealed=sealed), staging)
         if error is not None:
-            raise _StepFailed(step, *error)
+            raise StepFailed(step, *error)
         self._committed = final
         if self.on_commit is not None:
             self.on_commit(step, final)
@@ -279,52 +263,11 @@ class Checkpointer:
             self.uploader.submit(final)
 
     def _background_failure(self) -> tuple[int, str, BaseException] | None:
-        """The failure of this process's background work since the last agreement, if any."""
-        failure = self.worker.take_failure()
-        if failure is None:
-            return None
-        cause = failure.__cause__
-        if isinstance(cause, _StepFailed):
-            return cause.step, cause.description, cause.__cause__ or cause
-        step = self.store.step_of(self.current) if self.current is not None else 0
-        return step or 0, f"{failure.what}: {type(cause).__name__}: {cause}", failure
+        current_step = self.store.step_of(self.current) if self.current is not None else 0
+        return background_failure(self.worker, current_step or 0)
 
     def _agree(self, failure: tuple[int, str, BaseException] | None) -> None:
-        """Collective: every process learns whether any failed (``failure``: this one's step, error
-        in words and exception); if one did, the main process removes what was written and every
-        process raises ``CheckpointWriteError``."""
-        acc = self.accelerator
-        mine = failure[:2] if failure is not None else None
-        # The main process commits, so only it knows the resume point: it travels with its answer.
-        committed = str(self._committed) if acc.is_main_process and self._committed is not None else None
-        answers: list[tuple[tuple[int, str] | None, str | None]] = gather_object([(mine, committed)])
-        everyone = [answer for answer, _ in answers]
-        if not any(everyone):
-            return
-        resume_point = answers[0][1]
-        if acc.is_main_process:
-            for step in {entry[0] for entry in everyone if entry}:
-                shutil.rmtree(self.store.staging_path(step), ignore_errors=True)
-                final = self.store.final_path(step)
-                if final.is_dir() and not (final / MARKER).exists():  # a commit cut before its marker
-                    shutil.rmtree(final, ignore_errors=True)
-        kept = (
-            f"the resume point is still {resume_point}"
-            if resume_point is not None
-            else "there is no earlier checkpoint to resume from"
-        )
-        if mine is not None:
-            step, what = mine
-            message = (
-                f"could not write checkpoint step {step}: {what}; removed the partial checkpoint; {kept}"
-            )
-        else:
-            rank, (step, theirs) = next((r, m) for r, m in enumerate(everyone) if m)
-            message = (
-                f"another process (rank {rank}) failed to write its part of checkpoint step {step} ({theirs}); "
-                f"{kept}"
-            )
-        raise CheckpointWriteError(message) from (failure[2] if failure is not None else None)
+        agree_on_failure(self.accelerator, self.store, self._committed, failure)
 
     def record_validation(self, checkpoint: Path | None, entry: dict[str, Any]) -> None:
         """Append one completed pass to the journal of the checkpoint it follows (main process),

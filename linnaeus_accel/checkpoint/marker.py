@@ -1,0 +1,59 @@
+"""The commit marker of a checkpoint, ``COMMITTED.json``: its format and its validating reader.
+
+A checkpoint directory counts only once its marker exists and verifies: written last and atomically
+by ``store.CheckpointStore.commit``, removed first by ``delete``. Plain JSON::
+
+    {"version": 1, "step": 1234, "files": [{"path": ..., "size": ..., "xxh3_128": ...}], "info": {}}
+
+Read by the store's verification and by the remote sync, which trusts nothing in it: every path
+must stay inside the checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from .digests import DIGESTS
+
+MARKER = "COMMITTED.json"
+MARKER_VERSION = 1
+MARKER_TMP = ".COMMITTED.json.tmp"
+
+
+class MarkerError(ValueError):
+    """COMMITTED.json is missing, unreadable or malformed; the message says which."""
+
+
+def read_marker(path: Path) -> dict[str, Any]:
+    """The validated contents of ``path/COMMITTED.json`` (plain JSON; for verify and remote sync)."""
+    marker = Path(path) / MARKER
+    try:
+        data = json.loads(marker.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise MarkerError(f"{MARKER} missing") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise MarkerError(f"{MARKER} unreadable ({e})") from None
+    if not isinstance(data, dict):
+        raise MarkerError(f"{MARKER} is not a JSON object")
+    if data.get("version") != MARKER_VERSION:
+        raise MarkerError(f"{MARKER} version {data.get('version')!r} is not {MARKER_VERSION}")
+    if type(data.get("step")) is not int:
+        raise MarkerError(f"{MARKER} has no integer step")
+    if not isinstance(data.get("files"), list) or not data["files"]:
+        raise MarkerError(f"{MARKER} has no file list")
+    for entry in data["files"]:
+        if (
+            not isinstance(entry, dict)
+            or not isinstance(entry.get("path"), str)
+            or type(entry.get("size")) is not int
+            or len(digests := [k for k in DIGESTS if k in entry]) != 1
+            or not isinstance(entry[digests[0]], str)
+        ):
+            raise MarkerError(f"{MARKER} has a malformed file entry: {entry!r}"[:200])
+        rel = PurePosixPath(entry["path"])
+        # An untrusted manifest must not make us stat or hash files outside the checkpoint.
+        if rel.is_absolute() or ".." in rel.parts or not rel.parts or "\\" in entry["path"]:
+            raise MarkerError(f"{MARKER} names a path outside the checkpoint: {entry['path']!r}")
+    return data
