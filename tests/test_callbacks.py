@@ -14,6 +14,7 @@ import torch
 from conftest import REPO, reset_accelerate, run_cli
 from pydantic import BaseModel, ConfigDict
 from test_resume import TrainRun, assert_resumed_from, committed
+from test_trackers import wandb_history, wandb_offline, wandb_records, wandb_run_files  # noqa: F401 (a fixture)
 
 from linnaeus_accel import Callback, register_callback
 from linnaeus_accel.callbacks import build_callbacks
@@ -190,9 +191,11 @@ def test_callback_state_after_kill_and_rerun_counts_each_event_once(tmp_path: Pa
 
 # -- lm_samples ------------------------------------------------------------------------------------
 @pytest.mark.slow
+@pytest.mark.usefixtures("wandb_offline")
 def test_lm_samples_writes_what_the_trained_model_generates(tmp_path: Path) -> None:
     """Greedy text at steps 10 and 20 in metrics.jsonl and the console; the last one equals greedy
-    decoding of the final weights, computed here with transformers; sampled text is seeded."""
+    decoding of the final weights, computed here with transformers; sampled text is seeded. The
+    same text is in TensorBoard and in W&B's table, each read back by its own library."""
     from safetensors.torch import load_file
     from test_lm import LM_CFG, SMALL_LM
 
@@ -202,7 +205,7 @@ def test_lm_samples_writes_what_the_trained_model_generates(tmp_path: Path) -> N
 
     callbacks = (
         "[{NAME: lm_samples, INTERVAL_STEPS: 10, OPTIONS: {prompts: ['def ', 'The '], max_new_tokens: 8}},"
-        " {NAME: lm_samples, INTERVAL_STEPS: 20, OPTIONS: {prompts: ['x'], temperature: 1.0, seed: 3}}]"
+        " {NAME: lm_samples, INTERVAL_STEPS: 20, OPTIONS: {prompts: ['x'], temperature: 1.0, seed: 3, name: sampled}}]"
     )
     opts = [
         *SMALL_LM,
@@ -213,7 +216,7 @@ def test_lm_samples_writes_what_the_trained_model_generates(tmp_path: Path) -> N
         "CALLBACKS",
         callbacks,
         "EXPERIMENT.TRACKERS",
-        "[tensorboard]",
+        "[tensorboard, wandb]",
     ]
     reset_accelerate()
     try:
@@ -237,9 +240,9 @@ def test_lm_samples_writes_what_the_trained_model_generates(tmp_path: Path) -> N
         for _ in range(8):
             ids = torch.cat([ids, model(ids).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
     assert greedy[-1]["samples/0"] == "def " + decode_bytes(ids[0, 4:])
-    sampled = [r for r in records if "samples/0" in r and "samples/1" not in r]
+    sampled = [r for r in records if "sampled/0" in r]
     assert [r["global_step"] for r in sampled] == [20]
-    assert sampled[0]["samples/0"].startswith("x")
+    assert sampled[0]["sampled/0"].startswith("x")
     # TensorBoard holds the same text (read back by TensorBoard itself).
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -249,6 +252,39 @@ def test_lm_samples_writes_what_the_trained_model_generates(tmp_path: Path) -> N
     assert tags, events.Tags()
     texts = {e.step: e.tensor_proto.string_val[0].decode() for e in events.Tensors(tags[0])}
     assert texts == {r["global_step"]: r["samples/1"] for r in greedy}
+    # W&B: the history of the offline run (read by wandb itself) refers at each step to a table
+    # file holding [step, prompt, continuation] rows.
+    (wandb_file,) = wandb_run_files(run)
+    history = wandb_history(wandb_records(wandb_file))
+
+    def table_rows(key: str) -> dict[int, list[list[Any]]]:
+        rows = {}
+        for step, row in history.items():
+            if f"{key}.path" in row:  # the history row refers to the table's file
+                table = json.loads((wandb_file.parent / "files" / row[f"{key}.path"]).read_text())
+                assert table["columns"] == ["step", "prompt", "continuation"]
+                rows[step] = table["data"]
+        return rows
+
+    assert table_rows("samples/table") == {
+        r["global_step"]: [
+            [r["global_step"], "def ", r["samples/0"][4:]],
+            [r["global_step"], "The ", r["samples/1"][4:]],
+        ]
+        for r in greedy
+    }
+    assert table_rows("sampled/table") == {20: [[20, "x", sampled[0]["sampled/0"][1:]]]}
+
+
+def test_two_lm_samples_under_one_name_exit_2_naming_the_option(tmp_path: Path) -> None:
+    """Their texts would replace each other at shared steps in TensorBoard and W&B."""
+    from test_lm import LM_CFG, SMALL_LM
+
+    two = "[{NAME: lm_samples, OPTIONS: {prompts: [a]}}, {NAME: lm_samples, OPTIONS: {prompts: [b]}}]"
+    opts = [*SMALL_LM, "ENV.OUTPUT.BASE_DIR", str(tmp_path), "CALLBACKS", two]
+    rc, out, err = run_cli("train", "--cfg", LM_CFG, "--opts", *opts)
+    assert rc == 2, out + err
+    assert "two lm_samples callbacks log under the same name 'samples': give each its own OPTIONS.name" in err
 
 
 def test_profile_traces_its_steps_and_prints_a_summary(tmp_path: Path) -> None:

@@ -3,8 +3,10 @@
 From each of ``prompts`` it generates ``max_new_tokens`` tokens, greedily (``temperature: 0``) or by
 sampling with a generator seeded by ``(seed, step, prompt)``, so a resumed run writes the same text
 at the same steps. Prompts are encoded as the training data is: UTF-8 bytes by default, or the
-``tokenizer.json`` given. The text goes to ``metrics.jsonl`` (``samples/<i>``: the prompt and its
-continuation), the console, TensorBoard (text) and W&B (a table ``lm_samples``).
+``tokenizer.json`` given. The text goes to ``metrics.jsonl`` (``<name>/<i>``: the prompt and its
+continuation; ``name`` defaults to ``samples``), the console, TensorBoard (text) and W&B (a table
+``<name>/table`` of step, prompt and continuation). Two ``lm_samples`` callbacks need two names: at
+a step they share, one's text would replace the other's in TensorBoard and W&B.
 
 Generation re-runs the model over the whole context for each new token (no KV cache: any model that
 maps ``input_ids`` to logits works), in eval mode and without gradients, keeping the last
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..config import ConfigError
 from ..config.callbacks import LmSamplesOptions
 from ..data.packing import BYTE_EOS, decode_bytes, encode_bytes
 from ..tasks.base import logits_of
@@ -42,6 +45,7 @@ class LmSamples(Callback):
         seed: int = 0,
         tokenizer: str | None = None,
         context: int | None = None,
+        name: str = "samples",
     ) -> None:
         o = LmSamplesOptions.model_validate(
             {
@@ -51,6 +55,7 @@ class LmSamples(Callback):
                 "seed": seed,
                 "tokenizer": tokenizer,
                 "context": context,
+                "name": name,
             }
         )
         self.options = o
@@ -67,6 +72,17 @@ class LmSamples(Callback):
         return self._tokenizer.decode(ids) if self._tokenizer is not None else decode_bytes(ids)
 
     def on_setup(self, trainer: Trainer) -> None:
+        others = [c for c in trainer.callbacks.callbacks if isinstance(c, LmSamples) and c is not self]
+        if any(c.options.name == self.options.name for c in others):
+            raise ConfigError(
+                [
+                    (
+                        "CALLBACKS",
+                        f"two lm_samples callbacks log under the same name {self.options.name!r}: "
+                        "give each its own OPTIONS.name",
+                    )
+                ]
+            )
         window = getattr(trainer.train_batches.dataset, "tokens_per_sample", None)
         self.context = self.options.context or (window + 1 if isinstance(window, int) else None)
 
@@ -100,7 +116,11 @@ class LmSamples(Callback):
         finally:
             model.train(was_training)
         trainer.log(
-            {f"samples/{i}": prompt + continuation for i, (prompt, continuation) in enumerate(rows)}, step
+            {
+                f"{self.options.name}/{i}": prompt + continuation
+                for i, (prompt, continuation) in enumerate(rows)
+            },
+            step,
         )
         for prompt, continuation in rows:
             trainer.say(f"step {step} sample: {prompt!r} -> {continuation!r}")
@@ -108,7 +128,7 @@ class LmSamples(Callback):
             wandb = next((t for t in trainer.accelerator.trackers if t.name == "wandb"), None)
             if wandb is not None:
                 wandb.log_table(
-                    "lm_samples",
+                    f"{self.options.name}/table",
                     columns=["step", "prompt", "continuation"],
                     data=[[step, p, c] for p, c in rows],
                     step=step,

@@ -68,6 +68,11 @@ class LmSamplesOptions(BaseModel):
     seed: int = Field(0, description="Seeds the sampling, with the step and the prompt's index.")
     tokenizer: str | None = Field(None, description="A tokenizer.json; default: UTF-8 bytes (257 ids).")
     context: int | None = Field(None, ge=1, description="Tokens the model sees (default: the data's window).")
+    name: str = Field(
+        "samples",
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        description="Metric prefix (<name>/<i>) and W&B table (<name>/table); one per lm_samples callback.",
+    )
 
 
 class ProfileOptions(BaseModel):
