@@ -65,7 +65,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def launch(config_file: str, out: Path, kill_at: str | None = None) -> subprocess.CompletedProcess[str]:
+def launch(
+    config_file: str, out: Path, kill_at: str | None = None, extra: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "LINNAEUS_ACCEL_"))}
     env.update(HF_HOME=str(out.parent / "hf_home"), WANDB_MODE="offline", CUDA_VISIBLE_DEVICES="0,1")
     if kill_at:
@@ -75,7 +77,7 @@ def launch(config_file: str, out: Path, kill_at: str | None = None) -> subproces
         "--config_file", str(CONFIGS / config_file), "--num_processes", "2",
         "--main_process_port", str(free_port()),
         "-m", "linnaeus_accel", "train", "--cfg", str(LM_CFG),
-        "--opts", "ENV.OUTPUT.BASE_DIR", str(out), "EXPERIMENT.NAME", "run", *TINY,
+        "--opts", "ENV.OUTPUT.BASE_DIR", str(out), "EXPERIMENT.NAME", "run", *TINY, *extra,
     ]  # fmt: skip
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=900, check=False)
 
@@ -143,3 +145,16 @@ def test_sharded_run_resumes_and_gathers_full_weights(
     got = final_weights(run_dir)
     for name, want in weights.items():
         torch.testing.assert_close(got[name].float(), want.float(), rtol=2e-2, atol=2e-3, msg=name)
+
+
+@pytest.mark.parametrize("config_file", ["fsdp2_full_shard.yaml", "deepspeed_zero3.yaml"])
+def test_ema_is_refused_where_the_weights_are_sharded(tmp_path: Path, config_file: str) -> None:
+    """ema keeps a whole copy of the weights: under FSDP or ZeRO-3 it exits 2 naming CALLBACKS
+    before the first step, instead of averaging shards it could not save as a model."""
+    if config_file.startswith("deepspeed") and importlib.util.find_spec("deepspeed") is None:
+        pytest.skip("needs the deepspeed package (pip install deepspeed)")
+    done = launch(config_file, tmp_path, extra=("CALLBACKS", "[{NAME: ema}]"))
+    assert done.returncode != 0  # each process exits 2; accelerate launch reports 1
+    assert "ema keeps a whole copy of the weights" in done.stderr, done.stderr[-4000:]
+    assert "CALLBACKS" in done.stderr
+    assert not list((tmp_path / "run").glob("checkpoints/step_*"))
