@@ -75,7 +75,25 @@ def ref_two(tmp_path_factory: pytest.TempPathFactory) -> Result:
     losses = [r["val/loss"] for r in metrics(result.dir) if "val/loss" in r]
     assert len(losses) == 2
     assert losses[1] < losses[0] < 5.55  # it learns (ln 257 = 5.55 at random)
+    assert_final_loads_with_transformers(result.dir)
     return result
+
+
+def assert_final_loads_with_transformers(run_dir: Path) -> None:
+    """final/, written by 2 processes, is the model transformers loads, with our weights."""
+    import torch
+    from test_hf_roundtrip import load_final
+
+    from linnaeus_accel.config import load_config
+    from linnaeus_accel.evaluate import load_weights
+    from linnaeus_accel.models import build_model
+
+    loaded = load_final(run_dir / "final")
+    ours = build_model(load_config(LM_CFG, [*SMALL_LM, "MODEL.OPTIONS.vocab_size", "257"]), None).eval()
+    load_weights(ours, run_dir / "final")
+    windows = torch.randint(0, 257, (2, 32), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(loaded(windows).logits, ours(windows).logits)
 
 
 def test_two_processes_killed_at_random_moments_resume_byte_identical(

@@ -104,8 +104,13 @@ class EMA(Callback):
     def on_fit_end(self, trainer: Trainer, summary: dict[str, Any]) -> None:
         if summary["status"] == "preempted" or self.model is None:
             return  # a preempted run's average is in its last checkpoint
-        trainer.accelerator.save_model(
-            self.model, trainer.config.output_dir / "final" / "ema", safe_serialization=True
+        from ..training.final_weights import save_final
+
+        save_final(
+            trainer.accelerator,
+            self.model,
+            trainer.config.output_dir / "final" / "ema",
+            trainer.end.tokenizer,
         )
 
     def state_dict(self) -> dict[str, Any]:

@@ -121,6 +121,8 @@ class HFPackedDocuments(Dataset[dict[str, torch.Tensor]]):
     pickles as ``datasets`` pickles a dataset on disk (its files' paths), for DataLoader workers.
     """
 
+    tokenizer_file: str | None = None  # the tokenizer.json of the tokens (None: bytes)
+
     def __init__(
         self, documents: Any, seq_len: int, *, vocab_size: int, eos_id: int, rows: range | None = None
     ) -> None:
@@ -379,6 +381,9 @@ def build_hf_dataset(config: Config, split: Split) -> HFPackedDocuments | HFPack
     documents = load_documents(datasets, options, files[key], key)
     check_field(documents, options, key)
     if options.streaming:
-        return packed_stream(documents, options, spec, split, config)
-    tokenized = tokenize_documents(datasets, documents, options, spec)
-    return packed_documents(tokenized, options, spec, split, config.DATA.DATASET.VAL_FRACTION)
+        dataset: HFPackedDocuments | HFPackedStream = packed_stream(documents, options, spec, split, config)
+    else:
+        tokenized = tokenize_documents(datasets, documents, options, spec)
+        dataset = packed_documents(tokenized, options, spec, split, config.DATA.DATASET.VAL_FRACTION)
+    dataset.tokenizer_file = spec.path  # final/ ships it with the model
+    return dataset

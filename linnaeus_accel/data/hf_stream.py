@@ -156,6 +156,8 @@ class HFPackedStream(IterableDataset[dict[str, torch.Tensor]]):
     processes and workers itself. It has no ``len``: a stream's size is unknown until it is read.
     """
 
+    tokenizer_file: str | None = None  # the tokenizer.json of the tokens (None: bytes)
+
     def __init__(
         self,
         documents: Any,

@@ -225,6 +225,12 @@ class TokenFiles(Dataset[dict[str, torch.Tensor]]):
         top = max(recorded, default=(-1, ""), key=lambda pair: pair[0])
         self.max_token_id: int | None = top[0] if top[0] >= 0 else None
         self.max_token_file: str | None = top[1] if top[0] >= 0 else None
+        # The tokenizer.json the tokens came from, where it still is (final/ ships it with the model).
+        described = [p.file.sidecar.tokenizer for p in self.parts if p.file.sidecar is not None]
+        paths = [t.get("path") for t in described if t.get("type") == "tokenizers"]
+        self.tokenizer_file: str | None = next(
+            (p for p in paths if isinstance(p, str) and os.path.isfile(p)), None
+        )
         self._descriptors: OrderedDict[int, int] = OrderedDict()  # part -> open file, least recent first
         weakref.finalize(self, _close_all, self._descriptors)
         # What reading a window of each part takes, worked out once: __getitem__ runs per sample.

@@ -9,7 +9,6 @@ from collections.abc import Callable
 from typing import Any
 
 from accelerate import Accelerator
-from accelerate.utils import is_compiled_module
 from torch import nn
 
 from ..config import Config
@@ -17,6 +16,7 @@ from ..progress import TrainingProgress
 from ..run_directory.failures import NonFiniteGuard
 from ..run_state.saver import Checkpointer
 from ..schedule import ResolvedPlan, StopDecision
+from .final_weights import run_tokenizer, save_final
 
 
 class RunEnd:
@@ -30,6 +30,8 @@ class RunEnd:
         checkpointer: Checkpointer,
         nonfinite: NonFiniteGuard,
         take_tokens: Callable[[], int],
+        train_data: Any = None,
+        last_validation: Callable[[], dict[str, float]] = dict,
     ) -> None:
         self.accelerator, self.config, self.plan, self.model = accelerator, config, plan, model
         self.progress, self.checkpointer, self.nonfinite, self.take_tokens = (
@@ -40,7 +42,8 @@ class RunEnd:
         )
         self.out: Any = None  # the run's outputs, once the run has started
         self.run_info: dict[str, Any] = {}  # what the run ran on (main process)
-        self.last_validation: Callable[[], dict[str, float]] = dict
+        self.last_validation = last_validation  # the latest validation's metrics, for summary.json
+        self.tokenizer = run_tokenizer(train_data)  # the run's, shipped in final/
 
     def summary(
         self, status: str, stop: StopDecision | None = None, error: str | None = None
@@ -70,10 +73,7 @@ class RunEnd:
         before_summary()
         if not preempted:  # a preempted run's weights are in its last checkpoint
             self.nonfinite.check(progress.global_step, "the final weights", self.checkpointer.current)
-            # A compiled model's weights under the model's own names (no "_orig_mod." prefix);
-            # Accelerate still gathers them from whatever wraps it (DDP, FSDP, DeepSpeed).
-            model = self.model._orig_mod if is_compiled_module(self.model) else self.model
-            acc.save_model(model, self.config.output_dir / "final", safe_serialization=True)  # collective
+            save_final(acc, self.model, self.config.output_dir / "final", self.tokenizer)  # collective
         status = "preempted" if preempted else ("early_stopped" if stop is not None else "completed")
         summary = self.summary(status, stop)
         summary["remote_sync_errors"] = self.checkpointer.close()

@@ -150,9 +150,9 @@ class Trainer:
         )  # fmt: skip
         self.train_log = TrainLog(ops, self.progress, self.meter, self.train_batches, self.checkpointer, self.nonfinite)  # fmt: skip
         self.end = RunEnd(
-            acc, config, self.plan, self.model, self.progress, self.checkpointer, self.nonfinite, self.meter.take_tokens
+            acc, config, self.plan, self.model, self.progress, self.checkpointer, self.nonfinite, self.meter.take_tokens,
+            train_data=train.dataset, last_validation=lambda: self.events.last_validation,
         )  # fmt: skip
-        self.end.last_validation = lambda: self.events.last_validation
         self.lock = RunLock(config.output_dir)  # taken by the main process in fit()
         self.allow_config_change = False
         self.out: Any = None

@@ -1,0 +1,94 @@
+"""``final/``: the trained weights, written so that the tools a user already has can load them.
+
+- A transformers model (any ``PreTrainedModel``: ``hf_causal_lm``, or one given through the Python
+  API) is written by its own ``save_pretrained``: ``config.json``, ``generation_config.json`` where
+  the model has one, and ``model.safetensors`` (sharded with an index past 50 GB) without the tied
+  copies that ``from_pretrained`` ties back, so ``AutoModelForCausalLM.from_pretrained(final)``
+  loads every tensor without a warning. The run's tokenizer goes beside them
+  (``tokenizer.json`` and ``tokenizer_config.json``; ``AutoTokenizer.from_pretrained(final)``).
+- A model wrapped by peft (``MODEL.OPTIONS.lora``) is written as peft writes an adapter
+  (``adapter_config.json``, ``adapter_model.safetensors``; ``PeftModel.from_pretrained(base,
+  final)``); with ``lora.merge`` the merged full model also goes to ``final/merged/`` in the layout
+  above.
+- Any other model keeps Accelerate's ``save_model`` (``model.safetensors`` under the model's own
+  names).
+
+Every process calls ``save_final`` (collective): under FSDP and DeepSpeed ZeRO-3 the full weights
+are gathered by ``Accelerator.get_state_dict`` and written by the main process, the same way.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from accelerate import Accelerator
+from accelerate.utils import is_compiled_module
+from torch import nn
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model")
+
+
+@dataclass(frozen=True)
+class RunTokenizer:
+    """The tokenizer.json the run's tokens come from, and its end-of-document id."""
+
+    path: str
+    eos_id: int | None
+
+
+def run_tokenizer(dataset: Any) -> RunTokenizer | None:
+    """The training data's tokenizer (``tokenizer_file`` of the built-in token datasets); None for
+    bytes, or data that does not say."""
+    path = getattr(dataset, "tokenizer_file", None)
+    eos_id = getattr(dataset, "eos_id", None)
+    return RunTokenizer(path, eos_id if isinstance(eos_id, int) else None) if isinstance(path, str) else None
+
+
+def is_transformers_model(model: nn.Module) -> bool:
+    transformers = sys.modules.get("transformers")  # never imported for models that are not its
+    return transformers is not None and isinstance(model, transformers.PreTrainedModel)
+
+
+def is_peft_model(model: nn.Module) -> bool:
+    peft = sys.modules.get("peft")
+    return peft is not None and isinstance(model, peft.PeftModel)
+
+
+def save_final(
+    accelerator: Accelerator, model: nn.Module, directory: Path, tokenizer: RunTokenizer | None = None
+) -> None:
+    """Write ``model``'s weights to ``directory`` (collective; see the module docstring).
+    ``tokenizer``: the run's, if it has one."""
+    inner = model._orig_mod if is_compiled_module(model) else model  # the model's own names
+    unwrapped = accelerator.unwrap_model(inner, keep_torch_compile=False)
+    if not (is_transformers_model(unwrapped) or is_peft_model(unwrapped)):
+        accelerator.save_model(inner, directory, safe_serialization=True)
+        return
+    state_dict = accelerator.get_state_dict(inner)  # collective: gathers sharded weights
+    if not accelerator.is_main_process:
+        return
+    directory.mkdir(parents=True, exist_ok=True)
+    unwrapped.save_pretrained(directory, state_dict=state_dict, safe_serialization=True)
+    _save_tokenizer(directory, tokenizer, unwrapped)
+
+
+def _save_tokenizer(directory: Path, tokenizer: RunTokenizer | None, model: Any) -> None:
+    """The run's tokenizer.json as transformers loads it (its end-of-document token as
+    ``eos_token``); else the tokenizer files of the pretrained directory the model came from."""
+    if tokenizer is not None:
+        from transformers import PreTrainedTokenizerFast
+
+        fast = PreTrainedTokenizerFast(tokenizer_file=tokenizer.path)  # type: ignore[no-untyped-call]
+        if tokenizer.eos_id is not None:
+            fast.eos_token = fast.convert_ids_to_tokens(tokenizer.eos_id)
+        fast.save_pretrained(directory)
+        return
+    source = Path(str(getattr(model, "name_or_path", "") or ""))
+    if str(source) and source.is_dir():
+        for name in TOKENIZER_FILES:
+            if (source / name).is_file():
+                shutil.copyfile(source / name, directory / name)
