@@ -9,6 +9,7 @@ run checks its ``final/`` the same way.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -62,9 +63,15 @@ def some_windows(config: Config) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
-def test_final_is_a_transformers_model_with_the_trained_weights(tmp_path: Path, compiled: bool) -> None:
-    config = lm_config(tmp_path)
+def test_final_is_a_transformers_model_with_the_trained_weights(
+    tmp_path: Path, compiled: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = lm_config(tmp_path, "ENV.PROGRESS_BAR", "false")
     trainer, summary = train(config, compiled)
+    # The console of a token task reads in tokens/s.
+    assert re.search(
+        r"^epoch 1 step 5/20: loss [\d.]+, lr \S+, tokens/s [\d,]+, ", capsys.readouterr().out, re.M
+    )
     final = config.output_dir / "final"
     assert {p.name for p in final.iterdir()} == {"config.json", "generation_config.json", "model.safetensors"}
     loaded = load_final(final)

@@ -71,7 +71,7 @@ class EnvConfig(Section):
         "auto",
         description="The console's progress bar: auto draws it when stdout is a terminal; otherwise "
         "(a log file, a batch job, a notebook) the run prints one plain line per console interval "
-        "(step, loss, LR, samples/s, time left). true: always the bar; false: always plain lines.",
+        "(step, loss, LR, samples/s or tokens/s, time left). true: always the bar; false: always plain lines.",
     )
 
 

@@ -221,7 +221,7 @@ class MetricsSchedule(Section):
     )
     CONSOLE_INTERVAL: StepsOrOff | None = Field(
         None,
-        description="The progress bar's loss, lr and samples/s are updated every N global steps; default: "
+        description="The progress bar's loss, lr and samples/s (tokens/s for token tasks) are updated every N global steps; default: "
         "at every metrics record. Rounded up to a multiple of the metrics interval (the values exist only "
         "there); `plan` prints what it resolves to.",
     )

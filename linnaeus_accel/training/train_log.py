@@ -56,7 +56,14 @@ class TrainLog:
             out.advance(1, epoch)
             return
         shown = {"loss": f"{metrics['train/loss']:.4f}", "lr": f"{self.plan.lr(step - 1):.2e}"}
-        out.advance(1, epoch, {**shown, "samples/s": f"{metrics['perf/samples_per_s']:.0f}"})
+        # Token tasks are read in tokens/s (what LM papers and dashboards quote), others in samples/s.
+        if "perf/tokens_per_s" in metrics:
+            shown["tokens/s"] = f"{metrics['perf/tokens_per_s']:,.0f}"
+        else:
+            shown["samples/s"] = f"{metrics['perf/samples_per_s']:.0f}"
+        if "perf/mfu" in metrics:
+            shown["mfu"] = f"{metrics['perf/mfu']:.1%}"
+        out.advance(1, epoch, shown)
 
     def lrs(self, step: int) -> dict[str, float]:
         """The LR of every parameter group at the optimizer step that made ``step``, by label."""
