@@ -37,6 +37,7 @@ FINAL_DIR = "final"
 EVAL_DIR = "eval"
 WEIGHTS = "model.safetensors"  # Accelerate's name for the first model's weights (save_state, save_model)
 WEIGHTS_INDEX = "model.safetensors.index.json"  # final/ weights saved in shards
+ADAPTER = "adapter_model.safetensors"  # a LoRA run's final/ (peft's layout)
 # Prefixes a wrapped model's state dict may carry (torch.compile's, DDP's): the weights are loaded
 # into the bare model.
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")
@@ -69,16 +70,20 @@ def locate(path: str | Path) -> Weights:
             raise _refused(f"{path} is damaged: {exc}") from None
         run_dir = path.parent.parent if path.parent.name == "checkpoints" else path.parent
         return Weights(path, True, step, run_dir)
-    # final/, or final/ema/ (the ema callback's average, in the same format)
-    final = path if path.name == FINAL_DIR else path.parent if path.parent.name == FINAL_DIR else None
-    if final is not None:
-        if not (path / WEIGHTS).is_file() and not (path / WEIGHTS_INDEX).is_file():
-            raise _refused(f"{path} holds no {WEIGHTS}: the run did not finish writing its final weights")
-        return Weights(path, False, _summary_step(final.parent), final.parent)
+    # final/, final/ema/ (the ema callback's average, in the same format), final/merged/, or any
+    # directory save_pretrained wrote
+    final = next((d for d in (path, path.parent) if d.name == FINAL_DIR), None)
+    has_weights = any((path / name).is_file() for name in (WEIGHTS, WEIGHTS_INDEX, ADAPTER))
+    if final is not None and not has_weights:
+        raise _refused(f"{path} holds no {WEIGHTS}: the run did not finish writing its final weights")
+    pretrained_layout = any((path / name).is_file() for name in ("config.json", "adapter_config.json"))
+    if has_weights and (final is not None or pretrained_layout):
+        run_dir = final.parent if final is not None else path.parent
+        return Weights(path, False, _summary_step(run_dir) if final is not None else None, run_dir)
     raise _refused(
         f"{path} is not a committed checkpoint (no {MARKER}: its write did not finish, or it is not "
-        f"a checkpoint) nor a run's {FINAL_DIR}/ directory: pass <run dir>/checkpoints/step_XXXXXXXX "
-        f"with {MARKER}, <run dir>/{FINAL_DIR} or <run dir>/{FINAL_DIR}/ema"
+        f"a checkpoint) nor a directory of weights ({WEIGHTS} or {ADAPTER}): pass "
+        f"<run dir>/checkpoints/step_XXXXXXXX with {MARKER}, <run dir>/{FINAL_DIR} or <run dir>/{FINAL_DIR}/ema"
     )
 
 
@@ -103,6 +108,9 @@ def load_weights(model: nn.Module, directory: Path) -> None:
     """Load ``model.safetensors`` (or the shards its index names) into ``model`` (unwrapped),
     whichever number of processes wrote it; every parameter and buffer must be there (tied ones
     are saved once)."""
+    if (directory / ADAPTER).is_file():
+        _load_adapter(model, directory)
+        return
     index = directory / WEIGHTS_INDEX
     try:
         if index.is_file():
@@ -118,8 +126,11 @@ def load_weights(model: nn.Module, directory: Path) -> None:
         consume_prefix_in_state_dict_if_present(state, prefix)
     own = model.state_dict()
     tied = {name for group in find_tied_parameters(model) if set(group) & state.keys() for name in group}
+    # A LoRA run's checkpoint holds what trains; its frozen base is the config's (verified by digest).
+    frozen = {n for n, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
+    frozen = frozen if getattr(model, "linnaeus_lora", None) is not None else set()
     unfit = [
-        ("missing", [name for name in own if name not in state and name not in tied]),
+        ("missing", [name for name in own if name not in state and name not in tied | frozen]),
         ("unexpected", [name for name in state if name not in own]),
         (
             "other shapes",
@@ -142,6 +153,36 @@ def load_weights(model: nn.Module, directory: Path) -> None:
             ]
         )
     model.load_state_dict(state, strict=False)  # strict but for the tied names saved once
+
+
+def _load_adapter(model: nn.Module, directory: Path) -> None:
+    """A LoRA adapter as peft wrote it, into the run's LoRA model (its base from the config)."""
+    if getattr(model, "linnaeus_lora", None) is None:
+        raise ConfigError(
+            [
+                (
+                    "MODEL.OPTIONS.lora",
+                    f"{directory} holds a LoRA adapter ({ADAPTER}) but this config builds no LoRA model: use the run's own config",
+                )
+            ]
+        )
+    from peft import set_peft_model_state_dict
+
+    try:
+        adapter = load_file(str(directory / ADAPTER))
+    except (OSError, SafetensorError) as exc:
+        raise _refused(f"cannot read the adapter in {directory}: {type(exc).__name__}: {exc}") from None
+    result = set_peft_model_state_dict(model, adapter)
+    unexpected = list(getattr(result, "unexpected_keys", []))
+    if unexpected:
+        raise ConfigError(
+            [
+                (
+                    "MODEL.OPTIONS.lora",
+                    f"the adapter in {directory} does not fit this config's LoRA model (unexpected: {', '.join(unexpected[:3])}): use the run's own config",
+                )
+            ]
+        )
 
 
 def evaluate(config: Config, checkpoint: str | Path, out: str | Path | None = None) -> dict[str, Any]:

@@ -1,12 +1,26 @@
-"""``hf_causal_lm``: a randomly initialised causal language model built from a transformers config.
+"""``hf_causal_lm`` and ``hf_sequence_classification``: transformers models, built from a config or
+loaded from a local ``save_pretrained`` directory. Nothing is ever downloaded.
 
-``MODEL.OPTIONS`` are the config's fields (``hidden_size``, ``num_hidden_layers``, ...) plus
-``model_type`` (default ``llama``); ``vocab_size`` defaults to the dataset's. The model is built with
-``AutoModelForCausalLM.from_config``: never ``from_pretrained``, so nothing is downloaded. It is the
-transformers model itself: ``model(input_ids, attention_mask=...)`` returns an output whose
-``logits`` are ``[B, L, vocab_size]``.
+``MODEL.OPTIONS``:
 
-transformers is imported only when this model is built, so ``plan`` stays fast without it.
+- without ``pretrained``: the config's fields (``hidden_size``, ``num_hidden_layers``, ...) plus
+  ``model_type`` (default ``llama``), randomly initialised (``AutoModel*.from_config``).
+  ``vocab_size`` defaults to the dataset's; a classifier's ``num_labels`` to the dataset's
+  ``num_classes``.
+- ``pretrained: DIR``: the directory's model, its other options overriding its config where the
+  weights still fit (``pretrained.py``).
+- ``gradient_checkpointing: true``: the model's own activation checkpointing (less memory, about
+  a third more compute per step).
+- ``lora: {...}``: only a LoRA adapter trains (``lora.py``, through peft).
+
+Any other key is a config field; a private one (``_name_or_path``) or an argument of
+``from_pretrained`` (``cache_dir``, ``revision``...) is an error naming the key to use, since
+transformers would keep it silently and train random weights.
+
+The model is the transformers model itself: ``model(input_ids, attention_mask=...)`` returns an
+output with ``logits`` (``[B, L, vocab_size]``; ``[B, num_labels]`` for a classifier, which reads
+the last token that is not ``pad_token_id``, default the config's ``eos_token_id``, else 0).
+transformers is imported only when such a model is built, so ``plan`` stays fast without it.
 """
 
 from __future__ import annotations
@@ -18,10 +32,27 @@ from typing import Any
 from torch import nn
 
 from ..config import Config, ConfigError
+from .pretrained import load_pretrained, model_directory
 from .registry import register_model
 
 OPTIONS_KEY = "MODEL.OPTIONS"
 DEFAULT_MODEL_TYPE = "llama"
+BUILD_OPTIONS = ("pretrained", "gradient_checkpointing", "lora")
+# Keys that mean "load these weights" elsewhere; here they would be kept silently as config fields.
+MISPLACED = {
+    "_name_or_path": "pretrained",
+    "name_or_path": "pretrained",
+    "pretrained_model_name_or_path": "pretrained",
+    "model_name_or_path": "pretrained",
+    "from_pretrained": "pretrained",
+    "torch_dtype": "dtype",
+}
+# from_pretrained's own arguments: linnaeus-accel reads local directories only.
+LOADING_ONLY = {
+    "cache_dir", "force_download", "local_files_only", "token", "revision", "use_safetensors",
+    "weights_only", "ignore_mismatched_sizes", "device_map", "max_memory", "trust_remote_code",
+    "low_cpu_mem_usage", "quantization_config", "subfolder", "variant", "offload_folder",
+}  # fmt: skip
 
 
 def _reason(exc: BaseException) -> str:
@@ -69,16 +100,72 @@ def _bad_counts(options: dict[str, Any]) -> list[tuple[str, str]]:
     return problems
 
 
-@register_model("hf_causal_lm")
-def build_hf_causal_lm(config: Config, dataset: Any) -> nn.Module:
+def _import_transformers() -> Any:
     try:
         import transformers
     except ImportError:
         raise ConfigError(
             [("MODEL.TYPE", "hf_causal_lm needs transformers: pip install 'linnaeus-accel[lm]'")]
         ) from None
+    return transformers
 
+
+def misplaced_options(options: dict[str, Any]) -> list[tuple[str, str]]:
+    """Keys transformers would take without a word and that would not do what they say."""
+    problems = []
+    for name in options:
+        key = f"{OPTIONS_KEY}.{name}"
+        if name in MISPLACED:
+            problems.append((key, f"is not read here: use {OPTIONS_KEY}.{MISPLACED[name]}"))
+        elif name in LOADING_ONLY:
+            problems.append(
+                (
+                    key,
+                    f"is an argument of from_pretrained, not a model option: models are built offline, or loaded from a local directory with {OPTIONS_KEY}.pretrained",
+                )
+            )
+        elif str(name).startswith("_"):
+            problems.append((key, "is a private field of transformers' config, not an option: leave it out"))
+    return problems
+
+
+def build_transformers_model(
+    config: Config,
+    auto_name: str,
+    defaults: dict[str, Any],
+    pretrained_defaults: dict[str, Any] | None = None,
+) -> nn.Module:
+    """The model ``auto_name`` (an ``AutoModelFor*`` class) that ``MODEL.OPTIONS`` describe (see the
+    module docstring). ``defaults``: config fields taken from the data unless given;
+    ``pretrained_defaults``: those that override a pretrained directory's config unless given."""
+    transformers = _import_transformers()
     options = dict(config.MODEL.OPTIONS)
+    built = {name: options.pop(name) for name in BUILD_OPTIONS if name in options}
+    problems = misplaced_options(options)
+    if problems:
+        raise ConfigError(problems)
+    auto_class = getattr(transformers, auto_name)
+    if built.get("pretrained") is not None:
+        directory = model_directory(built["pretrained"], f"{OPTIONS_KEY}.pretrained")
+        overrides = {**(pretrained_defaults or {}), **options}
+        model: nn.Module = load_pretrained(auto_class, directory, overrides, OPTIONS_KEY)
+    else:
+        model = _from_config(transformers, auto_class, options, defaults)
+    if built.get("gradient_checkpointing", False) is True:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # type: ignore[operator]
+        model.config.use_cache = False  # type: ignore[union-attr]  # a cache is of no use in training
+    elif built.get("gradient_checkpointing", False) is not False:
+        raise ConfigError([(f"{OPTIONS_KEY}.gradient_checkpointing", "must be true or false")])
+    if built.get("lora") is not None:
+        from .lora import with_lora
+
+        model = with_lora(model, built["lora"], f"{OPTIONS_KEY}.lora")
+    return model
+
+
+def _from_config(
+    transformers: Any, auto_class: Any, options: dict[str, Any], defaults: dict[str, Any]
+) -> nn.Module:
     model_type = options.pop("model_type", DEFAULT_MODEL_TYPE)
     if model_type not in transformers.CONFIG_MAPPING:
         raise ConfigError(
@@ -94,14 +181,7 @@ def build_hf_causal_lm(config: Config, dataset: Any) -> nn.Module:
     bad = _bad_counts(options)
     if bad:
         raise ConfigError(bad)
-    if "vocab_size" not in options:
-        vocab_size = getattr(dataset, "vocab_size", None)
-        if not isinstance(vocab_size, int):
-            raise ConfigError(
-                [(OPTIONS_KEY, "set vocab_size: the dataset does not declare an integer vocab_size")]
-            )
-        options["vocab_size"] = vocab_size
-
+    options = {**defaults, **options}  # from the data: not the user's to misspell
     try:
         # Any exception here is transformers rejecting a value the user wrote (its validators
         # raise ValueError, TypeError or huggingface_hub's StrictDataclassError).
@@ -110,11 +190,51 @@ def build_hf_causal_lm(config: Config, dataset: Any) -> nn.Module:
         raise ConfigError([(OPTIONS_KEY, f"transformers rejects the options: {_reason(exc)}")]) from None
     try:
         # from_config is unannotated in transformers; it returns a PreTrainedModel (an nn.Module).
-        model: nn.Module = transformers.AutoModelForCausalLM.from_config(hf_config)  # type: ignore[no-untyped-call]
-    # ValueError, TypeError: no causal-LM head for this type, or inconsistent sizes; the others:
+        model: nn.Module = auto_class.from_config(hf_config)
+    # ValueError, TypeError: no such head for this type, or inconsistent sizes; the others:
     # torch failing on sizes transformers let through (a zero dimension, more memory than there is).
     except (ValueError, TypeError, RuntimeError, ArithmeticError, MemoryError) as exc:
+        what = "a causal LM" if "CausalLM" in auto_class.__name__ else "a sequence classifier"
         raise ConfigError(
-            [(OPTIONS_KEY, f"transformers cannot build a causal LM from them: {_reason(exc)}")]
+            [(OPTIONS_KEY, f"transformers cannot build {what} from them: {_reason(exc)}")]
         ) from None
+    return model
+
+
+def _data_field(dataset: Any, attribute: str, option: str) -> dict[str, Any]:
+    value = getattr(dataset, attribute, None)
+    if not isinstance(value, int):
+        raise ConfigError(
+            [(OPTIONS_KEY, f"set {option}: the dataset does not declare an integer {attribute}")]
+        )
+    return {option: value}
+
+
+@register_model("hf_causal_lm")
+def build_hf_causal_lm(config: Config, dataset: Any) -> nn.Module:
+    options = config.MODEL.OPTIONS
+    needs_vocab = "vocab_size" not in options and options.get("pretrained") is None
+    defaults = _data_field(dataset, "vocab_size", "vocab_size") if needs_vocab else {}
+    return build_transformers_model(config, "AutoModelForCausalLM", defaults)
+
+
+@register_model("hf_sequence_classification")
+def build_hf_sequence_classification(config: Config, dataset: Any) -> nn.Module:
+    """A transformers sequence classifier for the ``classification`` task (TASK.INPUT_KEY
+    ``input_ids``); ``num_labels`` defaults to the dataset's ``num_classes`` (also over a
+    pretrained model's, whose new head then starts from random weights)."""
+    options = config.MODEL.OPTIONS
+    labels: dict[str, Any] = {}
+    if "num_labels" not in options and getattr(dataset, "num_classes", None) is not None:
+        labels = _data_field(dataset, "num_classes", "num_labels")
+    defaults = dict(labels)
+    if options.get("pretrained") is None:
+        if "vocab_size" not in options:
+            defaults |= _data_field(dataset, "vocab_size", "vocab_size")
+        if "pad_token_id" not in options:
+            defaults["pad_token_id"] = options.get("eos_token_id", 0)
+    model = build_transformers_model(config, "AutoModelForSequenceClassification", defaults, labels)
+    hf_config: Any = getattr(model, "config")  # noqa: B009  (a transformers config: untyped)
+    if hf_config.pad_token_id is None:  # batches of more than one sequence need it
+        hf_config.pad_token_id = hf_config.eos_token_id if isinstance(hf_config.eos_token_id, int) else 0
     return model

@@ -35,6 +35,7 @@ MODELS: Registry[ModelBuilder] = Registry(
         "digits_mlp": "linnaeus_accel.models.digits",
         "digits_convnet": "linnaeus_accel.models.digits",
         "hf_causal_lm": "linnaeus_accel.models.hf",
+        "hf_sequence_classification": "linnaeus_accel.models.hf",
     },
 )
 register_model = MODELS.register

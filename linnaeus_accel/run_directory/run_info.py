@@ -1,6 +1,8 @@
 """What a run ran on, recorded once at start in ``assets/run_info.json`` and in ``summary.json``:
-precision, processes and machines, Accelerate's distributed type, library versions and the git
-commit of the working directory, so that a result can be traced to the code and setup behind it.
+precision, processes and machines, Accelerate's distributed type, library versions, the git
+commit of the working directory, and the model (its parameter counts; the pretrained directory it
+started from and the digest of its weights), so that a result can be traced to the code, weights
+and setup behind it.
 """
 
 from __future__ import annotations
@@ -13,9 +15,29 @@ from pathlib import Path
 from typing import Any
 
 from accelerate import Accelerator
+from torch import nn
+
+from ..models.pretrained import weight_files, weights_digest
 
 
-def run_info(accelerator: Accelerator, cwd: Path | None = None) -> dict[str, Any]:
+def model_info(model: nn.Module) -> dict[str, Any]:
+    """Parameter counts, and where a transformers model was loaded from (a local directory: its
+    path and ``weights_digest``)."""
+    parameters = list(model.parameters())
+    info: dict[str, Any] = {
+        "parameters": sum(p.numel() for p in parameters),
+        "trainable_parameters": sum(p.numel() for p in parameters if p.requires_grad),
+    }
+    source = Path(str(getattr(model, "name_or_path", "") or ""))
+    if str(source) not in ("", ".") and source.is_dir() and weight_files(source):
+        info["pretrained"] = str(source)
+        info["pretrained_weights_xxh3"] = weights_digest(source)
+    return info
+
+
+def run_info(
+    accelerator: Accelerator, cwd: Path | None = None, model: nn.Module | None = None
+) -> dict[str, Any]:
     state = accelerator.state
     local = int(os.environ.get("LOCAL_WORLD_SIZE", accelerator.num_processes))
     backend = getattr(getattr(state, "dynamo_plugin", None), "backend", None)
@@ -31,6 +53,7 @@ def run_info(accelerator: Accelerator, cwd: Path | None = None) -> dict[str, Any
         },
         "python": platform.python_version(),
         "git": git_state(cwd or Path.cwd()),
+        **({"model": model_info(model)} if model is not None else {}),
     }
 
 

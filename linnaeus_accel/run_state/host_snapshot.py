@@ -94,16 +94,16 @@ class HostSnapshot:
         self._pin = torch.cuda.is_available() and accelerator.device.type == "cuda"
 
     def capture(self, output_dir: Path) -> Captured:
-        """Copy the state to host memory (the loop's only wait), running Accelerate's save hooks on
-        the copied weights as ``save_state`` does before it writes."""
+        """Copy the state to host memory (the loop's only wait), after running Accelerate's save
+        hooks on the weights as ``save_state`` does before it writes."""
         acc = self.accelerator
         shared: dict[tuple[Any, ...], torch.Tensor] = {}
-        weights = [
-            self._copy(acc.get_state_dict(model, unwrap=False), ("model", i), shared)
-            for i, model in enumerate(acc._models)
-        ]
+        weights = [acc.get_state_dict(model, unwrap=False) for model in acc._models]
+        # The hooks first, as save_state runs them: what one drops (a LoRA model's frozen base) is
+        # never copied.
         for hook in acc._save_model_state_pre_hook.values():
             hook(acc._models, weights, str(output_dir))
+        weights = [self._copy(state, ("model", i), shared) for i, state in enumerate(weights)]
         captured = Captured(
             weights=weights,
             optimizers=[

@@ -18,6 +18,8 @@ from ..schedule import ResolvedPlan
 from .components import StateRegistry
 from .config_changes import review_changes
 from .elastic import check_resume, compatible_position, own_rank_state, plan_identity
+from .frozen_weights import STATE_KEY as FROZEN_KEY
+from .frozen_weights import frozen_weights_for
 from .saver import Checkpointer
 
 
@@ -41,6 +43,9 @@ class RunCheckpoints:
         self.resumed_from: Path | None = None
         self.boundary: dict[str, Any] | None = None  # the event point it was taken at
         self.wandb_run_id: str | None = None
+        frozen = frozen_weights_for(accelerator, config, checkpointer)  # a LoRA model's base
+        if frozen is not None:
+            registry.register(FROZEN_KEY, frozen)
 
     def save(self, boundary: dict[str, Any] | None) -> None:
         """A checkpoint of the current step; ``boundary``: the event point (None: a preemption)."""

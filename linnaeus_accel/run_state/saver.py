@@ -110,6 +110,7 @@ class Checkpointer:
         self.total_waited_s = 0.0
         self._untaken: tuple[float, float] | None = None  # (blocked, waited) since take_timings
         self.committed_at = 0.0
+        self.load_options: dict[str, Any] = {}  # for load_state (strict=False: frozen weights)
 
     def _remote(self, remote: Any) -> tuple[Any, Any]:
         bucket = self.config.ENV.OUTPUT.BUCKET
@@ -359,7 +360,7 @@ class Checkpointer:
 
     def load(self, path: Path) -> dict[str, Any]:
         """Restore model, optimizer, RNG states (Accelerate) and return our JSON state."""
-        self.accelerator.load_state(str(path))
+        self.accelerator.load_state(str(path), **self.load_options)
         # Checkpoints are taken between optimizer steps, where the micro-batch counter is a multiple
         # of the accumulation; the restored count is another run's when resuming elastically.
         self.accelerator.step = 0

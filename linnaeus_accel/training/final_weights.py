@@ -19,6 +19,7 @@ are gathered by ``Accelerator.get_state_dict`` and written by the main process, 
 
 from __future__ import annotations
 
+import copy
 import shutil
 import sys
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from accelerate import Accelerator
 from accelerate.utils import is_compiled_module
 from torch import nn
 
+MERGED_DIR = "merged"  # a LoRA run's base with the adapter merged in (lora.merge)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model")
 
 
@@ -74,6 +76,10 @@ def save_final(
     directory.mkdir(parents=True, exist_ok=True)
     unwrapped.save_pretrained(directory, state_dict=state_dict, safe_serialization=True)
     _save_tokenizer(directory, tokenizer, unwrapped)
+    if is_peft_model(unwrapped) and getattr(getattr(unwrapped, "linnaeus_lora", None), "merge", False):
+        merged = copy.deepcopy(unwrapped).merge_and_unload()  # the run's model stays as it is
+        merged.save_pretrained(directory / MERGED_DIR, safe_serialization=True)
+        _save_tokenizer(directory / MERGED_DIR, tokenizer, merged)
 
 
 def _save_tokenizer(directory: Path, tokenizer: RunTokenizer | None, model: Any) -> None:

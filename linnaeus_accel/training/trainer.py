@@ -333,7 +333,7 @@ class Trainer:
             acc, config, self.plan.total_steps
         )
         if acc.is_main_process:
-            self.end.run_info = run_info(acc)
+            self.end.run_info = run_info(acc, model=acc.unwrap_model(self.model))
             self.out.write_json("assets/run_info.json", self.end.run_info)
         self.checkpoints.resume(
             resume_from,

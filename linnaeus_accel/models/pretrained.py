@@ -1,0 +1,158 @@
+"""Starting from a local ``save_pretrained`` directory (``MODEL.OPTIONS.pretrained``), offline.
+
+The directory's own ``config.json`` describes the model. Other ``MODEL.OPTIONS`` override its
+fields where the pretrained weights still fit (dropout, ``attn_implementation``, ``use_cache``, a
+new label count for a classifier head...) and are refused where they would not (``hidden_size``,
+``num_hidden_layers``, ``vocab_size``...): an override is tried on the meta device, and one that
+changes the shape of any weight is an error naming it. Weights are loaded in float32 (Accelerate's
+mixed precision keeps float32 master weights; ``dtype`` overrides), never downloaded.
+
+``weights_digest`` identifies the weights (xxh3-128 over each weight file's digest); the run
+records it in ``run_info`` and a LoRA run's checkpoints verify it at resume.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+from ..checkpoint.digests import hash_file
+from ..config import ConfigError
+
+PRETRAINED_KEY = "MODEL.OPTIONS.pretrained"
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+# Options read by transformers' from_pretrained itself rather than written into the config.
+LOADING_ARGUMENTS = ("attn_implementation", "dtype")
+
+
+def weight_files(directory: Path) -> list[Path]:
+    """The weight files of a ``save_pretrained`` directory (the shards an index names, or the one
+    file), empty when it has none."""
+    for index in WEIGHT_INDEXES:
+        if (directory / index).is_file():
+            weight_map = json.loads((directory / index).read_text(encoding="utf-8"))["weight_map"]
+            return [directory / name for name in sorted(set(weight_map.values()))]
+    return [directory / name for name in WEIGHT_FILES if (directory / name).is_file()]
+
+
+def model_directory(value: Any, key: str = PRETRAINED_KEY) -> Path:
+    """``value`` as a directory holding a model that ``from_pretrained`` reads, else a ConfigError
+    naming ``key`` and what is wrong."""
+    if not isinstance(value, str) or not value:
+        raise ConfigError([(key, f"must be the path of a save_pretrained directory (got {value!r})")])
+    directory = Path(value).expanduser()
+    if not directory.is_dir():
+        raise ConfigError([(key, f"{directory} does not exist or is not a directory")])
+    if not (directory / "config.json").is_file():
+        raise ConfigError(
+            [
+                (
+                    key,
+                    f"{directory} holds no config.json: not a model directory (give what save_pretrained wrote)",
+                )
+            ]
+        )
+    try:
+        files = weight_files(directory)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ConfigError([(key, f"{directory}: its weight index cannot be read ({exc})")]) from None
+    if not files or not all(f.is_file() for f in files):
+        missing = [f.name for f in files if not f.is_file()]
+        what = (
+            f"is missing {', '.join(missing)}"
+            if missing
+            else f"holds no weights ({' or '.join(WEIGHT_FILES)})"
+        )
+        raise ConfigError([(key, f"{directory} {what}")])
+    return directory.resolve()
+
+
+@functools.cache
+def _digest(files: tuple[tuple[str, int, int], ...]) -> str:
+    import xxhash
+
+    digest = xxhash.xxh3_128()
+    for name, _, _ in files:
+        digest.update(f"{Path(name).name}:{hash_file(Path(name), sync=False)[1]}\n".encode())
+    return str(digest.hexdigest())
+
+
+def weights_digest(directory: Path) -> str:
+    """xxh3-128 over the names and digests of ``directory``'s weight files (read once per
+    process while they are unchanged)."""
+    files = weight_files(directory)
+    return _digest(tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files))
+
+
+def config_fields(config_class: Any) -> set[str]:
+    """The fields a config of ``config_class`` holds (its defaults and init arguments)."""
+    import inspect
+
+    import transformers
+
+    fields = set(config_class().to_dict()) | set(getattr(config_class, "attribute_map", {}))
+    for cls in (config_class, transformers.PretrainedConfig):
+        fields |= set(inspect.signature(cls.__init__).parameters)
+    return fields - {"self", "kwargs", "args"}
+
+
+def load_pretrained(auto_class: Any, directory: Path, overrides: dict[str, Any], options_key: str) -> Any:
+    """``auto_class.from_pretrained(directory)`` with ``overrides`` (see the module docstring)."""
+    import torch
+    import transformers
+
+    hf_config = transformers.AutoConfig.from_pretrained(directory, local_files_only=True)
+    overrides = dict(overrides)
+    model_type = overrides.pop("model_type", hf_config.model_type)
+    if model_type != hf_config.model_type:
+        raise ConfigError(
+            [
+                (
+                    f"{options_key}.model_type",
+                    f"is {model_type!r} but {directory} holds a {hf_config.model_type!r} model: leave it out",
+                )
+            ]
+        )
+    loading = {name: overrides.pop(name) for name in LOADING_ARGUMENTS if name in overrides}
+    unknown = sorted(set(overrides) - config_fields(type(hf_config)))
+    if unknown:
+        raise ConfigError(
+            [
+                (f"{options_key}.{name}", f"{type(hf_config).__name__} ({model_type}) has no such field")
+                for name in unknown
+            ]
+        )
+    reference = _shapes(auto_class, hf_config)
+    refused = []
+    for name, value in overrides.items():
+        changed = hf_config.__class__.from_dict({**hf_config.to_dict(), name: value})
+        if _shapes(auto_class, changed) != reference:
+            refused.append(
+                (
+                    f"{options_key}.{name}",
+                    f"cannot be {value!r} with the pretrained weights of {directory} (its value "
+                    f"{getattr(hf_config, name, None)!r}): it changes the shape of its weights; leave it out",
+                )
+            )
+    if refused:
+        raise ConfigError(refused)
+    for name, value in overrides.items():
+        setattr(hf_config, name, value)
+    dtype = loading.pop("dtype", None)
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) and dtype != "auto" else dtype or torch.float32
+    return auto_class.from_pretrained(
+        directory, config=hf_config, local_files_only=True, dtype=dtype, **loading
+    )
+
+
+def _shapes(auto_class: Any, hf_config: Any) -> dict[str, tuple[int, ...]]:
+    """Every weight's shape in the model ``hf_config`` describes, built on the meta device (no
+    memory, no initialisation)."""
+    import torch
+
+    with torch.device("meta"):
+        model = auto_class.from_config(hf_config)
+    return {name: tuple(t.shape) for name, t in model.state_dict().items()}
