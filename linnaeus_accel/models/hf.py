@@ -152,7 +152,7 @@ def build_transformers_model(
     else:
         model = _from_config(transformers, auto_class, options, defaults)
     if built.get("gradient_checkpointing", False) is True:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # type: ignore[operator]
+        _enable_activation_checkpointing(model)
         model.config.use_cache = False  # type: ignore[union-attr]  # a cache is of no use in training
     elif built.get("gradient_checkpointing", False) is not False:
         raise ConfigError([(f"{OPTIONS_KEY}.gradient_checkpointing", "must be true or false")])
@@ -161,6 +161,15 @@ def build_transformers_model(
 
         model = with_lora(model, built["lora"], f"{OPTIONS_KEY}.lora")
     return model
+
+
+def _enable_activation_checkpointing(model: Any) -> None:
+    """The model's own activation checkpointing (named gradient checkpointing before transformers 5)."""
+    kwargs = {"use_reentrant": False}  # the variant torch recommends; works with frozen inputs (LoRA)
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def _from_config(

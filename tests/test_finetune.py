@@ -1,0 +1,258 @@
+"""Fine-tuning a Hugging Face model: from a local ``save_pretrained`` directory, fully or with a LoRA
+adapter through peft, and back to transformers and peft.
+
+- The first training loss of a run from ``MODEL.OPTIONS.pretrained`` is the pretrained model's loss
+  on the first batch, computed here with transformers alone; run_info names the directory and
+  the digest of its weights.
+- Overrides that keep the weights' shapes apply; those that change them, a missing directory, one
+  without config.json and misplaced keys exit 2 naming the key.
+- LoRA: only the adapter trains; checkpoints hold no frozen weight; killed with SIGKILL and rerun,
+  the adapter and metrics are byte-identical; a changed base directory is refused at resume;
+  ``PeftModel.from_pretrained(base, final)`` gives the trained model's logits, ``final/merged``
+  the same model merged, and ``evaluate`` reads the adapter.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import REPO, reset_accelerate, run_cli
+from safetensors import safe_open
+from test_hf_roundtrip import train
+from test_resume import TrainRun, committed, metrics, summary
+
+from linnaeus_accel.config import Config, ConfigError, load_config
+from linnaeus_accel.data import build_dataset
+from linnaeus_accel.evaluate import evaluate
+from linnaeus_accel.models import build_model
+from linnaeus_accel.models.pretrained import weights_digest
+
+transformers = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+
+BASE = {
+    "vocab_size": 257, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+    "num_attention_heads": 2, "max_position_embeddings": 129, "tie_word_embeddings": True,
+}  # fmt: skip
+
+
+def save_base(directory: Path, seed: int = 0) -> Path:
+    """A small llama as save_pretrained writes it (random weights from ``seed``)."""
+    torch.manual_seed(seed)
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(**BASE)).save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_base(tmp_path_factory.mktemp("base") / "base")
+
+
+FT_CFG = str(REPO / "configs" / "lm_finetune.yaml")
+FULL = ["MODEL.OPTIONS.lora", "null"]  # full fine-tuning
+
+
+def ft_opts(base: Path, tmp_path: Path, steps: int, *more: str) -> list[str]:
+    """configs/lm_finetune.yaml from ``base``, ``steps`` steps of 8 sequences, into ``tmp_path``."""
+    return [
+        "MODEL.OPTIONS.pretrained", str(base), "DATA.BATCH_SIZE", "8",
+        "TRAIN.TARGET_TOKENS", str(steps * 8 * 128), "ENV.OUTPUT.BASE_DIR", str(tmp_path), *more,
+    ]  # fmt: skip
+
+
+def ft_config(base: Path, tmp_path: Path, steps: int, *more: str) -> Config:
+    return load_config(FT_CFG, ft_opts(base, tmp_path, steps, *more))
+
+
+# -- full fine-tuning -----------------------------------------------------------------------------
+def test_first_loss_is_the_pretrained_models_loss_on_the_first_batch(tmp_path: Path, base: Path) -> None:
+    config = ft_config(base, tmp_path, 4, *FULL, "SCHEDULE.METRICS.STEP_INTERVAL", "1")
+    reset_accelerate()
+    train_data = build_dataset(config, "train")
+    first = []
+
+    class FirstBatch(torch.utils.data.Dataset[Any]):  # records what the run's first batch holds
+        tokens_per_sample, vocab_size = train_data.tokens_per_sample, train_data.vocab_size
+
+        def __len__(self) -> int:
+            return len(train_data)
+
+        def __getitem__(self, index: int) -> Any:
+            if len(first) < config.DATA.BATCH_SIZE:
+                first.append(train_data[index]["input_ids"])
+            return train_data[index]
+
+    from linnaeus_accel import Callback, Trainer
+
+    class FromTheFirstStep(Callback):  # the trainer reads a sample batch at construction
+        def on_fit_start(self, trainer: Any) -> None:
+            first.clear()
+
+    model = build_model(config, train_data)
+    trainer = Trainer(
+        config, model, FirstBatch(), build_dataset(config, "val"), callbacks=[FromTheFirstStep()]
+    )
+    try:
+        summary_ = trainer.fit()
+    finally:
+        reset_accelerate()
+    loss_at_1 = next(r["train/loss"] for r in metrics(config.output_dir) if r["global_step"] == 1)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    batch = torch.stack(first)
+    with torch.no_grad():  # the exact mean over target tokens: every window's tokens but its first
+        expected = float(reference(batch, labels=batch).loss)
+    assert loss_at_1 == pytest.approx(expected, abs=1e-6)
+    info = summary_["run_info"]["model"]
+    assert info["pretrained"] == str(base.resolve())
+    assert info["pretrained_weights_xxh3"] == weights_digest(base)
+    assert info["trainable_parameters"] == info["parameters"]
+
+
+def test_options_override_a_pretrained_config_only_where_the_weights_fit(tmp_path: Path, base: Path) -> None:
+    def build(**options: Any) -> Any:
+        more = [x for name, value in options.items() for x in (f"MODEL.OPTIONS.{name}", json.dumps(value))]
+        return build_model(ft_config(base, tmp_path, 4, *FULL, *more), None)
+
+    model = build(attention_dropout=0.25, gradient_checkpointing=True)
+    assert model.config.attention_dropout == 0.25
+    assert model.is_activation_checkpointing
+    assert model.dtype == torch.float32
+    reference = transformers.AutoModelForCausalLM.from_pretrained(base)
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(model.state_dict().values(), reference.state_dict().values(), strict=True)
+    )
+    with pytest.raises(ConfigError, match=r"MODEL.OPTIONS.hidden_size: cannot be 64 .*changes the shape"):
+        build(hidden_size=64)
+    with pytest.raises(
+        ConfigError, match=r"MODEL.OPTIONS.model_type: is 'gpt2' but .* holds a 'llama' model"
+    ):
+        build(model_type="gpt2")
+
+
+@pytest.mark.parametrize(
+    ("options", "key", "message"),
+    [
+        ({"pretrained": "/no/such/dir"}, "MODEL.OPTIONS.pretrained", "does not exist"),
+        ({"pretrained": "EMPTY"}, "MODEL.OPTIONS.pretrained", "holds no config.json: not a model directory"),
+        ({"_name_or_path": "/models/x"}, "MODEL.OPTIONS._name_or_path", "use MODEL.OPTIONS.pretrained"),
+        ({"cache_dir": "/tmp"}, "MODEL.OPTIONS.cache_dir", "an argument of from_pretrained"),
+        ({"_attn_implementation": "eager"}, "MODEL.OPTIONS._attn_implementation", "a private field"),
+        (
+            {"lora": {"target_modules": ["nope"]}},
+            "MODEL.OPTIONS.lora.target_modules",
+            "the model's linear layers: down_proj",
+        ),
+        ({"lora": {"r": 0}}, "MODEL.OPTIONS.lora.r", "greater than or equal to 1"),
+        ({"lora": {"rank": 4}}, "MODEL.OPTIONS.lora.rank", "Extra inputs"),
+    ],
+)
+def test_bad_model_options_exit_2_naming_the_key(
+    tmp_path: Path, base: Path, options: dict[str, Any], key: str, message: str
+) -> None:
+    (tmp_path / "empty").mkdir()
+    names = {"EMPTY": str(tmp_path / "empty")}
+    more = [
+        x
+        for name, value in options.items()
+        for x in (
+            f"MODEL.OPTIONS.{name}",
+            json.dumps(names.get(value, value) if isinstance(value, str) else value),
+        )
+    ]
+    if "lora" in options:
+        more = [*FULL, *more]  # the option alone, not merged with the config's
+    rc, out, err = run_cli("train", "--cfg", FT_CFG, "--opts", *ft_opts(base, tmp_path, 4, *more))
+    assert rc == 2, out + err
+    assert key in err, err
+    assert message in err, err
+
+
+def test_lora_without_peft_says_how_to_install(base: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "peft", None)  # makes the import fail
+    config = ft_config(base, Path("unused"), 4)
+    with pytest.raises(
+        ConfigError, match=r"MODEL.OPTIONS.lora: LoRA needs peft: pip install 'linnaeus-accel\[peft\]'"
+    ):
+        build_model(config, None)
+
+
+# -- LoRA ------------------------------------------------------------------------------------------
+def test_lora_trains_the_adapter_only_and_transformers_and_peft_load_it(tmp_path: Path, base: Path) -> None:
+    config = ft_config(base, tmp_path, 20)
+    trainer, summary_ = train(config)
+    final = config.output_dir / "final"
+    assert {"adapter_config.json", "adapter_model.safetensors", "merged"} <= {p.name for p in final.iterdir()}
+    info = summary_["run_info"]["model"]
+    assert 0 < info["trainable_parameters"] < info["parameters"] / 10
+    trained = trainer.accelerator.unwrap_model(trainer.model).eval()
+    loaded = peft.PeftModel.from_pretrained(
+        transformers.AutoModelForCausalLM.from_pretrained(base), final
+    ).eval()
+    merged = transformers.AutoModelForCausalLM.from_pretrained(final / "merged").eval()
+    windows = torch.stack([build_dataset(config, "val")[i]["input_ids"] for i in range(4)])
+    with torch.no_grad():
+        logits = trained(windows).logits
+        assert torch.equal(loaded(windows).logits, logits)
+        torch.testing.assert_close(merged(windows).logits, logits, rtol=1e-4, atol=1e-4)
+        assert not torch.allclose(
+            transformers.AutoModelForCausalLM.from_pretrained(base)(windows).logits, logits
+        )
+    reset_accelerate()
+    try:
+        result = evaluate(config, final, out=tmp_path / "eval.json")
+    finally:
+        reset_accelerate()
+    assert result["metrics"]["val/loss"] == summary_["last_validation"]["val/loss"]
+
+
+LORA_RUN = [
+    "DATA.BATCH_SIZE", "8", "TRAIN.TARGET_TOKENS", str(40 * 8 * 128),
+    "SCHEDULE.CHECKPOINT.INTERVAL_STEPS", "10", "SCHEDULE.CHECKPOINT.INTERVAL_EPOCHS", "null",
+    "SCHEDULE.CHECKPOINT.MID_EPOCH", "true", "SCHEDULE.METRICS.STEP_INTERVAL", "5",
+]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_lora_killed_and_rerun_is_byte_identical_and_a_changed_base_is_refused(tmp_path: Path) -> None:
+    base = save_base(tmp_path / "base")
+    opts = [*LORA_RUN, "MODEL.OPTIONS.pretrained", str(base), "MODEL.OPTIONS.lora.merge", "false"]
+    for name in ("ref", "killed"):
+        (tmp_path / name).mkdir()
+    reference = TrainRun(tmp_path / "ref", opts, cfg=FT_CFG).run().check_ok()
+    run = TrainRun(tmp_path / "killed", opts, cfg=FT_CFG)
+    assert run.run(kill_at="checkpoint_committed:2").returncode != 0
+    checkpoint = run.dir / "checkpoints" / committed(run.dir)[-1]
+    with safe_open(str(checkpoint / "model.safetensors"), "pt") as weights:
+        keys = list(weights.keys())
+    assert keys
+    assert all(".lora_A." in k or ".lora_B." in k for k in keys), keys  # no frozen weight
+    tampered = run.clone(tmp_path / "tampered")
+    resumed = run.run()
+    resumed.check_ok()
+    assert "resumed from" in resumed.output
+    adapter = "adapter_model.safetensors"
+    assert (run.dir / "final" / adapter).read_bytes() == (reference.dir / "final" / adapter).read_bytes()
+    configs = [json.loads((r.dir / "final" / "adapter_config.json").read_text()) for r in (run, reference)]
+    for config in configs:  # peft keeps target_modules as a set: its order varies between processes
+        config["target_modules"] = sorted(config["target_modules"])
+    assert configs[0] == configs[1]
+
+    def history(run_dir: Path) -> list[dict[str, Any]]:  # what was trained and measured, not how fast
+        return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in metrics(run_dir)]
+
+    assert history(run.dir) == history(reference.dir)
+    assert summary(run.dir)["global_step"] == 40
+
+    shutil.rmtree(base)
+    save_base(base, seed=1)  # the same path, other weights
+    refused = tampered.run()
+    assert refused.returncode == 2, refused.tail()
+    assert "MODEL.OPTIONS.pretrained: the frozen base weights are not those checkpoint" in refused.output
+    assert str(base) in refused.output
