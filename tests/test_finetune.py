@@ -256,3 +256,59 @@ def test_lora_killed_and_rerun_is_byte_identical_and_a_changed_base_is_refused(t
     assert refused.returncode == 2, refused.tail()
     assert "MODEL.OPTIONS.pretrained: the frozen base weights are not those checkpoint" in refused.output
     assert str(base) in refused.output
+
+
+# -- sequence classification -------------------------------------------------------------------------
+def token_classes(count: int, seed: int) -> torch.utils.data.TensorDataset:
+    """Sequences of 16 ids below 50, labelled 1 when most of them are below 25."""
+    ids = torch.randint(0, 50, (count, 16), generator=torch.Generator().manual_seed(seed))
+    return torch.utils.data.TensorDataset(ids, ((ids < 25).sum(1) > 8).long())
+
+
+@pytest.mark.parametrize("start", ["config", "pretrained"])
+def test_sequence_classification_from_a_config_or_a_pretrained_lm(
+    tmp_path: Path, base: Path, start: str
+) -> None:
+    """hf_sequence_classification trains under the classification task; from a causal LM's
+    directory its body is the pretrained one and its new head is sized by num_labels; final/ is
+    what AutoModelForSequenceClassification loads, with the trained logits."""
+    from linnaeus_accel import Trainer
+    from linnaeus_accel.config import validate_config
+
+    options: dict[str, Any] = {"num_labels": 2}
+    if start == "pretrained":
+        options["pretrained"] = str(base)
+    else:
+        options |= {"vocab_size": 50, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1}
+        options |= {"num_attention_heads": 2, "max_position_embeddings": 16}
+    config = validate_config(
+        {
+            "EXPERIMENT": {"NAME": "cls"},
+            "ENV": {"OUTPUT": {"BASE_DIR": str(tmp_path)}},
+            "DATA": {"BATCH_SIZE": 32},
+            "MODEL": {"TYPE": "hf_sequence_classification", "OPTIONS": options},
+            "TASK": {"NAME": "classification"},
+            "TRAIN": {"EPOCHS": 3, "CLIP_GRAD": 1.0},
+            "LR_SCHEDULER": {"BASE_LR": 3e-3, "REFERENCE_BS": None},
+            "SCHEDULE": {"VALIDATION": {"INTERVAL_EPOCHS": 1}},
+        }
+    )
+    reset_accelerate()
+    train_data, val_data = token_classes(256, 0), token_classes(64, 1)
+    model = build_model(config, train_data)
+    if start == "pretrained":
+        reference = transformers.AutoModelForCausalLM.from_pretrained(base)
+        assert torch.equal(model.model.embed_tokens.weight, reference.model.embed_tokens.weight)
+    trainer = Trainer(config, model, train_data, val_data)
+    try:
+        summary_ = trainer.fit()
+    finally:
+        reset_accelerate()
+    assert summary_["status"] == "completed"
+    assert summary_["last_validation"]["val/acc"] > 0.5
+    loaded = transformers.AutoModelForSequenceClassification.from_pretrained(
+        config.output_dir / "final"
+    ).eval()
+    trained = trainer.accelerator.unwrap_model(trainer.model).eval()
+    with torch.no_grad():
+        assert torch.equal(loaded(val_data.tensors[0]).logits, trained(val_data.tensors[0]).logits)

@@ -32,7 +32,7 @@ from typing import Any
 from torch import nn
 
 from ..config import Config, ConfigError
-from .pretrained import load_pretrained, model_directory
+from .pretrained import HEAD_FIELDS, load_pretrained, model_directory
 from .registry import register_model
 
 OPTIONS_KEY = "MODEL.OPTIONS"
@@ -77,6 +77,7 @@ def _known_fields(config_class: Any, base_class: Any) -> set[str] | None:
             if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
         }
     fields |= {"attn_implementation", "torch_dtype", "dtype"}  # read from **kwargs by the base class
+    fields |= HEAD_FIELDS
     return fields - {"self", "model_type"}
 
 

@@ -26,6 +26,8 @@ WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 # Options read by transformers' from_pretrained itself rather than written into the config.
 LOADING_ARGUMENTS = ("attn_implementation", "dtype")
+# Fields every config has as properties rather than init arguments (a classifier's head).
+HEAD_FIELDS = {"num_labels", "id2label", "label2id", "problem_type"}
 
 
 def weight_files(directory: Path) -> list[Path]:
@@ -96,7 +98,7 @@ def config_fields(config_class: Any) -> set[str]:
     fields = set(config_class().to_dict()) | set(getattr(config_class, "attribute_map", {}))
     for cls in (config_class, transformers.PretrainedConfig):
         fields |= set(inspect.signature(cls.__init__).parameters)
-    return fields - {"self", "kwargs", "args"}
+    return (fields | HEAD_FIELDS) - {"self", "kwargs", "args"}
 
 
 def load_pretrained(auto_class: Any, directory: Path, overrides: dict[str, Any], options_key: str) -> Any:
