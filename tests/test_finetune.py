@@ -312,3 +312,27 @@ def test_sequence_classification_from_a_config_or_a_pretrained_lm(
     trained = trainer.accelerator.unwrap_model(trainer.model).eval()
     with torch.no_grad():
         assert torch.equal(loaded(val_data.tensors[0]).logits, trained(val_data.tensors[0]).logits)
+
+
+def test_a_peft_model_given_in_python_is_checkpointed_without_its_frozen_base(
+    tmp_path: Path, base: Path
+) -> None:
+    """Trainer(model=get_peft_model(...)): the checkpoint holds the adapter alone, and the digest
+    of the base it was trained on."""
+    from linnaeus_accel import Trainer
+
+    config = ft_config(base, tmp_path, 10, *FULL)  # its last step is a checkpoint
+    model = peft.get_peft_model(
+        transformers.AutoModelForCausalLM.from_pretrained(base),
+        peft.LoraConfig(r=2, target_modules=["q_proj"]),
+    )
+    reset_accelerate()
+    try:
+        Trainer(config, model, build_dataset(config, "train")).fit()
+    finally:
+        reset_accelerate()
+    checkpoint = sorted((config.output_dir / "checkpoints").glob("step_*"))[-1]
+    with safe_open(str(checkpoint / "model.safetensors"), "pt") as weights:
+        assert sorted({k.split(".lora_")[0].rsplit(".", 1)[-1] for k in weights.keys()}) == ["q_proj"]  # noqa: SIM118
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    assert state["frozen_weights"]["frozen_parameters"] > 0

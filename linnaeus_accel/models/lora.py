@@ -21,6 +21,8 @@
 
 from __future__ import annotations
 
+import sys
+import warnings
 from typing import Any
 
 import torch
@@ -73,7 +75,9 @@ def with_lora(model: nn.Module, raw: Any, key: str) -> nn.Module:
         task_type=peft.TaskType.SEQ_CLS if classifier else peft.TaskType.CAUSAL_LM,
     )
     try:
-        wrapped = peft.get_peft_model(model, config)
+        with warnings.catch_warnings():  # peft reads transformers' old name; nothing for the user to do
+            warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
+            wrapped = peft.get_peft_model(model, config)
     except ValueError as exc:
         text = " ".join(str(exc).split())
         names = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
@@ -92,9 +96,15 @@ class LoraRun:
         self.digest, self.merge = digest, merge
 
 
+def is_peft_model(model: Any) -> bool:
+    peft = sys.modules.get("peft")  # never imported for a model that is not its
+    return peft is not None and isinstance(model, peft.PeftModel)
+
+
 def frozen_digest(model: nn.Module) -> str:
-    """xxh3-128 over the names, dtypes, shapes and bytes of ``model``'s frozen parameters (taken
-    on the CPU where the model was built, before Accelerate moves it)."""
+    """xxh3-128 over the names, dtypes, shapes and bytes of ``model``'s frozen parameters (taken on
+    the CPU where the model was built, before Accelerate moves it; a model given on a GPU is
+    copied to the host a tensor at a time)."""
     import xxhash
 
     digest = xxhash.xxh3_128()

@@ -13,8 +13,10 @@ records it in ``run_info`` and a LoRA run's checkpoints verify it at resume.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -148,6 +150,21 @@ def load_pretrained(auto_class: Any, directory: Path, overrides: dict[str, Any],
     return auto_class.from_pretrained(
         directory, config=hf_config, local_files_only=True, dtype=dtype, **loading
     )
+
+
+@contextlib.contextmanager
+def quiet_progress() -> Iterator[None]:
+    """Without transformers' progress bars ("Loading weights", "Writing model shards"): the run's
+    console says what it loads and writes."""
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    try:
+        yield
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]
 
 
 def _shapes(auto_class: Any, hf_config: Any) -> dict[str, tuple[int, ...]]:

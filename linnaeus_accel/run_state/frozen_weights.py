@@ -1,4 +1,5 @@
-"""Checkpoints of a model whose base is frozen (a LoRA adapter, ``models/lora.py``): only what trains.
+"""Checkpoints of a model whose base is frozen (a LoRA adapter of ``MODEL.OPTIONS.lora``, or any peft
+model given to the Trainer): only what trains.
 
 A LoRA run's base weights never change, and a resume rebuilds them exactly (from
 ``MODEL.OPTIONS.pretrained``, or from the seed), so a checkpoint need not store or hash them: on a
@@ -22,6 +23,7 @@ from accelerate.utils import DistributedType
 from safetensors import safe_open
 
 from ..config import Config, ConfigError
+from ..models.lora import LoraRun, frozen_digest, is_peft_model
 from .saver import Checkpointer
 from .state_files import STATE_FILE, read_json
 
@@ -98,6 +100,8 @@ def frozen_weights_for(
     """The run's ``FrozenWeights`` when its model is a LoRA model (``models.lora``), else None."""
     model = accelerator.unwrap_model(accelerator._models[0]) if accelerator._models else None
     lora = getattr(model, "linnaeus_lora", None)
+    if lora is None and model is not None and is_peft_model(model):  # a PeftModel given in Python
+        lora = model.linnaeus_lora = LoraRun(frozen_digest(model), merge=False)
     if lora is None:
         return None
     if accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):

@@ -30,6 +30,9 @@ from accelerate import Accelerator
 from accelerate.utils import is_compiled_module
 from torch import nn
 
+from ..models.lora import is_peft_model
+from ..models.pretrained import quiet_progress
+
 MERGED_DIR = "merged"  # a LoRA run's base with the adapter merged in (lora.merge)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model")
 
@@ -55,11 +58,6 @@ def is_transformers_model(model: nn.Module) -> bool:
     return transformers is not None and isinstance(model, transformers.PreTrainedModel)
 
 
-def is_peft_model(model: nn.Module) -> bool:
-    peft = sys.modules.get("peft")
-    return peft is not None and isinstance(model, peft.PeftModel)
-
-
 def save_final(
     accelerator: Accelerator, model: nn.Module, directory: Path, tokenizer: RunTokenizer | None = None
 ) -> None:
@@ -74,12 +72,13 @@ def save_final(
     if not accelerator.is_main_process:
         return
     directory.mkdir(parents=True, exist_ok=True)
-    unwrapped.save_pretrained(directory, state_dict=state_dict, safe_serialization=True)
-    _save_tokenizer(directory, tokenizer, unwrapped)
-    if is_peft_model(unwrapped) and getattr(getattr(unwrapped, "linnaeus_lora", None), "merge", False):
-        merged = copy.deepcopy(unwrapped).merge_and_unload()  # the run's model stays as it is
-        merged.save_pretrained(directory / MERGED_DIR, safe_serialization=True)
-        _save_tokenizer(directory / MERGED_DIR, tokenizer, merged)
+    with quiet_progress():
+        unwrapped.save_pretrained(directory, state_dict=state_dict, safe_serialization=True)
+        _save_tokenizer(directory, tokenizer, unwrapped)
+        if is_peft_model(unwrapped) and getattr(getattr(unwrapped, "linnaeus_lora", None), "merge", False):
+            merged = copy.deepcopy(unwrapped).merge_and_unload()  # the run's model stays as it is
+            merged.save_pretrained(directory / MERGED_DIR, safe_serialization=True)
+            _save_tokenizer(directory / MERGED_DIR, tokenizer, merged)
 
 
 def _save_tokenizer(directory: Path, tokenizer: RunTokenizer | None, model: Any) -> None:
