@@ -12,6 +12,7 @@ MODULES = (
     "hf_trainer",
     "resume",
     "checkpoint",
+    "lora_checkpoint",
     "plan",
     "data_loading",
     "data_scale",

@@ -63,6 +63,11 @@ class NonFiniteGuard:
     def __init__(self, accelerator: Any, meter: Any, model: nn.Module, policy: str) -> None:
         self.accelerator, self.meter, self.model, self.policy = accelerator, meter, model, policy
 
+    def trained(self) -> list[nn.Parameter]:
+        """The parameters training changes: a frozen one (a LoRA run's base) cannot become NaN, and
+        reading it would make each check cost the whole model again."""
+        return [p for p in self.model.parameters() if p.requires_grad]
+
     def start_parameters_check(self) -> Callable[[], bool]:
         """This process's read of its parameters, begun on a thread so that it overlaps the
         checkpoint's own read of them (``save_state`` is I/O; the check is one pass over memory);
@@ -71,7 +76,7 @@ class NonFiniteGuard:
 
         def run() -> None:
             try:
-                answer.set_result(parameters_finite(self.model.parameters()))
+                answer.set_result(parameters_finite(self.trained()))
             except BaseException as exc:
                 answer.set_exception(exc)
 
@@ -86,7 +91,7 @@ class NonFiniteGuard:
         import torch
 
         acc = self.accelerator
-        parameters = parameters or (lambda: parameters_finite(self.model.parameters()))
+        parameters = parameters or (lambda: parameters_finite(self.trained()))
         finite = parameters() and self.meter.window_is_finite()
         bad = acc.reduce(torch.tensor([0.0 if finite else 1.0], device=acc.device), reduction="sum")
         if bad.item() > 0:
