@@ -133,6 +133,11 @@ def test_sharded_run_resumes_and_gathers_full_weights(
     weights, names = final_weights(ref_dir), model_names()
     assert {n: w.shape for n, w in weights.items()} == {n: s for n, s in names.items() if n in weights}
     assert set(names) - set(weights) <= {"lm_head.weight"}  # tied to the embedding: saved once
+    # ... in the layout transformers loads: every tensor, the tied one tied back.
+    from transformers import AutoModelForCausalLM
+
+    _, info = AutoModelForCausalLM.from_pretrained(ref_dir / "final", output_loading_info=True)
+    assert {k: v for k, v in info.items() if v} == {}, info
 
     # Killed right after the step-40 checkpoint commits, then resumed: the same run.
     killed = launch(config_file, tmp_path / "kill", kill_at="checkpoint_committed:2")
@@ -158,3 +163,14 @@ def test_ema_is_refused_where_the_weights_are_sharded(tmp_path: Path, config_fil
     assert "ema keeps a whole copy of the weights" in done.stderr, done.stderr[-4000:]
     assert "CALLBACKS" in done.stderr
     assert not list((tmp_path / "run").glob("checkpoints/step_*"))
+
+
+@pytest.mark.parametrize("config_file", ["fsdp2_full_shard.yaml", "deepspeed_zero3.yaml"])
+def test_lora_is_refused_where_the_weights_are_sharded(tmp_path: Path, config_file: str) -> None:
+    """A LoRA adapter's frozen/trainable split is not supported under FSDP or ZeRO-3 yet: exit
+    before the first step naming MODEL.OPTIONS.lora."""
+    if config_file.startswith("deepspeed") and importlib.util.find_spec("deepspeed") is None:
+        pytest.skip("needs the deepspeed package (pip install deepspeed)")
+    done = launch(config_file, tmp_path, extra=("MODEL.OPTIONS.lora", "{r: 4}"))
+    assert done.returncode != 0  # each process exits 2; accelerate launch reports 1
+    assert "MODEL.OPTIONS.lora: LoRA is not supported under" in done.stderr, done.stderr[-4000:]
