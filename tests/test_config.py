@@ -1038,8 +1038,9 @@ def test_cli_bad_config_in_a_real_process(tmp_path: Path, bad_config: Path) -> N
 
 # T = 1000 (10 epochs x 100 optimizer steps); validation and checkpoint every epoch: no warning.
 WARNING_BASE: dict[str, Any] = nested(
-    "TRAIN.EPOCHS", 10, f"{VALIDATION}.INTERVAL_EPOCHS", 1, "SCHEDULE.CHECKPOINT.INTERVAL_EPOCHS", 1
-)
+    "TRAIN.EPOCHS", 10, f"{VALIDATION}.INTERVAL_EPOCHS", 1, "SCHEDULE.CHECKPOINT.INTERVAL_EPOCHS", 1,
+    "DATA.BATCH_SIZE", 128,  # the LR scaled by 128 / 512 = 1/4: the most that is not warned about
+)  # fmt: skip
 BATCHES = 100
 
 VAL, CKPT = VALIDATION, "SCHEDULE.CHECKPOINT"
@@ -1068,7 +1069,8 @@ WARNING_KINDS = {
     "mixed units": lambda w: "mix" in w and "epochs" in w and "steps" in w and "quarter" not in w,
     "no validation": lambda w: w.startswith(VAL) and "never validated" in w,
     "no checkpoint": lambda w: w.startswith(CKPT) and "final epoch" in w and "quarter" not in w,
-    "reference bs": lambda w: "REFERENCE_BS" in w,
+    "reference bs": lambda w: "REFERENCE_BS" in w and "not linnaeus' 512" in w,
+    "lr scale": lambda w: w.startswith("LR_SCHEDULER.REFERENCE_BS: the peak LR is"),
     "wsd over 1": lambda w: "STABLE_DURATION_FRACTION" in w and "DECAY_DURATION_FRACTION" in w,
 }
 
@@ -1103,6 +1105,11 @@ WARNING_KINDS = {
         (["LR_SCHEDULER.REFERENCE_BS", "256"], {"reference bs"}),  # not linnaeus' 512
         (["LR_SCHEDULER.REFERENCE_BS", "512"], set()),  # 512 given explicitly
         (["LR_SCHEDULER.REFERENCE_BS", "null"], set()),  # scaling off
+        (["DATA.BATCH_SIZE", "127"], {"lr scale"}),  # the LR scaled by just under 1/4
+        (["DATA.BATCH_SIZE", "2048"], set()),  # 4x
+        (["DATA.BATCH_SIZE", "2049"], {"lr scale"}),  # just over 4x
+        (["DATA.BATCH_SIZE", "8", "LR_SCHEDULER.REFERENCE_BS", "null"], set()),  # scaling off: nothing
+        (["LR_SCHEDULER.REFERENCE_BS", "8192"], {"lr scale"}),  # 1/64 of BASE_LR: one warning says both
         (lr_phases("wsd", "0.8", "0.3"), {"wsd over 1"}),  # wsd stable + decay > 1: decay cut off
         (lr_phases("wsd", "0.8", "0.2"), set()),  # exactly 1
         (lr_phases("cosine", "0.8", "0.3"), set()),  # the wsd fractions do not matter for cosine
@@ -1114,6 +1121,42 @@ def test_sanity_warnings(opts: list[str], expected: set[str]) -> None:
     found = {kind for kind, matches in WARNING_KINDS.items() if any(matches(w) for w in warnings)}
     assert found == expected, warnings
     assert len(warnings) == len(expected), warnings  # nothing else, nothing twice
+
+
+def test_train_prints_the_lr_scale_warning_and_records_it_in_summary_json(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, default_config_path: Path
+) -> None:
+    """A transformers user's BASE_LR 1e-3 at an effective batch of 8 trains at 1.56e-5: said at the
+    start of the run, and kept in summary.json's warnings."""
+    import json
+
+    from conftest import reset_accelerate
+
+    opts = [
+        "ENV.OUTPUT.BASE_DIR",
+        str(tmp_path),
+        "TRAIN.EPOCHS",
+        "1",
+        "DATA.BATCH_SIZE",
+        "8",
+        "LR_SCHEDULER.BASE_LR",
+        "1e-3",
+    ]
+    reset_accelerate()
+    try:
+        rc, out, err = run_cli(capsys, "train", "--cfg", str(default_config_path), "--opts", *opts)
+    finally:
+        reset_accelerate()
+    assert rc == 0, err
+    warning = (
+        "LR_SCHEDULER.REFERENCE_BS: the peak LR is 1.56e-05, not BASE_LR 0.001: BASE_LR is scaled by effective batch "
+        "8 / REFERENCE_BS 512 = 0.015625; set LR_SCHEDULER.REFERENCE_BS: null to train at BASE_LR as written"
+    )
+    assert (
+        out.index("Warnings:") < out.index(f"  - {warning}\n") < out.index("epoch 1 step")
+    )  # before training
+    summary = json.loads((tmp_path / "digits_default" / "summary.json").read_text())
+    assert warning in summary["warnings"]
 
 
 def test_cli_prints_warnings_and_still_succeeds(

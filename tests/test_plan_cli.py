@@ -123,7 +123,11 @@ def test_default_json_fields(default_json: dict[str, Any]) -> None:
     assert d["effective_batch_size"] == 32
     assert d["lr_scale"] == pytest.approx(32 / 512)  # REFERENCE_BS 512
     assert d["warmup_steps"] == 45  # WARMUP_FRACTION 0.05 of 900
-    assert d["warnings"] == []
+    # linnaeus' rule takes the LR 16x below BASE_LR: said, with the way out, and nothing else.
+    assert d["warnings"] == [
+        "LR_SCHEDULER.REFERENCE_BS: the peak LR is 0.002, not BASE_LR 0.032: BASE_LR is scaled by effective "
+        "batch 32 / REFERENCE_BS 512 = 0.0625; set LR_SCHEDULER.REFERENCE_BS: null to train at BASE_LR as written"
+    ]
 
 
 def test_default_json_events_are_completed_epoch_lists(default_json: dict[str, Any]) -> None:
@@ -567,9 +571,43 @@ def test_warnings_go_to_stderr_and_json() -> None:
 
 
 def test_no_warnings_no_stderr() -> None:
-    rc, _out, err = run_cli("plan", "--cfg", CFG, "--json", "--no-series", "--dataset-size", "3200")
+    rc, _out, err = run_cli(
+        "plan",
+        "--cfg",
+        CFG,
+        "--json",
+        "--no-series",
+        "--dataset-size",
+        "3200",
+        "--opts",
+        "DATA.BATCH_SIZE",
+        "128",
+    )  # an effective batch of 128: the LR is scaled by 1/4, no more
     assert rc == 0
     assert err == ""
+
+
+@pytest.mark.parametrize(
+    ("opts", "scale"),
+    [
+        (["DATA.BATCH_SIZE", "8"], "8 / REFERENCE_BS 512 = 0.015625"),  # 64x below BASE_LR
+        (
+            ["DATA.BATCH_SIZE", "512", "TRAIN.ACCUMULATION_STEPS", "8"],
+            "4096 / REFERENCE_BS 512 = 8",
+        ),  # 8x above
+    ],
+)
+def test_an_lr_scaled_more_than_4x_is_warned_about_with_the_way_out(opts: list[str], scale: str) -> None:
+    rc, out, err = run_cli("plan", "--cfg", CFG, "--dataset-size", "3200", "--opts", *opts)
+    assert rc == 0
+    warning = next(line for line in err.splitlines() if "LR_SCHEDULER.REFERENCE_BS: the peak LR" in line)
+    assert f"BASE_LR is scaled by effective batch {scale}" in warning
+    assert "set LR_SCHEDULER.REFERENCE_BS: null to train at BASE_LR as written" in warning
+    assert warning.removeprefix("warning: ") in out  # in the summary's Warnings too
+    rc, _, err = run_cli(
+        "plan", "--cfg", CFG, "--dataset-size", "3200", "--opts", *opts, "LR_SCHEDULER.REFERENCE_BS", "null"
+    )
+    assert "LR_SCHEDULER.REFERENCE_BS" not in err
 
 
 @pytest.mark.parametrize(

@@ -56,9 +56,10 @@ def fresh_accelerate() -> Iterator[None]:
 
 
 @pytest.fixture
-def wandb_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """W&B offline, with every directory it writes to under tmp_path."""
-    pytest.importorskip("wandb")
+def wandb_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """W&B offline, with every directory it writes to under tmp_path; its service process
+    (wandb-core, kept alive for the next run of the process) is shut down afterwards."""
+    wandb = pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     for var, sub in (
@@ -70,6 +71,8 @@ def wandb_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ):
         monkeypatch.setenv(var, str(tmp_path / "wandb_env" / sub))
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    yield
+    wandb.teardown()
 
 
 def read_metrics(out: Path) -> list[dict[str, Any]]:

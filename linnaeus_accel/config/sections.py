@@ -123,7 +123,11 @@ class TrainConfig(Section):
             "DATA.BATCH_SIZE or the number of processes instead",
         ),
     ] = Field(1, description="Micro-batches per optimizer step (0 is read as 1).")
-    CLIP_GRAD: PositiveFloat | None = Field(5.0, description="Max gradient norm (null: no clipping).")
+    CLIP_GRAD: PositiveFloat | None = Field(
+        5.0,
+        description="Max gradient norm (null: no clipping). The default 5.0 is linnaeus'; transformers' Trainer, "
+        "torchtitan and nanoGPT clip at 1.0 (configs/lm_tiny.yaml does too).",
+    )
     AUTO_RESUME: bool = Field(
         True, description="Resume from the newest complete checkpoint in the output directory."
     )
@@ -196,6 +200,12 @@ class DataConfig(Section):
         None, description="Per-process validation batch size; default BATCH_SIZE."
     )
     DROP_LAST: bool = Field(False, description="Drop the last incomplete batch of each epoch.")
+    SHUFFLE: bool = Field(
+        True,
+        description="Shuffle the training samples every epoch, in an order seeded by (EXPERIMENT.SEED, epoch) "
+        "that is the same on any number of processes; false: the dataset's own order every epoch (a stream's "
+        "shards as listed). Both resume exactly. Validation data is never shuffled.",
+    )
     NUM_WORKERS: Annotated[
         NonNegativeInt,
         at_most(

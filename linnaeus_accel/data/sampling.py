@@ -109,7 +109,7 @@ def make_dataloader(
         dataset,
         collate_fn=collate_fn,
         batch_size=data.BATCH_SIZE if train else (data.BATCH_SIZE_VAL or data.BATCH_SIZE),
-        sampler=epoch_sampler(dataset, config.EXPERIMENT.SEED, shuffle=train),  # type: ignore[arg-type]
+        sampler=epoch_sampler(dataset, config.EXPERIMENT.SEED, shuffle=train and data.SHUFFLE),  # type: ignore[arg-type]
         drop_last=data.DROP_LAST if train else False,
         num_workers=data.NUM_WORKERS,
         persistent_workers=data.NUM_WORKERS > 0,

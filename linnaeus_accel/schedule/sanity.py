@@ -13,6 +13,8 @@ from .events import Interval
 if TYPE_CHECKING:
     from .plan import ResolvedPlan
 
+LR_SCALE_WARNING = 4.0  # a scale beyond 4x either way is warned about
+
 
 def sanity_warnings(config: Config, plan: ResolvedPlan) -> list[str]:
     out: list[str] = []
@@ -61,7 +63,16 @@ def sanity_warnings(config: Config, plan: ResolvedPlan) -> list[str]:
         out.append("SCHEDULE.VALIDATION: no INTERVAL_* is set, so the model is never validated")
     if plan.checkpoint is None:
         out.append("SCHEDULE.CHECKPOINT: no INTERVAL_* is set, so only the final epoch is checkpointed")
-    if lrc.REFERENCE_BS is not None and lrc.REFERENCE_BS != 512:
+    # linnaeus' rule scales BASE_LR by the effective batch; far from REFERENCE_BS that is a different
+    # LR than the config says (transformers' learning_rate is never scaled): say so, with the way out.
+    if lrc.REFERENCE_BS is not None and not 1 / LR_SCALE_WARNING <= plan.lr_scale <= LR_SCALE_WARNING:
+        peak = lrc.BASE_LR * plan.lr_scale
+        out.append(
+            f"LR_SCHEDULER.REFERENCE_BS: the peak LR is {peak:.3g}, not BASE_LR {lrc.BASE_LR:g}: BASE_LR is scaled by "
+            f"effective batch {plan.effective_batch_size} / REFERENCE_BS {lrc.REFERENCE_BS} = {plan.lr_scale:g}; "
+            "set LR_SCHEDULER.REFERENCE_BS: null to train at BASE_LR as written"
+        )
+    elif lrc.REFERENCE_BS is not None and lrc.REFERENCE_BS != 512:  # (the one above says the scale too)
         out.append(
             f"LR_SCHEDULER.REFERENCE_BS is {lrc.REFERENCE_BS}, not linnaeus' 512: BASE_LR is scaled by "
             f"effective batch / {lrc.REFERENCE_BS} = {plan.lr_scale:g}"

@@ -60,6 +60,7 @@ class RunEnd:
             "best_metric": progress.best_metric,
             "expected_total_steps": self.plan.total_steps,
             "last_validation": self.last_validation(),
+            "warnings": list(self.plan.warnings),  # the plan's, as printed at the start
             "run_info": self.run_info,
         }
 

@@ -154,7 +154,8 @@ def as_loader(
                 drop_last=drop_last,
                 collate_fn=given.collate_fn if given is not None else collate_fn,
                 seed=config.EXPERIMENT.SEED,
-                shuffle=train,  # a sharded stream's shard order; validation reads them as listed
+                shuffle=train
+                and config.DATA.SHUFFLE,  # a sharded stream's shard order; validation: as listed
             )
         except StreamError as exc:
             raise ConfigError([("DATA", f"{'training' if train else 'validation'} data: {exc}")]) from None
