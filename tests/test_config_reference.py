@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -64,3 +65,28 @@ def test_the_documented_command_writes_the_reference(tmp_path: Path) -> None:
     ).stdout
     assert out == render()
     assert COMMAND in out.splitlines()[4]  # the command is at the top of the file
+
+
+TRANSFORMERS_KNOBS = [
+    "max_steps", "num_train_epochs", "per_device_train_batch_size", "gradient_accumulation_steps",
+    "learning_rate", "lr_scheduler_type", "warmup_ratio", "max_grad_norm", "logging_steps", "eval_steps",
+    "save_steps", "save_total_limit", "resume_from_checkpoint", "report_to", "bf16", "gradient_checkpointing",
+    "dataloader_num_workers", "seed",
+]  # fmt: skip
+
+
+def test_coming_from_transformers_maps_every_knob_to_a_key_that_exists() -> None:
+    """Each TrainingArguments knob has a row, and every config key the page names is a real one."""
+    text = (REPO / "docs" / "coming-from-transformers.md").read_text(encoding="utf-8")
+    rows = {line.split("|")[1] for line in text.splitlines() if line.startswith("| `")}
+    for knob in TRANSFORMERS_KNOBS:
+        assert any(f"`{knob}`" in cell for cell in rows), knob
+    named = set(
+        re.findall(r"`((?:TRAIN|DATA|LR_SCHEDULER|SCHEDULE|MODEL|EXPERIMENT|ENV)\.[A-Za-z_.]+)`", text)
+    )
+    reference = (REPO / "docs" / "config.md").read_text(encoding="utf-8")
+    unknown = [key for key in named if f"`{key}`" not in reference and not key.startswith("MODEL.OPTIONS.")]
+    assert not unknown, unknown
+    assert "63/64" in text  # how transformers' reported loss differs
+    assert "TRAIN.CLIP_GRAD" in text
+    assert "default 5.0" in text
