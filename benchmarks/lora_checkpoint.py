@@ -58,7 +58,7 @@ def _base(directory: Path, widen: list[str]) -> Path:
     return directory
 
 
-# (case, lm_tiny's options that size the model); the smoke run: the first, 3 rounds.
+# (case, lm_tiny's options that size the model); the smoke run: the first, 1 round.
 CASES = [
     ("lm_tiny", []),
     (
@@ -96,7 +96,7 @@ def _measure(root: Path, widen: list[str], rounds: int) -> tuple[dict[str, Any],
 
 
 def run(smoke: bool) -> list[Row]:
-    rounds = 3 if smoke else 20
+    rounds = 1 if smoke else 20
     rows: list[Row] = []
     for case, widen in CASES[:1] if smoke else CASES:
         with tempfile.TemporaryDirectory(prefix="bench-lora-") as tmp:
