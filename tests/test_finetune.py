@@ -216,6 +216,7 @@ LORA_RUN = [
     "DATA.BATCH_SIZE", "8", "TRAIN.TARGET_TOKENS", str(40 * 8 * 128),
     "SCHEDULE.CHECKPOINT.INTERVAL_STEPS", "10", "SCHEDULE.CHECKPOINT.INTERVAL_EPOCHS", "null",
     "SCHEDULE.CHECKPOINT.MID_EPOCH", "true", "SCHEDULE.METRICS.STEP_INTERVAL", "5",
+    "SCHEDULE.CHECKPOINT.ASYNC", "true",  # the host snapshot drops the frozen base before copying
 ]  # fmt: skip
 
 
