@@ -119,6 +119,7 @@ def test_options_override_a_pretrained_config_only_where_the_weights_fit(tmp_pat
         more = [x for name, value in options.items() for x in (f"MODEL.OPTIONS.{name}", json.dumps(value))]
         return build_model(ft_config(base, tmp_path, 4, *FULL, *more), None)
 
+    assert build(dtype="bfloat16").dtype == torch.bfloat16
     model = build(attention_dropout=0.25, gradient_checkpointing=True)
     assert model.config.attention_dropout == 0.25
     assert model.is_activation_checkpointing
@@ -151,6 +152,7 @@ def test_options_override_a_pretrained_config_only_where_the_weights_fit(tmp_pat
         ),
         ({"lora": {"r": 0}}, "MODEL.OPTIONS.lora.r", "greater than or equal to 1"),
         ({"lora": {"rank": 4}}, "MODEL.OPTIONS.lora.rank", "Extra inputs"),
+        ({"dtype": "bfloat17"}, "MODEL.OPTIONS.dtype", "is not a torch dtype"),
     ],
 )
 def test_bad_model_options_exit_2_naming_the_key(

@@ -145,8 +145,13 @@ def load_pretrained(auto_class: Any, directory: Path, overrides: dict[str, Any],
         raise ConfigError(refused)
     for name, value in overrides.items():
         setattr(hf_config, name, value)
-    dtype = loading.pop("dtype", None)
-    dtype = getattr(torch, dtype) if isinstance(dtype, str) and dtype != "auto" else dtype or torch.float32
+    dtype = loading.pop("dtype", None) or torch.float32
+    if isinstance(dtype, str) and dtype != "auto":
+        if not isinstance(getattr(torch, dtype, None), torch.dtype):
+            raise ConfigError(
+                [(f"{options_key}.dtype", f"{dtype!r} is not a torch dtype (e.g. float32, bfloat16, auto)")]
+            )
+        dtype = getattr(torch, dtype)
     return auto_class.from_pretrained(
         directory, config=hf_config, local_files_only=True, dtype=dtype, **loading
     )
