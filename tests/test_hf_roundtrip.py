@@ -64,8 +64,10 @@ def some_windows(config: Config) -> torch.Tensor:
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_final_is_a_transformers_model_with_the_trained_weights(
-    tmp_path: Path, compiled: bool, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, compiled: bool, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tokenizer.json").write_text("{}")  # the working directory's: not the run's tokenizer
     config = lm_config(tmp_path, "ENV.PROGRESS_BAR", "false")
     trainer, summary = train(config, compiled)
     # The console of a token task reads in tokens/s.

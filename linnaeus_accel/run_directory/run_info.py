@@ -28,10 +28,10 @@ def model_info(model: nn.Module) -> dict[str, Any]:
         "parameters": sum(p.numel() for p in parameters),
         "trainable_parameters": sum(p.numel() for p in parameters if p.requires_grad),
     }
-    source = Path(str(getattr(model, "name_or_path", "") or ""))
-    if str(source) not in ("", ".") and source.is_dir() and weight_files(source):
-        info["pretrained"] = str(source)
-        info["pretrained_weights_xxh3"] = weights_digest(source)
+    loaded_from = str(getattr(model, "name_or_path", "") or "")  # "" for a model built from a config
+    if loaded_from and Path(loaded_from).is_dir() and weight_files(Path(loaded_from)):
+        info["pretrained"] = loaded_from
+        info["pretrained_weights_xxh3"] = weights_digest(Path(loaded_from))
     return info
 
 

@@ -92,8 +92,8 @@ def _save_tokenizer(directory: Path, tokenizer: RunTokenizer | None, model: Any)
             fast.eos_token = fast.convert_ids_to_tokens(tokenizer.eos_id)
         fast.save_pretrained(directory)
         return
-    source = Path(str(getattr(model, "name_or_path", "") or ""))
-    if str(source) and source.is_dir():
+    loaded_from = str(getattr(model, "name_or_path", "") or "")  # "" for a model built from a config
+    if loaded_from and Path(loaded_from).is_dir():
         for name in TOKENIZER_FILES:
-            if (source / name).is_file():
-                shutil.copyfile(source / name, directory / name)
+            if (Path(loaded_from) / name).is_file():
+                shutil.copyfile(Path(loaded_from) / name, directory / name)
