@@ -186,13 +186,22 @@ def test_lora_without_peft_says_how_to_install(base: Path, monkeypatch: pytest.M
 
 
 # -- LoRA ------------------------------------------------------------------------------------------
-def test_lora_trains_the_adapter_only_and_transformers_and_peft_load_it(tmp_path: Path, base: Path) -> None:
+def test_lora_trains_the_adapter_only_and_transformers_and_peft_load_it(
+    tmp_path: Path, base: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     config = ft_config(base, tmp_path, 20)
     trainer, summary_ = train(config)
     final = config.output_dir / "final"
     assert {"adapter_config.json", "adapter_model.safetensors", "merged"} <= {p.name for p in final.iterdir()}
     info = summary_["run_info"]["model"]
-    assert 0 < info["trainable_parameters"] < info["parameters"] / 10
+    assert info["trainable_parameters"] == 4 * 2 * 8 * 32  # r 8 on q, k, v, o (32 x 32) of the one layer
+    assert info["trainable_parameters"] < info["parameters"] / 10
+    # The start-up summary says what trains.
+    total, trained = info["parameters"], info["trainable_parameters"]
+    shown = (
+        f"Model:    PeftModelForCausalLM from {base.resolve()}: {total:,} parameters, {trained:,} trained ("
+    )
+    assert shown in capsys.readouterr().out
     trained = trainer.accelerator.unwrap_model(trainer.model).eval()
     loaded = peft.PeftModel.from_pretrained(
         transformers.AutoModelForCausalLM.from_pretrained(base), final

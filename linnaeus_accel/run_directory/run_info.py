@@ -25,6 +25,7 @@ def model_info(model: nn.Module) -> dict[str, Any]:
     path and ``weights_digest``)."""
     parameters = list(model.parameters())
     info: dict[str, Any] = {
+        "class": type(model).__name__,
         "parameters": sum(p.numel() for p in parameters),
         "trainable_parameters": sum(p.numel() for p in parameters if p.requires_grad),
     }
@@ -85,3 +86,15 @@ def _git(directory: Path, *args: str) -> str:
         stdin=subprocess.DEVNULL,
     )
     return done.stdout.strip()
+
+
+def model_line(info: dict[str, Any]) -> str:
+    """The model in one line of the start-up summary: what it is, where its weights come from, how
+    much of it trains (a LoRA run's adapter is a small share)."""
+    model = info.get("model")
+    if not model:
+        return ""
+    total, trained = model["parameters"], model["trainable_parameters"]
+    share = f" ({trained / total:.2%})" if total and trained != total else ""
+    source = f" from {model['pretrained']}" if "pretrained" in model else ""
+    return f"Model:    {model['class']}{source}: {total:,} parameters, {trained:,} trained{share}"

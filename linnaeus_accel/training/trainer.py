@@ -29,7 +29,7 @@ from ..run_directory.failures import NonFiniteGuard, RunFailed, collective_timeo
 from ..run_directory.faults import fault_point
 from ..run_directory.outputs import claim_output_dir, run_outputs
 from ..run_directory.preemption import PreemptionWatch
-from ..run_directory.run_info import run_info
+from ..run_directory.run_info import model_line, run_info
 from ..run_directory.run_lock import RunLock
 from ..run_directory.shared_storage import check_shared_output
 from ..run_directory.trackers import init_trackers
@@ -343,7 +343,7 @@ class Trainer:
         )
         text = summary_text(config, self.plan)
         self.out.write_assets(config, text, self.plan)
-        self.out.say(text)
+        self.out.say("\n".join(filter(None, [text, model_line(self.end.run_info)])))  # and what trains
         init_trackers(acc, config, self.checkpoints.wandb_run_id, self.progress.global_step)
         self.out.start_progress(self.progress.global_step, self.progress.current_epoch)  # after the summary
         self.model.train()
