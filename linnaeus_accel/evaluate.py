@@ -29,6 +29,7 @@ from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 from . import json_files
 from .checkpoint import MARKER, MarkerError, read_marker
 from .config import Config, ConfigError
+from .run_state.frozen_weights import WRAPPER_PREFIXES  # what DDP and torch.compile put before names
 from .run_state.state_files import checkpoint_store
 from .training.validation import run_pass
 
@@ -38,9 +39,6 @@ EVAL_DIR = "eval"
 WEIGHTS = "model.safetensors"  # Accelerate's name for the first model's weights (save_state, save_model)
 WEIGHTS_INDEX = "model.safetensors.index.json"  # final/ weights saved in shards
 ADAPTER = "adapter_model.safetensors"  # a LoRA run's final/ (peft's layout)
-# Prefixes a wrapped model's state dict may carry (torch.compile's, DDP's): the weights are loaded
-# into the bare model.
-WRAPPER_PREFIXES = ("module.", "_orig_mod.")
 
 
 @dataclass(frozen=True)

@@ -25,14 +25,13 @@ transformers is imported only when such a model is built, so ``plan`` stays fast
 
 from __future__ import annotations
 
-import inspect
 import re
 from typing import Any
 
 from torch import nn
 
 from ..config import Config, ConfigError
-from .pretrained import HEAD_FIELDS, load_pretrained, model_directory
+from .pretrained import config_fields, load_pretrained, model_directory
 from .registry import register_model
 
 OPTIONS_KEY = "MODEL.OPTIONS"
@@ -59,26 +58,6 @@ def _reason(exc: BaseException) -> str:
     """transformers' message on one line, cut short (some list every known class)."""
     text = " ".join(str(exc).split())
     return text if len(text) <= 300 else text[:297] + "..."
-
-
-def _known_fields(config_class: Any, base_class: Any) -> set[str] | None:
-    """The options a config class reads (None: cannot tell). transformers keeps unknown keyword
-    arguments as plain attributes without a word, so a misspelt option would silently leave the
-    default in place."""
-    try:
-        defaults = config_class().to_dict()
-    except Exception:  # a composite config with required parts: let transformers judge the options
-        return None
-    fields = set(defaults) | set(getattr(config_class, "attribute_map", {}))
-    for cls in (config_class, base_class):
-        fields |= {
-            name
-            for name, p in inspect.signature(cls.__init__).parameters.items()
-            if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
-        }
-    fields |= {"attn_implementation", "torch_dtype", "dtype"}  # read from **kwargs by the base class
-    fields |= HEAD_FIELDS
-    return fields - {"self", "model_type"}
 
 
 # Sizes (hidden_size, n_embd, num_attention_heads, ...) must be >= 1; other counts (layers,
@@ -182,7 +161,7 @@ def _from_config(
             [(OPTIONS_KEY, f"model_type {model_type!r} is not a transformers model type (e.g. llama, gpt2)")]
         )
     config_class = transformers.CONFIG_MAPPING[model_type]
-    known = _known_fields(config_class, transformers.PretrainedConfig)
+    known = config_fields(config_class)
     unknown = sorted(set(options) - known) if known is not None else []
     if unknown:
         raise ConfigError(

@@ -91,16 +91,27 @@ def weights_digest(directory: Path) -> str:
     return _digest(tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files))
 
 
-def config_fields(config_class: Any) -> set[str]:
-    """The fields a config of ``config_class`` holds (its defaults and init arguments)."""
+def config_fields(config_class: Any) -> set[str] | None:
+    """The options a config class reads (None: cannot tell). transformers keeps unknown keyword
+    arguments as plain attributes without a word, so a misspelt option would silently leave the
+    default in place."""
     import inspect
 
     import transformers
 
-    fields = set(config_class().to_dict()) | set(getattr(config_class, "attribute_map", {}))
+    try:
+        defaults = config_class().to_dict()
+    except Exception:  # a composite config with required parts: let transformers judge the options
+        return None
+    fields = set(defaults) | set(getattr(config_class, "attribute_map", {}))
     for cls in (config_class, transformers.PretrainedConfig):
-        fields |= set(inspect.signature(cls.__init__).parameters)
-    return (fields | HEAD_FIELDS) - {"self", "kwargs", "args"}
+        fields |= {
+            name
+            for name, p in inspect.signature(cls.__init__).parameters.items()
+            if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+        }
+    fields |= {"attn_implementation", "torch_dtype", "dtype"}  # read from **kwargs by the base class
+    return (fields | HEAD_FIELDS) - {"self", "model_type"}
 
 
 def load_pretrained(auto_class: Any, directory: Path, overrides: dict[str, Any], options_key: str) -> Any:
@@ -121,7 +132,8 @@ def load_pretrained(auto_class: Any, directory: Path, overrides: dict[str, Any],
             ]
         )
     loading = {name: overrides.pop(name) for name in LOADING_ARGUMENTS if name in overrides}
-    unknown = sorted(set(overrides) - config_fields(type(hf_config)))
+    known = config_fields(type(hf_config))
+    unknown = sorted(set(overrides) - known) if known is not None else []
     if unknown:
         raise ConfigError(
             [
