@@ -55,7 +55,7 @@ def _trainer(root: Path, hidden: int, asynchronous: bool) -> Any:
     return Trainer(config, build_model(config, train), train, val)
 
 
-def _with_optimizer_state(trainer: Any) -> None:
+def with_optimizer_state(trainer: Any) -> None:
     """One AdamW step, so the optimizer holds its two moments as in any checkpoint after step 1."""
     for p in trainer.model.parameters():
         p.grad = p.detach().mul(1e-3)
@@ -63,7 +63,7 @@ def _with_optimizer_state(trainer: Any) -> None:
     trainer.optimizer.zero_grad(set_to_none=True)
 
 
-def _save(trainer: Any, step: int) -> tuple[float, float]:
+def save_ours(trainer: Any, step: int) -> tuple[float, float]:
     """Our checkpoint of ``step``: (seconds until the loop may go on, until it is committed)."""
     trainer.checkpointer.worker.wait()  # the previous round's work is not this round's cost
     trainer.progress.global_step = step
@@ -78,7 +78,7 @@ def _save(trainer: Any, step: int) -> tuple[float, float]:
     return blocked, committed
 
 
-def _bare(trainer: Any, root: Path) -> tuple[float, float]:
+def save_bare(trainer: Any, root: Path) -> tuple[float, float]:
     """A bare ``save_state``: (seconds it took, seconds until its files were also fsynced)."""
     target = root / "bare"
     shutil.rmtree(target, ignore_errors=True)
@@ -109,11 +109,11 @@ def run(smoke: bool) -> list[Row]:
         GradientState._reset_state()
         ours = {mode: _trainer(root, hidden, mode == "async") for mode in ("default", "async")}
         for trainer in ours.values():
-            _with_optimizer_state(trainer)
+            with_optimizer_state(trainer)
         size = sum(p.numel() * p.element_size() for p in ours["default"].model.parameters())
         for step in range(1, rounds + 2):  # the first round warms up (buffers, page cache): dropped
-            bare, durable = _bare(ours["default"], root)
-            timings = {mode: _save(trainer, step) for mode, trainer in ours.items()}
+            bare, durable = save_bare(ours["default"], root)
+            timings = {mode: save_ours(trainer, step) for mode, trainer in ours.items()}
             if step == 1:
                 continue
             samples["bare"].append(bare)

@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .checkpoint import _save, _with_optimizer_state
+from .checkpoint import save_ours, with_optimizer_state
 from .common import Row, paired, row
 
 BENCHMARK = "lora_checkpoint"
@@ -77,7 +77,7 @@ def _measure(root: Path, widen: list[str], rounds: int) -> tuple[dict[str, Any],
     GradientState._reset_state()
     full, lora = _trainer(root, base, lora=False), _trainer(root, base, lora=True)
     for trainer in (full, lora):
-        _with_optimizer_state(trainer)
+        with_optimizer_state(trainer)
     sizes = {
         name: sum(p.numel() * p.element_size() for p in t.model.parameters() if p.requires_grad)
         for name, t in (("full", full), ("lora", lora))
@@ -86,7 +86,7 @@ def _measure(root: Path, widen: list[str], rounds: int) -> tuple[dict[str, Any],
     full_s: list[float] = []
     for step in range(1, rounds + 2):  # the first round warms up: dropped
         order = (full, lora) if step % 2 else (lora, full)  # neither always goes first
-        blocked = {id(t): _save(t, step)[0] for t in order}
+        blocked = {id(t): save_ours(t, step)[0] for t in order}
         if step > 1:
             full_s.append(blocked[id(full)])
             lora_s.append(blocked[id(lora)])

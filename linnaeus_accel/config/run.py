@@ -47,7 +47,7 @@ class OutputConfig(Section):
 
 
 class EnvConfig(Section):
-    """The machine: output location, device peak FLOP/s, collective timeout."""
+    """The machine: output location, device peak FLOP/s, collective timeout, deterministic kernels."""
 
     OUTPUT: OutputConfig = Field(default_factory=OutputConfig)
     PEAK_FLOPS: PositiveFloat | None = Field(
@@ -66,6 +66,13 @@ class EnvConfig(Section):
         600,
         description="Seconds a collective operation (all-reduce, barrier) waits for the other processes "
         "before every process exits with an error (torch's default is 30 minutes).",
+    )
+    DETERMINISTIC: bool = Field(
+        False,
+        description="Deterministic kernels: torch.use_deterministic_algorithms (an op without a deterministic "
+        "implementation warns) and cuBLAS's fixed workspace (CUBLAS_WORKSPACE_CONFIG=:4096:8 unless set), so "
+        "that a GPU run repeats bitwise, on a rerun and across a kill and resume. Off, GPU kernels such as "
+        "an embedding's backward add in a varying order and runs agree only to rounding. Costs some speed.",
     )
     PROGRESS_BAR: bool | Literal["auto"] = Field(
         "auto",

@@ -102,7 +102,11 @@ def epoch_sampler(dataset: Sized, seed: int, shuffle: bool) -> EpochOrderSampler
 
 
 def make_dataloader(
-    config: Config, dataset: Dataset[Any], train: bool, collate_fn: Callable[[list[Any]], Any] | None = None
+    config: Config,
+    dataset: Dataset[Any],
+    train: bool,
+    collate_fn: Callable[[list[Any]], Any] | None = None,
+    pin_memory: bool = False,
 ) -> DataLoader[Any]:
     data = config.DATA
     return DataLoader(
@@ -113,6 +117,7 @@ def make_dataloader(
         drop_last=data.DROP_LAST if train else False,
         num_workers=data.NUM_WORKERS,
         persistent_workers=data.NUM_WORKERS > 0,
+        pin_memory=pin_memory,
         # Its own generator: creating an iterator then draws the workers' base seed from it, not
         # from the global RNG, whose restored state a resumed run's dropout must continue from.
         generator=torch.Generator(),

@@ -34,6 +34,9 @@ def make_accelerator(config: Config, given: Accelerator | None) -> Accelerator:
     and the launch before anything is prepared."""
     accum = config.TRAIN.accumulation
     launched = int(os.environ.get("WORLD_SIZE", "1"))
+    if config.ENV.DETERMINISTIC:  # before the first cuBLAS call creates its workspace
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
     acc = given or Accelerator(
         # Under torchrun on a machine without CUDA, Accelerate needs cpu=True to form the gloo group.
         cpu=launched > 1 and not torch.cuda.is_available(),
@@ -43,8 +46,11 @@ def make_accelerator(config: Config, given: Accelerator | None) -> Accelerator:
         step_scheduler_with_optimizer=False,
         # A DataLoader given with shuffle=True gets a sampler seeded by (seed, epoch), so a resumed
         # run draws the epoch's order again instead of a new one (our own sampler already does).
+        # non_blocking: a batch's copy to the GPU is queued, not waited for (a blocking copy is a
+        # host sync every micro-batch: the host could not run ahead of the device); our loaders
+        # pin their batches on a GPU, as an asynchronous copy needs.
         dataloader_config=DataLoaderConfiguration(
-            use_seedable_sampler=True, data_seed=config.EXPERIMENT.SEED
+            use_seedable_sampler=True, data_seed=config.EXPERIMENT.SEED, non_blocking=True
         ),
         # A process that stops answering must not hold the others for torch's 30 minutes.
         kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=config.ENV.DIST_TIMEOUT_S))],
@@ -125,10 +131,13 @@ def as_loader(
     rank: int,
     world_size: int,
     collate_fn: Callable[[list[Any]], Any] | None = None,
+    pin_memory: bool = False,
 ) -> Loader:
     """A map-style dataset gets the epoch-seeded sampler; an IterableDataset (or a DataLoader
     over one) is sharded across processes and workers by ``StreamShard``; a DataLoader over a
-    map-style dataset is used as given, once its batch size is checked against the config."""
+    map-style dataset is used as given, once its batch size is checked against the config.
+    ``pin_memory`` (on a GPU): the loaders built here put batches in page-locked memory, so that
+    copying them to the device neither waits for the device nor stops the host from running ahead."""
     key = "DATA.BATCH_SIZE" if train else "DATA.BATCH_SIZE_VAL"
     expected = config.DATA.BATCH_SIZE if train else (config.DATA.BATCH_SIZE_VAL or config.DATA.BATCH_SIZE)
     if isinstance(data, DataLoader) and data.batch_size != expected:
@@ -153,6 +162,7 @@ def as_loader(
                 num_workers=given.num_workers if given is not None else config.DATA.NUM_WORKERS,
                 drop_last=drop_last,
                 collate_fn=given.collate_fn if given is not None else collate_fn,
+                pin_memory=pin_memory,
                 seed=config.EXPERIMENT.SEED,
                 shuffle=train
                 and config.DATA.SHUFFLE,  # a sharded stream's shard order; validation: as listed
@@ -165,7 +175,7 @@ def as_loader(
         return Loader(loader, dataset, loader.shard.collate_fn, size, expected, batches, stream=True)
     sampler = None
     if not isinstance(data, DataLoader):
-        data = make_dataloader(config, data, train, collate_fn)
+        data = make_dataloader(config, data, train, collate_fn, pin_memory=pin_memory)
         sampler = data.sampler
     elif data.generator is None:
         # Else creating its iterator would draw from the global RNG and shift a resumed run's dropout.

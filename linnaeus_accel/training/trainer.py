@@ -95,8 +95,11 @@ class Trainer:
         self.accelerator = acc = make_accelerator(config, accelerator)
         set_seed(config.EXPERIMENT.SEED)
         rank, world = acc.process_index, acc.num_processes
-        train = as_loader(config, train_data, True, rank, world, collate_fn)
-        val = as_loader(config, val_data, False, rank, world, collate_fn) if val_data is not None else None
+        pin = acc.device.type == "cuda"
+        train = as_loader(config, train_data, True, rank, world, collate_fn, pin)
+        val = (
+            as_loader(config, val_data, False, rank, world, collate_fn, pin) if val_data is not None else None
+        )
         self.train_size = train.size
         prepared = prepare_run(acc, config, model, build_optimizer(optimizer, model, config), train, val)
         self.model, self.optimizer, self.train_batches, self.val_batches = prepared[:4]

@@ -1,0 +1,101 @@
+"""The GPU check (``benchmarks/gpu``) runs on the CPU at tiny size, so it cannot rot between the
+rare runs on a GPU: every part that can run here runs and passes, the CUDA-only ones say they were
+not run (never passed), and the results and log are written where the README says."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import traceback
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from benchmarks.gpu.common import compare_weights
+from benchmarks.gpu.host_sync import OURS, reason, where
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow  # ~1 minute: 8 training runs and 3 lock-stepped loops
+def test_the_gpu_check_runs_on_the_cpu_at_tiny_size(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "LINNAEUS_ACCEL_"))}
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    done = subprocess.run(
+        ["bash", str(REPO / "benchmarks" / "gpu" / "run.sh"), str(tmp_path / "out"), "--size", "tiny"],
+        env={**env, "TMPDIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = json.loads((tmp_path / "out" / "results.json").read_text(encoding="utf-8"))
+    parts = {p["name"]: p for p in results["parts"]}
+    assert list(parts) == ["e2e", "sharded", "throughput", "host_sync", "checkpoint"]
+    status = {name: p["status"] for name, p in parts.items()}
+    assert status == {
+        "e2e": "passed",
+        "sharded": "not run",  # Accelerate selects FSDP and DeepSpeed only on accelerators
+        "throughput": "passed",
+        "host_sync": "not run",  # torch.cuda.set_sync_debug_mode needs CUDA
+        "checkpoint": "passed",
+    }, {name: (p["status"], p["reason"]) for name, p in parts.items()}
+    assert "accelerators" in parts["sharded"]["reason"]
+    assert "CUDA" in parts["host_sync"]["reason"]
+    for part in parts.values():
+        if part["status"] == "passed":
+            assert part["checks"], part
+            assert all(c["ok"] for c in part["checks"]), part
+        else:
+            assert not part["checks"], part  # a part not run checks nothing it could pass
+    # e2e: killed and resumed, bitwise the uninterrupted run's weights (plain and a LoRA adapter).
+    assert parts["e2e"]["figures"]["plain"]["bitwise"] is True
+    assert parts["e2e"]["figures"]["lora"]["bitwise"] is True
+    assert {"ours tokens/s", "accelerate tokens/s", "plain tokens/s", "ours / accelerate"} <= set(
+        parts["throughput"]["figures"]
+    )
+    assert results["size"] == "tiny"
+    assert results["device"]["name"] == "cpu"
+    log = (tmp_path / "out" / "log.txt").read_text(encoding="utf-8")
+    for name in parts:
+        assert f"===== {name}: " in log
+    # Run directories and checkpoints stay out of the results directory (it is copied back whole).
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "log.txt",
+        "nvidia-smi.txt",
+        "results.json",
+    ]
+
+
+def test_compare_weights_tells_bitwise_from_close_from_different(tmp_path: Path) -> None:
+    weights = {"w": torch.arange(12, dtype=torch.float32).reshape(3, 4) / 7}
+    for name, tensor in {"a": weights["w"], "same": weights["w"].clone(),
+                         "close": weights["w"] + 1e-4, "far": weights["w"] + 1.0}.items():  # fmt: skip
+        (tmp_path / name).mkdir()
+        save_file({"w": tensor}, tmp_path / name / "model.safetensors")
+    same = compare_weights(tmp_path / "a", tmp_path / "same")
+    assert (same["bitwise"], same["close"], same["max_abs_diff"]) == (True, True, 0.0)
+    close = compare_weights(tmp_path / "a", tmp_path / "close")
+    assert (close["bitwise"], close["close"]) == (False, True)
+    assert close["max_abs_diff"] == pytest.approx(1e-4, rel=0.1)
+    far = compare_weights(tmp_path / "a", tmp_path / "far")
+    assert (far["bitwise"], far["close"]) == (False, False)
+    (tmp_path / "empty").mkdir()
+    assert compare_weights(tmp_path / "a", tmp_path / "empty")["same_files"] is False
+
+
+def test_a_sync_is_expected_only_under_a_read_of_ours() -> None:
+    def frame(file: str, name: str) -> traceback.FrameSummary:
+        return traceback.FrameSummary(file, 1, name)
+
+    step = frame(f"/x{OURS}training/step.py", "run")
+    flush = frame(f"/x{OURS}training/meter.py", "flush")
+    item = frame("/torch/_tensor.py", "item")
+    assert reason([step, flush, item]) == "metric window read at a logging step"
+    assert reason([step, item]) is None  # a read-back inside the optimizer step: a quiet-step sync
+    assert reason([frame("/elsewhere/meter.py", "flush"), item]) is None  # not ours: not excused
+    assert where([step, item]) == "training/step.py:1 run"
