@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tarfile
 import traceback
 from pathlib import Path
 
@@ -61,14 +62,15 @@ def test_the_gpu_check_runs_on_the_cpu_at_tiny_size(tmp_path: Path) -> None:
     assert results["size"] == "tiny"
     assert results["device"]["name"] == "cpu"
     log = (tmp_path / "out" / "log.txt").read_text(encoding="utf-8")
-    for name in parts:
-        assert f"===== {name}: " in log
-    # Run directories and checkpoints stay out of the results directory (it is copied back whole).
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
-        "log.txt",
-        "nvidia-smi.txt",
-        "results.json",
-    ]
+    for name, part in parts.items():
+        assert f"-- {name}: {part['status']} in " in log
+        assert (tmp_path / "out" / f"{name}.log").stat().st_size > 0
+    # Run directories and checkpoints stay out of the results directory (it is copied back whole);
+    # the training runs' output is there, packed.
+    files = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert files == sorted(["results.json", "log.txt", "run_logs.tar.gz", *(f"{n}.log" for n in parts)])
+    with tarfile.open(tmp_path / "out" / "run_logs.tar.gz") as tar:
+        assert "e2e/c0_kill/log_resumed.txt" in tar.getnames()
 
 
 def test_compare_weights_tells_bitwise_from_close_from_different(tmp_path: Path) -> None:

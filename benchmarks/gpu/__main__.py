@@ -1,8 +1,11 @@
 """``python -m benchmarks.gpu OUT_DIR [--only PART ...] [--size full|tiny] [--budget-s S]``.
 
 Runs each part of the GPU check (``benchmarks.gpu.PARTS``) in a process of its own, with a time
-limit, and writes ``OUT_DIR/results.json`` (every part's status, checks and figures, the device,
-the versions) and ``OUT_DIR/log.txt`` (every part's output). ``--size`` defaults to ``full`` where
+limit, and writes to ``OUT_DIR``: ``results.json`` (every part's status, checks and figures, the
+device, the versions; rewritten as each part ends, so a check cut short keeps what it measured),
+``log.txt`` (what ran, the GPU, each part's outcome), ``<part>.log`` (each part's output, written
+as it runs) and ``run_logs.tar.gz`` (the output of every training run the parts started). Run
+directories and checkpoints stay in ``--work``. ``--size`` defaults to ``full`` where
 CUDA is available and ``tiny`` elsewhere (the CPU run CI makes: every code path at toy sizes, its
 CUDA-only parts reported as not run). Exit status 1 when a part failed, else 0.
 """
@@ -18,6 +21,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 import traceback
@@ -63,6 +67,9 @@ def run_one(name: str, ctx: Context, result_file: Path) -> int:
         traceback.print_exc()
         part = Part(name, module.TITLE, reason=f"{type(exc).__name__}: {exc}")
     result = {**part.finish().as_json(), "seconds": round(time.perf_counter() - started, 1)}
+    print(f"{name}: {result['status']}" + (f" ({result['reason']})" if result["reason"] else ""))
+    for key, value in result["figures"].items():
+        print(f"  {key}: {json.dumps(value, default=str)}")
     result_file.write_text(json.dumps(result, indent=1, default=str) + "\n", encoding="utf-8")
     return 0
 
@@ -87,6 +94,22 @@ def git_commit() -> str | None:
     return done.stdout.strip()
 
 
+def nvidia_smi() -> str:
+    try:
+        return subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=30, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return "(no nvidia-smi)"
+
+
+def pack_run_logs(work: Path, target: Path) -> None:
+    """The output of every run the parts started (``log*.txt``, the lock-step sides' logs): small
+    text, whereas the run directories beside them hold GBs of checkpoints."""
+    with tarfile.open(target, "w:gz") as tar:
+        for path in sorted(work.rglob("*")):
+            if path.is_file() and path.suffix in (".txt", ".log") and path.stat().st_size < 20_000_000:
+                tar.add(path, arcname=path.relative_to(work).as_posix())
+
+
 class Runner:
     """Starts parts as processes, each with its log and time limit, and gathers their results."""
 
@@ -106,11 +129,16 @@ class Runner:
             limit = min(limit, left)
         return limit
 
-    def start(self, name: str) -> tuple[subprocess.Popen[bytes], Path, Path, float] | None:
+    def say(self, text: str) -> None:
+        print(text, flush=True)
+        with self.log.open("a", encoding="utf-8") as out:
+            out.write(text + "\n")
+
+    def start(self, name: str) -> tuple[subprocess.Popen[bytes], Path, float] | None:
         limit = self.limit(name)
         if limit is None:
             return None
-        result, log = self.work / f"{name}.json", self.work / f"{name}.log"
+        result, log = self.work / f"{name}.json", self.args.out / f"{name}.log"
         result.unlink(missing_ok=True)
         command = [sys.executable, "-m", "benchmarks.gpu", str(self.args.out), "--part", name]
         command += ["--size", self.size, "--work", str(self.work)]
@@ -119,15 +147,15 @@ class Runner:
         with log.open("wb") as out:
             proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True)  # fmt: skip
-        print(f"-- {name}: started (limit {limit:.0f} s)", flush=True)
-        return proc, result, log, limit
+        self.say(f"-- {name}: started (limit {limit:.0f} s)")
+        return proc, result, limit
 
-    def finish(self, name: str, started: tuple[subprocess.Popen[bytes], Path, Path, float] | None,
+    def finish(self, name: str, started: tuple[subprocess.Popen[bytes], Path, float] | None,
                begun: float) -> dict[str, Any]:  # fmt: skip
         module = importlib.import_module(PARTS[name])
         if started is None:
             return {**Part(name, module.TITLE, status="not run", reason="out of time (--budget-s)").as_json()}
-        proc, result_file, log, limit = started
+        proc, result_file, limit = started
         try:
             proc.wait(timeout=max(1.0, limit - (time.perf_counter() - begun)))
         except subprocess.TimeoutExpired:
@@ -142,11 +170,10 @@ class Runner:
             )
             result = Part(name, module.TITLE, status="failed", reason=reason + ", no result").as_json()
         result["seconds"] = seconds
-        with self.log.open("a", encoding="utf-8") as out:
-            out.write(f"\n===== {name}: {result['status']} in {seconds} s =====\n")
-            out.write(log.read_text(encoding="utf-8", errors="replace"))
-        print(f"-- {name}: {result['status']} in {seconds} s" + (f" ({result['reason']})" if result.get("reason") else ""),
-              flush=True)  # fmt: skip
+        self.say(
+            f"-- {name}: {result['status']} in {seconds} s"
+            + (f" ({result['reason']})" if result.get("reason") else "")
+        )
         return result
 
 
@@ -164,29 +191,41 @@ def main(argv: Sequence[str] | None = None) -> int:
     runner = Runner(args, size)
     shutil.rmtree(runner.work, ignore_errors=True)  # a previous check's runs would be resumed
     runner.work.mkdir(parents=True)
-    runner.log.write_text(f"python -m benchmarks.gpu {' '.join(sys.argv[1:] if argv is None else argv)}\n")
+    command = "python -m benchmarks.gpu " + " ".join(sys.argv[1:] if argv is None else argv)
+    runner.log.write_text(f"{command}\n{nvidia_smi()}\n", encoding="utf-8")
     names = [n for n in PARTS if args.only is None or n in args.only]
     results: dict[str, dict[str, Any]] = {}
-    together = [n for n in names if n in CONCURRENT]
-    begun = time.perf_counter()
-    running = {name: runner.start(name) for name in together}
-    for name in together:
-        results[name] = runner.finish(name, running[name], begun)
-    for name in (n for n in names if n not in CONCURRENT):
-        begun = time.perf_counter()
-        results[name] = runner.finish(name, runner.start(name), begun)
-    out = {
-        "command": "python -m benchmarks.gpu " + " ".join(sys.argv[1:] if argv is None else argv),
+    head = {
+        "command": command,
         "size": size,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": cuda_device() or {"name": "cpu", "cores": os.cpu_count()},
         "python": platform.python_version(),
         "versions": versions(),
-        "git_commit": git_commit(),
-        "seconds": round(time.perf_counter() - runner.started, 1),
-        "parts": [results[n] for n in names],
+        # A copy of the tree without .git (a lent machine) names its commit in the environment.
+        "git_commit": git_commit() or os.environ.get("LINNAEUS_GPU_COMMIT"),
     }
-    (args.out / "results.json").write_text(json.dumps(out, indent=1, default=str) + "\n", encoding="utf-8")
+
+    def write_results() -> dict[str, Any]:
+        out = {**head, "seconds": round(time.perf_counter() - runner.started, 1)}
+        out["parts"] = [results[n] for n in names if n in results]
+        (args.out / "results.json").write_text(
+            json.dumps(out, indent=1, default=str) + "\n", encoding="utf-8"
+        )
+        return out
+
+    together = [n for n in names if n in CONCURRENT]
+    begun = time.perf_counter()
+    running = {name: runner.start(name) for name in together}
+    for name in together:
+        results[name] = runner.finish(name, running[name], begun)
+        write_results()
+    for name in (n for n in names if n not in CONCURRENT):
+        begun = time.perf_counter()
+        results[name] = runner.finish(name, runner.start(name), begun)
+        write_results()
+    out = write_results()
+    pack_run_logs(runner.work, args.out / "run_logs.tar.gz")
     failed = [n for n in names if results[n]["status"] == "failed"]
     print(f"\n{len(names)} parts in {out['seconds']} s: "
           + ", ".join(f"{n} {results[n]['status']}" for n in names)

@@ -3,8 +3,8 @@
 #   bash benchmarks/gpu/run.sh OUT_DIR [--only PART ...] [--budget-s SECONDS]
 # Installs the wheels benchmarks/gpu/prepare.sh put in .whl/ (if any) into a separate directory on
 # PYTHONPATH, never over the machine's torch; then runs every part (python -m benchmarks.gpu) and
-# writes OUT_DIR/results.json, OUT_DIR/log.txt and OUT_DIR/nvidia-smi.txt. Run directories and
-# checkpoints (GBs) go to $TMPDIR/linnaeus-gpu-work, not OUT_DIR.
+# writes OUT_DIR/results.json, OUT_DIR/log.txt, OUT_DIR/<part>.log and OUT_DIR/run_logs.tar.gz. Run
+# directories and checkpoints (GBs) go to $TMPDIR/linnaeus-gpu-work, not OUT_DIR.
 set -euo pipefail
 out=${1:?usage: bash benchmarks/gpu/run.sh OUT_DIR [--only PART ...] [--budget-s SECONDS]}
 shift
@@ -17,5 +17,4 @@ if compgen -G ".whl/*.whl" >/dev/null; then
   export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PYTHONUNBUFFERED=1
-nvidia-smi >"$out/nvidia-smi.txt" 2>&1 || echo "no nvidia-smi" >"$out/nvidia-smi.txt"
 python3 -m benchmarks.gpu "$out" "$@"
