@@ -4,8 +4,8 @@ Prepared on the CPU so that a short loan of one GPU goes to measuring (``benchma
 Each part is a module with ``NAME``, ``TITLE`` and ``run_part(ctx) -> Part``, in order of value:
 """
 
-# name -> module, in the order they run. e2e and sharded check correctness and run at the same
-# time; the timed parts run alone after them.
+# name -> module, in the order they run. The parts that check correctness run at the same time
+# (the GPU has room for all their runs); the timed parts run alone after them.
 PARTS = {
     "e2e": "benchmarks.gpu.e2e",  # one GPU: bf16, kill -9 and resume, ASYNC, EMA, LoRA
     "sharded": "benchmarks.gpu.sharded",  # FSDP2 and ZeRO-3 through the shipped accelerate configs
@@ -13,4 +13,4 @@ PARTS = {
     "host_sync": "benchmarks.gpu.host_sync",  # no synchronising call on quiet steps
     "checkpoint": "benchmarks.gpu.checkpoint_cost",  # how long a checkpoint blocks, 124M + AdamW
 }
-CONCURRENT = ("e2e", "sharded")
+CONCURRENT = ("e2e", "sharded", "host_sync")

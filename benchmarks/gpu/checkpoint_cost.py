@@ -23,7 +23,7 @@ NAME, TITLE = (
     "checkpoint",
     "checkpoint cost on the GPU, 124M GPT-2 + AdamW: default and ASYNC vs bare save_state",
 )
-ROUNDS_FULL, ROUNDS_TINY = 5, 2
+ROUNDS_FULL, ROUNDS_TINY = 4, 2
 
 
 def trainers(ctx: Context) -> dict[str, Any]:

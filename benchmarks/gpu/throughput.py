@@ -34,8 +34,8 @@ from .common import REPO, Context, Part, run_env, tail
 NAME, TITLE = "throughput", "124M GPT-2, bf16, compiled, token files: ours vs hand-written loops"
 SIDES = ("ours", "accelerate", "plain")
 TARGET = 0.98
-BLOCK, WARMUP = 10, 3
-FULL = {"vocab": 50304, "seq_len": 1025, "embd": 768, "layers": 12, "heads": 12, "batch": 12, "rounds": 15}
+BLOCK, WARMUP = 10, 2
+FULL = {"vocab": 50304, "seq_len": 1025, "embd": 768, "layers": 12, "heads": 12, "batch": 12, "rounds": 12}
 TINY = {"vocab": 512, "seq_len": 65, "embd": 64, "layers": 2, "heads": 2, "batch": 4, "rounds": 3}
 
 
