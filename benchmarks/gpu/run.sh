@@ -11,9 +11,10 @@ shift
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 cd "$(dirname "$0")/../.."
-if compgen -G ".whl/*.whl" >/dev/null; then
+wheels=${LINNAEUS_GPU_WHEELS:-.whl}  # prepare.sh's folder (its wheels are for Python 3.12)
+if compgen -G "$wheels/*.whl" >/dev/null; then
   site=${LINNAEUS_GPU_SITE:-/tmp/linnaeus-gpu-site}
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" .whl/*.whl
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "$wheels"/*.whl
   export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PYTHONUNBUFFERED=1
