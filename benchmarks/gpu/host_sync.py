@@ -37,6 +37,8 @@ EXPECTED = {
     "run_pass": "validation",
     "epoch_boundary": "epoch boundary",
     "save": "checkpoint",
+    # Before a checkpoint, on a thread of its own (its stack does not hold the save that started it).
+    "parameters_finite": "checkpoint",
     "finish": "end of the run",
     "tear_down": "end of the run",
     "on_fit_end": "end of the run",

@@ -37,14 +37,24 @@ class LockstepOver(Exception):
 class BlockBaton:
     """Called after every optimizer step; every ``block`` steps it syncs the GPU, times the block
     since it last got the baton, hands it to the referee and waits. False once the referee has
-    ended the lock-step."""
+    ended the lock-step.
+
+    Also noted for each block: ``host`` (seconds until the host had queued the whole block, before
+    the sync: near the block's time when the host, not the GPU, sets the pace, e.g. when something
+    waits for the GPU every step). Told ``p`` instead of ``g``, the side runs its next block (not
+    timed) under ``torch.profiler`` and ``torch.cuda.set_sync_debug_mode("warn")``: the GPU kernels
+    that took the most time, and every call that made the host wait, with where it came from."""
 
     def __init__(self, conn: Connection, block: int, cuda: bool) -> None:
         self.conn, self.block, self.cuda = conn, block, cuda
         self.steps = 0
         self.times: list[float] = []
+        self.host: list[float] = []
         self.start: float | None = None
         self.free = False
+        self.profiler: Any = None
+        self.diagnosis: dict[str, Any] = {}
+        self.syncs: list[str] = []
 
     def __call__(self) -> bool:
         if self.free:
@@ -52,19 +62,83 @@ class BlockBaton:
         self.steps += 1
         if self.steps % self.block:
             return True
+        queued = time.perf_counter()
         if self.cuda:
             import torch
 
             torch.cuda.synchronize()
         now = time.perf_counter()
-        if self.start is not None:
+        if self.profiler is not None:
+            self._end_profile(now)
+        elif self.start is not None:
             self.times.append(now - self.start)
+            self.host.append(queued - self.start)
         self.conn.send_bytes(b"d")
-        if self.conn.recv_bytes() == b"e":
+        message = self.conn.recv_bytes()
+        if message == b"e":
             self.free = True
             return False
+        if message == b"p":
+            self._start_profile()
         self.start = time.perf_counter()
         return True
+
+    def _start_profile(self) -> None:
+        import warnings
+
+        import torch
+
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if self.cuda:
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+            torch.cuda.set_sync_debug_mode("warn")
+        self._warnings = warnings.catch_warnings()
+        self._warnings.__enter__()
+        warnings.simplefilter("always")
+        warnings.showwarning = self._sync_seen
+        self.profiler = torch.profiler.profile(activities=activities)
+        self.profiler.__enter__()
+
+    def _sync_seen(self, message: Any, *args: Any) -> None:
+        if "synchronizing" in str(message):
+            from .host_sync import where
+
+            self.syncs.append(where(traceback.extract_stack()[:-1]))
+
+    def _end_profile(self, now: float) -> None:
+        import collections
+
+        import torch
+
+        self.profiler.__exit__(None, None, None)
+        if self.cuda:
+            torch.cuda.set_sync_debug_mode("default")
+        self._warnings.__exit__(None, None, None)
+        assert self.start is not None
+        events = self.profiler.key_averages()
+        key = (
+            "self_device_time_total"
+            if hasattr(events[0], "self_device_time_total")
+            else "self_cuda_time_total"
+        )
+        device_us = sum(getattr(e, key, 0) for e in events)
+        top = sorted(events, key=lambda e: getattr(e, key, 0), reverse=True)[:15]
+        self.diagnosis = {
+            "profiled_block_s": round(now - self.start, 4),
+            "device_time_s (sum of kernels)": round(device_us / 1e6, 4),
+            "top_kernels_ms": {e.key[:90]: round(getattr(e, key, 0) / 1e3, 2) for e in top},
+            "calls_per_step": round(sum(e.count for e in events) / self.block),
+            "host_syncs": dict(collections.Counter(self.syncs)),
+        }
+        if self.cuda:
+            stats = torch.cuda.memory_stats()
+            self.diagnosis["memory"] = {
+                "max_allocated_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
+                "reserved_gib": round(torch.cuda.memory_reserved() / 2**30, 2),
+                "alloc_retries": stats.get("num_alloc_retries", 0),
+                "device_allocs": stats.get("num_device_alloc", None),
+            }
+        self.profiler = None
 
 
 def model_fields(spec: dict[str, Any]) -> dict[str, Any]:
@@ -331,7 +405,8 @@ def worker(fd: int) -> None:
     baton = BlockBaton(conn, spec["block"], spec["cuda"])
     try:
         result = SIDES[spec["side"]](spec, baton)
-        conn.send(("result", {**result, "times": baton.times, "steps": baton.steps}))
+        conn.send(("result", {**result, "times": baton.times, "host": baton.host, "steps": baton.steps,
+                               "diagnosis": baton.diagnosis}))  # fmt: skip
     except Exception:
         conn.send(("error", traceback.format_exc()))
     sys.stdout.flush()

@@ -90,6 +90,10 @@ class Referee:
                     conn.send_bytes(b"g")
                     if self._next(side, 300) is not None:
                         raise RuntimeError(f"{side} ended before the lock-step did\n{self.log_tail(side)}")
+            for side, conn in self.conns.items():  # one more block each, profiled (not timed)
+                conn.send_bytes(b"p")
+                if self._next(side, 300) is not None:
+                    raise RuntimeError(f"{side} ended before the lock-step did\n{self.log_tail(side)}")
             results = {}
             for side, conn in self.conns.items():
                 conn.send_bytes(b"e")
@@ -121,7 +125,7 @@ def run_part(ctx: Context) -> Part:
     block = BLOCK if ctx.full else 2
     warmup = WARMUP if ctx.full else 1
     rounds = warmup + sizes["rounds"]
-    steps = (1 + rounds) * block
+    steps = (2 + rounds) * block  # the first block, the rounds, the profiled block
     root = ctx.work / NAME
     root.mkdir(parents=True, exist_ok=True)
     tokens = root / "tokens.bin"
@@ -143,6 +147,12 @@ def run_part(ctx: Context) -> Part:
         part.check(
             f"{side}: every block timed", len(rates[side]) == sizes["rounds"], f"{len(rates[side])} blocks"
         )
+    for side in SIDES:  # why a side is slower: the host's share of each block, its profile
+        host = results[side]["host"][warmup:]
+        part.figures[f"{side} host queued / block (median)"] = round(
+            statistics.median(h / t for h, t in zip(host, results[side]["times"][warmup:], strict=True)), 3
+        )
+        part.figures[f"{side} profile"] = results[side]["diagnosis"]
     parameters = results["ours"]["parameters"]
     peak = peak_flops()
     for side in SIDES:

@@ -166,4 +166,19 @@ def probe_problem(task: Task, model: nn.Module, batch: Any, device: torch.device
         return f"the model failed on a batch of the first training samples: {type(exc).__name__}: {exc}"
     finally:
         model.train(was_training)
+        reshard(model)
     return None
+
+
+def reshard(model: nn.Module) -> None:
+    """FSDP2 keeps a root module's parameters gathered after a forward that no backward follows
+    (the probe's): shard them again, so that the model's parameters are the sharded ones the
+    optimizer holds when the step lists them (else the first clip mixes gathered tensors with
+    DTensors, and fails)."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # torch before 2.6: no FSDP2 there to reshard
+        return
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
