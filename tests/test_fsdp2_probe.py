@@ -48,3 +48,29 @@ def test_the_probe_leaves_an_fsdp2_model_sharded() -> None:
         cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+
+
+def test_the_probe_of_a_compiled_model_compiles_nothing() -> None:
+    """The probe's small batch, compiled, would make the training batch a second shape and the
+    batch size dynamic in the training graph (slower kernels on a GPU): it runs eagerly."""
+    import torch
+    from torch import nn
+
+    from linnaeus_accel.tasks.classification import ClassificationTask
+    from linnaeus_accel.training.task_checks import probe_problem
+
+    graphs: list[object] = []
+
+    def counting_backend(graph: torch.fx.GraphModule, inputs: list[torch.Tensor]) -> object:
+        graphs.append(graph)
+        return graph.forward
+
+    torch.manual_seed(0)
+    compiled = torch.compile(
+        nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3)), backend=counting_backend
+    )
+    batch = (torch.randn(2, 4), torch.tensor([0, 1]))
+    assert probe_problem(ClassificationTask(), compiled, batch, torch.device("cpu")) is None
+    assert graphs == []
+    compiled(torch.randn(12, 4))  # training compiles its own batch's shape, once
+    assert len(graphs) == 1
