@@ -202,8 +202,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "device": cuda_device() or {"name": "cpu", "cores": os.cpu_count()},
         "python": platform.python_version(),
         "versions": versions(),
-        # A copy of the tree without .git (a lent machine) names its commit in the environment.
-        "git_commit": git_commit() or os.environ.get("LINNAEUS_GPU_COMMIT"),
+        # A copy of the tree sent to a lent machine names its commit in the environment (the .git
+        # there, if any, is not the tree's: it said the session's first commit).
+        "git_commit": os.environ.get("LINNAEUS_GPU_COMMIT") or git_commit(),
     }
 
     def write_results() -> dict[str, Any]:
