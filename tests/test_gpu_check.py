@@ -54,9 +54,9 @@ def test_the_gpu_check_runs_on_the_cpu_at_tiny_size(tmp_path: Path) -> None:
             assert all(c["ok"] for c in part["checks"]), part
         else:
             assert not part["checks"], part  # a part not run checks nothing it could pass
-    # e2e: killed and resumed, bitwise the uninterrupted run's weights (plain and a LoRA adapter).
-    assert parts["e2e"]["figures"]["plain"]["bitwise"] is True
+    # e2e: killed and resumed, bitwise the uninterrupted run's weights (a LoRA adapter).
     assert parts["e2e"]["figures"]["lora"]["bitwise"] is True
+    assert len(parts["e2e"]["not_run"]) == 4  # the other cases: overrides validated only
     assert {"ours tokens/s", "accelerate tokens/s", "plain tokens/s", "ours / accelerate"} <= set(
         parts["throughput"]["figures"]
     )
