@@ -96,6 +96,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="resume even though the config changed in a way that rewrites the steps already trained "
         "(data, seed, model, loss, a schedule's past values); each change is listed",
     )
+    train.add_argument(
+        "--unsafe-load-pickles",
+        action="store_true",
+        help="resume a checkpoint written by an earlier linnaeus-accel whose registered state (an EMA, a "
+        "callback's tensors) is a pickle: loading it runs any code its writer put in it, so only for "
+        "checkpoints nobody else could write; refused without this flag",
+    )
     evaluate = commands.add_parser(
         "evaluate",
         help="run the configured validation passes on a checkpoint or a run's final weights "
@@ -268,7 +275,10 @@ def run_train(args: argparse.Namespace) -> int:
     set_seed(config.EXPERIMENT.SEED)  # the same initial weights on every process and every run
     model = build_model(config, train_data)
     summary = Trainer(config, model, train_data, val_data).fit(
-        resume_from=args.resume, overwrite=args.overwrite, allow_config_change=args.allow_config_change
+        resume_from=args.resume,
+        overwrite=args.overwrite,
+        allow_config_change=args.allow_config_change,
+        unsafe_load_pickles=args.unsafe_load_pickles,
     )
     if _is_local_main() and summary.get("already_finished"):
         status = str(summary["status"]).replace("_", " ")

@@ -539,9 +539,7 @@ def forge_manifest(checkpoint: Path, relative: str) -> None:
     marker_path.write_text(json.dumps(marker), encoding="utf-8")
 
 
-def test_planted_pickles_are_never_executed(
-    killed_after_final_commit: TrainRun, ref_epoch: Result, tmp_path: Path
-) -> None:
+def test_planted_pickles_are_never_executed(killed_after_final_commit: TrainRun, tmp_path: Path) -> None:
     run = killed_after_final_commit.clone(tmp_path)
     flag = tmp_path / "PWNED"
     payload = pickle.dumps(_Planted(str(flag)), protocol=2)
@@ -558,17 +556,19 @@ def test_planted_pickles_are_never_executed(
         (newest / name).write_bytes(payload)
     # (a checkpoint holding files its manifest does not list is moved aside, unread) ... and, in the
     # older checkpoint, a listed file replaced under a manifest forged to match (a checkpoint from
-    # an untrusted bucket): Accelerate loads it with torch's weights-only unpickler, which refuses it.
+    # an untrusted bucket): opened as data before anything is loaded, it is refused too (Accelerate
+    # would have swallowed the failure and resumed with other random states).
     older = run.dir / "checkpoints" / ckpt(46)
     (older / "random_states_0.pkl").write_bytes(payload)
     forge_manifest(older, "random_states_0.pkl")
 
-    resumed = run.run()
-    assert not flag.exists(), f"a planted pickle was executed during resume\n{resumed.tail()}"
-    assert "not in COMMITTED.json" in resumed.output, resumed.tail()
-    assert_resumed_from(resumed.output, 46)
-    assert_same_run(resumed, ref_epoch)
-    assert not flag.exists()
+    refused = run.run()
+    assert not flag.exists(), f"a planted pickle was executed during resume\n{refused.tail()}"
+    assert refused.returncode == 2, refused.tail()
+    assert "not in COMMITTED.json" in refused.output, refused.tail()
+    assert "random_states_0.pkl: not loadable as data" in refused.output, refused.tail()
+    assert "resumed from" not in refused.output
+    assert sorted(p.name for p in (run.dir / "checkpoints" / "rejected").iterdir()) == [ckpt(46), ckpt(92)]
 
 
 # ---------------------------------------------------------------------------------------------

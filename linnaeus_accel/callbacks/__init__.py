@@ -67,8 +67,9 @@ class Callback:
 
     def on_setup(self, trainer: Trainer) -> None:
         """Every process, at the end of the Trainer's construction: the model and optimizer are
-        prepared, no checkpoint is loaded yet. Register tensors to save with the run's state here
-        (``trainer.accelerator.register_for_checkpointing``), as ``ema`` does."""
+        prepared, no checkpoint is loaded yet. Register state that holds tensors here
+        (``trainer.register_state(name, obj)``: saved as safetensors and JSON, never pickled), as
+        ``ema`` does; ``state_dict`` below is for plain JSON."""
 
     def on_fit_start(self, trainer: Trainer) -> None:
         """Every process, once the run is set up (and resumed), before its first step."""

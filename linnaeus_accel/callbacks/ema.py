@@ -7,9 +7,10 @@ device, with no host sync: ``ema = decay_t * ema + (1 - decay_t) * weights`` (on
 ``decay_t`` is ``decay``, or with ``warmup`` ``min(decay, (1 + n) / (10 + n))`` after ``n`` updates
 (as timm's and torch-ema's warm-up), so early averages are not dominated by the random start.
 
-- Checkpoints: the averaged weights are saved with the run's state (Accelerate's
-  ``register_for_checkpointing``: ``custom_checkpoint_<i>.pkl``, verified with the rest), and ``n``
-  in the callback's JSON state; a resumed run's average is byte-identical to an uninterrupted one's.
+- Checkpoints: the averaged weights are registered state (``Trainer.register_state("ema", ...)``:
+  a safetensors file, verified with the rest; nothing pickled), and ``n`` in the callback's JSON
+  state; a resumed run's average is byte-identical to an uninterrupted one's. A second ``ema``
+  callback registers as ``ema_1``, and so on.
 - ``final/ema/``: the averaged weights in the format of ``final/`` (``model.safetensors``), which
   ``linnaeus-accel evaluate --checkpoint <run>/final/ema`` reads like ``final/``.
 - ``validate: true``: after each standard validation pass (``val/``), the same pass on the averaged
@@ -38,16 +39,18 @@ if TYPE_CHECKING:
 
 
 class _AveragedWeights:
-    """What Accelerate saves and loads with the run's state: the averaged tensors, by name."""
+    """What the checkpoints hold of the average: its tensors, by name."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
+        self.loaded = False  # from a checkpoint
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {k: v.detach() for k, v in self.model.state_dict().items()}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         self.model.load_state_dict(state)
+        self.loaded = True
 
 
 @register_callback("ema")
@@ -78,7 +81,19 @@ class EMA(Callback):
         self._average = list(self.model.parameters())
         self._live_buffers = [b for b in live.buffers() if b.is_floating_point()]
         self._buffers = [b for b in self.model.buffers() if b.is_floating_point()]
-        acc.register_for_checkpointing(_AveragedWeights(self.model))
+        taken = set(trainer.registered_names())
+        name = next(n for i in range(len(taken) + 1) if (n := "ema" if i == 0 else f"ema_{i}") not in taken)
+        self._state = _AveragedWeights(self.model)
+        trainer.register_state(name, self._state)
+
+    @torch.no_grad()
+    def on_fit_start(self, trainer: Trainer) -> None:
+        if trainer.progress.global_step > 0 and not self._state.loaded:
+            # New since the checkpoint resumed: the average starts from the weights trained so
+            # far, not from the initial ones it was copied from before they were loaded.
+            torch._foreach_copy_(self._average, self._live)
+            if self._buffers:
+                torch._foreach_copy_(self._buffers, self._live_buffers)
 
     def decay_at(self, updates: int) -> float:
         return min(self.decay, (1 + updates) / (10 + updates)) if self.warmup else self.decay

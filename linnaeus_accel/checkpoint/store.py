@@ -32,7 +32,17 @@ from typing import Any
 
 from ..durable_files import fsync_directory, write_durably
 from .digests import DIGEST, FileEntry, hash_file, hash_files
-from .marker import MARKER, MARKER_TMP, MARKER_VERSION, MarkerError, read_marker
+from .marker import (
+    MARKER,
+    MARKER_TMP,
+    MARKER_VERSION,
+    SIGNATURE,
+    MarkerError,
+    checkpoint_key,
+    read_marker,
+    signature,
+    signature_problem,
+)
 from .retention import Mode, retained
 
 _STAGING_PREFIX = ".staging-"
@@ -181,7 +191,15 @@ class CheckpointStore:
 
     def _mark(self, final: Path, step: int, manifest: list[FileEntry], info: Mapping[str, Any]) -> None:
         """Write COMMITTED.json, last: from this instant the checkpoint counts."""
-        marker = {"version": MARKER_VERSION, "step": step, "files": manifest, "info": dict(info)}
+        marker: dict[str, Any] = {
+            "version": MARKER_VERSION,
+            "step": step,
+            "files": manifest,
+            "info": dict(info),
+        }
+        key = checkpoint_key()
+        if key is not None:
+            marker[SIGNATURE] = signature(marker, key)
         write_durably(final / MARKER, final / MARKER_TMP, json.dumps(marker, indent=1).encode("utf-8"))
 
     def delete(self, step: int) -> None:
@@ -305,6 +323,9 @@ class CheckpointStore:
             marker = read_marker(path)
         except MarkerError as e:
             return str(e)
+        problem = signature_problem(marker, checkpoint_key())
+        if problem is not None:
+            return problem
         match = _NAME.fullmatch(path.name)
         if match and int(match.group(1)) != marker["step"]:
             return f"{MARKER} is for step {marker['step']}, not {int(match.group(1))}"

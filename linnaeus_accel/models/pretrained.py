@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import pickle
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -118,6 +119,7 @@ def load_pretrained(auto_class: Any, directory: Path, overrides: dict[str, Any],
     """``auto_class.from_pretrained(directory)`` with ``overrides`` (see the module docstring)."""
     import torch
     import transformers
+    from safetensors import SafetensorError
 
     hf_config = transformers.AutoConfig.from_pretrained(directory, local_files_only=True)
     overrides = dict(overrides)
@@ -164,9 +166,18 @@ def load_pretrained(auto_class: Any, directory: Path, overrides: dict[str, Any],
                 [(f"{options_key}.dtype", f"{dtype!r} is not a torch dtype (e.g. float32, bfloat16, auto)")]
             )
         dtype = getattr(torch, dtype)
-    return auto_class.from_pretrained(
-        directory, config=hf_config, local_files_only=True, dtype=dtype, **loading
-    )
+    try:
+        # transformers reads a pytorch_model.bin with torch's weights-only unpickler: a pickle that
+        # would run code is refused here, as any other weights it cannot load.
+        return auto_class.from_pretrained(
+            directory, config=hf_config, local_files_only=True, dtype=dtype, **loading
+        )
+    except (OSError, ValueError, RuntimeError, pickle.UnpicklingError, SafetensorError) as exc:
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        reason = f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]
+        raise ConfigError(
+            [(f"{options_key}.pretrained", f"transformers cannot load the weights of {directory} ({reason})")]
+        ) from None
 
 
 @contextlib.contextmanager

@@ -1,11 +1,12 @@
 """Every stateful part of a run registers here under a name; a checkpoint saves what the registry
 holds and a resume hands each part its own entry back. The trainer lists nothing by hand.
 
-Two kinds of state: the run's (``per_rank=False``: progress, early stopping, GradNorm, callbacks),
-taken on the main process into ``trainer_state.json``; and each process's own (``per_rank=True``:
-its metric window, its data position), one file per rank, converted to another layout by
-``elastic.own_rank_state``. Each part's state is plain, versioned JSON of its own; tensors (an EMA
-of the weights) are saved with the model through Accelerate's ``register_for_checkpointing``.
+Two kinds of state: the run's (``per_rank=False``: progress, early stopping, GradNorm, callbacks,
+and what callbacks and users register with ``Trainer.register_state``, under ``registered.<name>``),
+taken on the main process into ``trainer_state.json``, its tensors (an EMA of the weights) into a
+safetensors file beside it (``tensor_state``); and each process's own (``per_rank=True``: its metric
+window, its data position), one JSON file per rank, converted to another layout by
+``elastic.own_rank_state``. Nothing is pickled.
 
 Loading is tolerant: a name the checkpoint lacks (a part added since, e.g. a checkpoint written
 before callbacks existed) leaves that part as built; a ``null`` entry (a part that was off) too.
@@ -17,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+REGISTERED = "registered."  # the names of what Trainer.register_state registers
 
 
 class Stateful(Protocol):
@@ -55,6 +58,10 @@ class StateRegistry:
         if save is None or load is None:
             raise ValueError(f"state {name!r} needs a part, or save and load")
         self._parts.append(_Part(name, save, load, per_rank))
+
+    def names(self, per_rank: bool) -> list[str]:
+        """The registered names, in the order they registered."""
+        return [p.name for p in self._parts if p.per_rank == per_rank]
 
     def state(self, per_rank: bool) -> dict[str, Any]:
         return {p.name: p.save() for p in self._parts if p.per_rank == per_rank}

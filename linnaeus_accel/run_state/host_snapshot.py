@@ -27,8 +27,11 @@ from typing import Any
 import numpy as np
 import torch
 from accelerate import Accelerator
-from accelerate.checkpointing import save_accelerator_state, save_custom_state
+from accelerate.checkpointing import save_accelerator_state
 from accelerate.utils import RNG_STATE_NAME, SAFE_WEIGHTS_NAME
+from safetensors.torch import save_file
+
+from .checkpoint_content import TENSORS_FILE
 
 _WEIGHTS_PREFIX = SAFE_WEIGHTS_NAME.split(".")[0]  # model.safetensors, model_1.safetensors, ...
 
@@ -46,8 +49,8 @@ def _catching(run: Callable[[], None], errors: list[BaseException]) -> Callable[
 
 
 class _Frozen:
-    """Stands in for an optimizer, scheduler, scaler or registered object: Accelerate's saving
-    functions only call ``state_dict()`` on them."""
+    """Stands in for an optimizer, scheduler or scaler: Accelerate's saving functions only call
+    ``state_dict()`` on them."""
 
     def __init__(self, state: Any) -> None:
         self._state = state
@@ -81,7 +84,7 @@ class Captured:
     schedulers: list[_Frozen]
     loaders: list[_FrozenLoader]
     scaler: _Frozen | None
-    customs: list[_Frozen]
+    tensors: dict[str, torch.Tensor]  # the run's registered state's (``tensor_state``)
     rng: dict[str, Any]
     step: int
     ready: Any = None  # a CUDA event the device-to-host copies complete at (None on a CPU)
@@ -93,9 +96,10 @@ class HostSnapshot:
         self._buffers: dict[Hashable, torch.Tensor] = {}
         self._pin = torch.cuda.is_available() and accelerator.device.type == "cuda"
 
-    def capture(self, output_dir: Path) -> Captured:
+    def capture(self, output_dir: Path, tensors: dict[str, torch.Tensor] | None = None) -> Captured:
         """Copy the state to host memory (the loop's only wait), after running Accelerate's save
-        hooks on the weights as ``save_state`` does before it writes."""
+        hooks on the weights as ``save_state`` does before it writes; ``tensors``: the registered
+        state's (an EMA of the weights), copied the same way."""
         acc = self.accelerator
         shared: dict[tuple[Any, ...], torch.Tensor] = {}
         weights = [acc.get_state_dict(model, unwrap=False) for model in acc._models]
@@ -113,10 +117,7 @@ class HostSnapshot:
             schedulers=[_Frozen(copy.deepcopy(s.state_dict())) for s in acc._schedulers],
             loaders=[_FrozenLoader(loader) for loader in acc._dataloaders],
             scaler=_Frozen(copy.deepcopy(acc.scaler.state_dict())) if acc.scaler is not None else None,
-            customs=[
-                _Frozen(self._copy(obj.state_dict(), ("custom", i), shared))
-                for i, obj in enumerate(acc._custom_objects)
-            ],
+            tensors={k: self._copy_tensor(t, ("tensors", k), shared) for k, t in (tensors or {}).items()},
             rng=_rng_states(acc.step),
             step=acc.step,
         )
@@ -188,8 +189,8 @@ class HostSnapshot:
         # save_accelerator_state read the RNG now, on this thread; the loop's states are those
         # of the capture instant, written over its file under the same name and layout.
         torch.save(captured.rng, rng_file)
-        for i, obj in enumerate(captured.customs):
-            save_custom_state(obj, str(output_dir), i, save_on_each_node=on_each_node)
+        if captured.tensors:
+            save_file(captured.tensors, str(output_dir / TENSORS_FILE))
 
     def _copy(self, value: Any, path: tuple[Any, ...], shared: dict[tuple[Any, ...], torch.Tensor]) -> Any:
         """``value`` with every tensor copied to host memory (containers rebuilt, others deep-copied)."""

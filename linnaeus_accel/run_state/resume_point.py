@@ -12,6 +12,7 @@ from typing import Any
 
 from ..checkpoint import MARKER, CheckpointStore
 from ..config import ConfigError
+from .checkpoint_content import UNSAFE_FLAG, legacy_pickles
 
 log = logging.getLogger(__name__)
 
@@ -29,19 +30,54 @@ class ResumeRefused(ConfigError):
 
 
 def find_checkpoint(
-    store: CheckpointStore, remote: Any, auto_resume: bool, explicit: str | Path | None
+    store: CheckpointStore,
+    remote: Any,
+    auto_resume: bool,
+    explicit: str | Path | None,
+    allow_pickles: bool = False,
 ) -> tuple[Path | None, list[str]]:
     """The checkpoint to resume from and what was skipped on the way (main process).
 
     Checkpoints that fail verification are moved to ``rejected/`` (never deleted: one of them
     may hold the only copy of the weights). If the run has checkpoints but none verifies, this
-    raises ``ResumeRefused`` rather than start over from step 0 by surprise."""
+    raises ``ResumeRefused`` rather than start over from step 0 by surprise. A checkpoint of the
+    previous layout, whose registered state is pickled, is refused unless ``allow_pickles``."""
     if explicit is not None:
         given = Path(explicit)
         problem = store.verify(given, deep=True)
         if problem is not None:  # the user's own path: reported, never moved
             raise ResumeRefused([("--resume", f"{given} is not a usable checkpoint: {problem}")], "arguments")
+        _refuse_pickles(given, allow_pickles, "--resume")
         return given, []
+    path, skipped = _find_newest(store, remote, auto_resume)
+    if path is not None:
+        _refuse_pickles(path, allow_pickles, "")
+    return path, skipped
+
+
+def _refuse_pickles(path: Path, allow: bool, key: str) -> None:
+    """A checkpoint of the previous layout (its registered state in ``custom_checkpoint_<i>.pkl``,
+    which only unpickling with code execution can load) resumes only when its owner says so."""
+    pickles = legacy_pickles(path)
+    if pickles and not allow:
+        names = ", ".join(p.name for p in pickles)
+        raise ResumeRefused(
+            [
+                (
+                    key,
+                    f"{path} was written by an earlier linnaeus-accel and keeps registered state (an EMA of the "
+                    f"weights, a callback's tensors) in {names}, a pickle: loading it can run any code its "
+                    f"writer put in it. If you trust whoever could write {path}, pass {UNSAFE_FLAG} to load it "
+                    "once (the next checkpoint is written without pickles); else start over with --overwrite, "
+                    "or resume from a checkpoint written by this version",
+                )
+            ],
+            "arguments" if key else "resume",
+        )
+
+
+def _find_newest(store: CheckpointStore, remote: Any, auto_resume: bool) -> tuple[Path | None, list[str]]:
+    """The newest checkpoint that verifies, locally or in the bucket (see ``find_checkpoint``)."""
     if not auto_resume:
         return None, []
     path, failed = store.newest_verified(deep=True)
@@ -58,12 +94,14 @@ def find_checkpoint(
         # A fresh node after preemption: the bucket has what the local disk lost.
         for step in reversed(remote.complete_steps()):
             downloaded = remote.download(step, store.root)
-            problem = store.verify(downloaded, deep=True)
-            if problem is None:
+            remote_problem = store.verify(downloaded, deep=True)
+            if remote_problem is None:
                 return downloaded, [*skipped, f"none locally; downloaded step {step} from the bucket"]
-            moved = store.reject(downloaded, problem)
-            skipped.append(f"{downloaded.name} from the bucket does not verify: {problem}; moved to {moved}")
-            refused.append(f"{downloaded.name} (from the bucket): {problem}")
+            moved = store.reject(downloaded, remote_problem)
+            skipped.append(
+                f"{downloaded.name} from the bucket does not verify: {remote_problem}; moved to {moved}"
+            )
+            refused.append(f"{downloaded.name} (from the bucket): {remote_problem}")
     if path is None:
         earlier = [p for p in store.rejected_checkpoints() if p.name not in {n.name for n, _ in failed}]
         if refused or earlier:

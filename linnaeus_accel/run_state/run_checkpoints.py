@@ -10,17 +10,21 @@ from pathlib import Path
 from typing import Any
 
 from accelerate import Accelerator
+from accelerate.utils import gather_object
 
 from ..config import Config, ConfigError
 from ..progress import TrainingProgress
 from ..run_directory.failures import NonFiniteGuard
 from ..schedule import ResolvedPlan
-from .components import StateRegistry
+from . import tensor_state
+from .checkpoint_content import LAYOUT, LAYOUT_KEY, legacy_pickles
+from .components import REGISTERED, StateRegistry
 from .config_changes import review_changes
 from .elastic import check_resume, compatible_position, own_rank_state, plan_identity
 from .frozen_weights import STATE_KEY as FROZEN_KEY
 from .frozen_weights import frozen_weights_for
-from .saver import Checkpointer
+from .resume_point import ResumeRefused
+from .saver import Checkpointer, CheckpointLoadError
 
 
 class RunCheckpoints:
@@ -53,8 +57,11 @@ class RunCheckpoints:
         parameters_finite = self.nonfinite.start_parameters_check()  # read while the state is saved
         resume_point = self.checkpointer.current
         self.progress.tokens_seen += self.take_tokens()
+        # Registered state may hold tensors (an EMA): JSON with references, the tensors safetensors.
+        parts, tensors = tensor_state.split(self.registry.state(per_rank=False), "state")
         state = {
-            **self.registry.state(per_rank=False),
+            **parts,
+            LAYOUT_KEY: LAYOUT,
             "boundary": boundary,
             "wandb_run_id": wandb_run_id(self.accelerator),
             "plan": plan_identity(self.plan),
@@ -67,6 +74,7 @@ class RunCheckpoints:
             before_commit=lambda: self.nonfinite.check(
                 step, f"the checkpoint of step {step}", resume_point, parameters_finite
             ),
+            tensors=tensors,
         )
         for tell in self.after_save:
             tell(step)
@@ -80,35 +88,38 @@ class RunCheckpoints:
     ) -> None:
         """Resume from ``resume_from`` or the newest usable checkpoint, if any (every process).
         ``data_problem(batches_seen)``: why the data cannot continue at that position (a sharded
-        stream under another layout), checked before any pass or step runs."""
-        acc, checkpointer, progress = self.accelerator, self.checkpointer, self.progress
-        path, skipped = checkpointer.find_everywhere(resume_from)  # a refusal stops every process
-        for message in skipped:
-            out.say(f"skipping checkpoint {message}")
-        resume_step = checkpointer.store.step_of(path) if path is not None else 0
-        if acc.is_main_process:
-            dropped = checkpointer.discard_after(resume_step or 0)
-            if dropped:
-                out.say(f"removed checkpoints after the resume point: steps {dropped}")
-        acc.wait_for_everyone()
-        if path is None:
-            out.truncate_metrics(after_step=0)  # killed before its first checkpoint: start over
-            return
-        path = Path(path)
-        saved = checkpointer.read_state(path)
-        check_resume(acc, saved.get("plan"))
-        batches_seen = compatible_position(  # first: another effective batch cannot resume at all
-            saved.get("plan"),
-            plan_identity(self.plan),
-            int(saved["progress"].get("batches_seen_in_epoch", 0)),
-            same_length=saved.get("config") is None,
-        )
-        done = int(saved["progress"]["global_step"])
-        changes = review_changes(
-            saved.get("config"), saved.get("plan"), self.config, self.plan, done, allow_config_change
-        )
-        _check_saved_tensors(acc, path, saved.get("config"))
-        state = checkpointer.load(path)
+        stream under another layout), checked before any pass or step runs. A checkpoint that
+        verifies but fails to load (on any process) stops an explicit resume (exit 2); when
+        resuming on its own, it is moved to ``rejected/`` and the previous one is tried."""
+        acc, checkpointer = self.accelerator, self.checkpointer
+        while True:
+            path, skipped = checkpointer.find_everywhere(resume_from)  # a refusal stops every process
+            for message in skipped:
+                out.say(f"skipping checkpoint {message}")
+            resume_step = checkpointer.store.step_of(path) if path is not None else 0
+            if acc.is_main_process:
+                dropped = checkpointer.discard_after(resume_step or 0)
+                if dropped:
+                    out.say(f"removed checkpoints after the resume point: steps {dropped}")
+            acc.wait_for_everyone()
+            if path is None:
+                out.truncate_metrics(after_step=0)  # killed before its first checkpoint: start over
+                return
+            path = Path(path)
+            loaded = self._load(path, allow_config_change)
+            problems = [p for p in gather_object([loaded if isinstance(loaded, str) else None]) if p]
+            if not problems:
+                assert not isinstance(loaded, str)
+                break
+            problem = problems[0]
+            if resume_from is not None:
+                raise ResumeRefused([("--resume", f"{path} could not be loaded: {problem}")], "arguments")
+            if acc.is_main_process:
+                moved = checkpointer.store.reject(path, f"could not be loaded: {problem}")
+                out.say(f"skipping checkpoint {path.name}: could not be loaded: {problem}; moved to {moved}")
+            acc.wait_for_everyone()
+        state, changes, batches_seen = loaded
+        progress = self.progress
         notes = self.registry.load(state, per_rank=False)
         progress.batches_seen_in_epoch = batches_seen  # in this run's layout
         own = own_rank_state(checkpointer.rank_states(path), acc.process_index, acc.num_processes)
@@ -128,6 +139,67 @@ class RunCheckpoints:
         for line in notes:
             out.say(line)
 
+    def _load(self, path: Path, allow_config_change: bool) -> tuple[dict[str, Any], list[str], int] | str:
+        """The checkpoint's state (tensors in place), the config changes applied, and the data
+        position in this run's layout; or, when its files cannot be loaded, why (the caller agrees
+        with the other processes). A checkpoint that does not fit this run raises ``ConfigError``."""
+        acc, checkpointer = self.accelerator, self.checkpointer
+        saved = checkpointer.read_state(path)
+        check_resume(acc, saved.get("plan"))
+        batches_seen = compatible_position(  # first: another effective batch cannot resume at all
+            saved.get("plan"),
+            plan_identity(self.plan),
+            int(saved["progress"].get("batches_seen_in_epoch", 0)),
+            same_length=saved.get("config") is None,
+        )
+        done = int(saved["progress"]["global_step"])
+        changes = review_changes(
+            saved.get("config"), saved.get("plan"), self.config, self.plan, done, allow_config_change
+        )
+        pickles = legacy_pickles(path)  # allowed (--unsafe-load-pickles): find refuses them otherwise
+        names = self._pickled_state_names(path, len(pickles))
+        collected = [_Collected() for _ in pickles]
+        acc._custom_objects[:] = collected  # Accelerate loads them, as it wrote them (weights_only=False)
+        try:
+            state = checkpointer.load(path)
+        except CheckpointLoadError as exc:
+            return str(exc)
+        finally:
+            acc._custom_objects.clear()
+        state = {**state, **{name: c.state for name, c in zip(names, collected, strict=True)}}
+        return state, changes, batches_seen
+
+    def _pickled_state_names(self, path: Path, count: int) -> list[str]:
+        """A previous layout's checkpoint: its ``custom_checkpoint_<i>.pkl`` were the registered
+        parts holding tensors, in the order they registered; their names here."""
+        names = [name for name in self.registry.names(per_rank=False) if name.startswith(REGISTERED)]
+        if count and count != len(names):
+            raise ConfigError(
+                [
+                    (
+                        "CALLBACKS",
+                        f"the checkpoint {path.name} holds {count} pickled state(s) (custom_checkpoint_*.pkl) and this "
+                        f"run registers {len(names)} ({', '.join(names) or 'none'}): list the CALLBACKS the "
+                        "checkpoint's run had",
+                    )
+                ],
+                source="resume",
+            )
+        return names[:count]
+
+
+class _Collected:
+    """Takes what Accelerate loads from a previous layout's ``custom_checkpoint_<i>.pkl``."""
+
+    def __init__(self) -> None:
+        self.state: Any = None
+
+    def state_dict(self) -> Any:
+        return self.state
+
+    def load_state_dict(self, state: Any) -> None:
+        self.state = state
+
 
 def wandb_run_id(accelerator: Accelerator) -> str | None:
     """The W&B run this run logs to (main process), so that a resumed run logs to the same one."""
@@ -136,25 +208,3 @@ def wandb_run_id(accelerator: Accelerator) -> str | None:
     wandb = next((t.tracker for t in accelerator.trackers if t.name == "wandb"), None)
     run = getattr(wandb, "id", None)
     return str(run) if run else None
-
-
-def _check_saved_tensors(accelerator: Accelerator, path: Path, saved_config: dict[str, Any] | None) -> None:
-    """Callbacks that save tensors with the run's state (``ema``) must be those the checkpoint was
-    written with: Accelerate loads them by position and fails on any other count."""
-    saved = len(list(path.glob("custom_checkpoint_*.pkl")))
-    registered = len(accelerator._custom_objects)
-    if saved == registered:
-        return
-    then = [entry.get("NAME") for entry in (saved_config or {}).get("CALLBACKS") or []]
-    raise ConfigError(
-        [
-            (
-                "CALLBACKS",
-                f"the checkpoint {path.name} holds the saved tensors of {saved} callback(s) (its run's CALLBACKS: "
-                f"{then or 'none'}) and this run registers {registered}: a callback that saves tensors (ema) "
-                "cannot be added to or removed from a run under way; list the checkpoint's CALLBACKS, or "
-                "start a new run in another directory",
-            )
-        ],
-        source="resume",
-    )

@@ -39,12 +39,15 @@ from typing import Any
 
 from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list
+from safetensors.torch import load_file, save_file
 
 from ..checkpoint import MARKER, EarlySeal, EarlyWriteback, Mode
 from ..checkpoint.background import SerialWorker
 from ..config import Config, ConfigError
 from ..run_directory.failures import attempt_write
 from ..run_directory.faults import fault_point
+from . import tensor_state
+from .checkpoint_content import TENSORS_FILE, rng_problem
 from .host_snapshot import HostSnapshot
 from .resume_point import ResumeRefused, discard_after, find_checkpoint
 from .state_files import (
@@ -65,6 +68,7 @@ __all__ = [
     "RANK_FILE",
     "STATE_FILE",
     "STATE_VERSION",
+    "CheckpointLoadError",
     "CheckpointWriteError",
     "Checkpointer",
     "ResumeRefused",
@@ -111,6 +115,7 @@ class Checkpointer:
         self._untaken: tuple[float, float] | None = None  # (blocked, waited) since take_timings
         self.committed_at = 0.0
         self.load_options: dict[str, Any] = {}  # for load_state (strict=False: frozen weights)
+        self.allow_pickles = False  # --unsafe-load-pickles: a previous layout's pickled state loads
 
     def _remote(self, remote: Any) -> tuple[Any, Any]:
         bucket = self.config.ENV.OUTPUT.BUCKET
@@ -162,8 +167,10 @@ class Checkpointer:
         state: dict[str, Any],
         rank_state: dict[str, Any],
         before_commit: Callable[[], None] | None = None,
+        tensors: dict[str, Any] | None = None,
     ) -> Path:
-        """``state``: the run's (written once); ``rank_state``: this process's own.
+        """``state``: the run's (written once); ``rank_state``: this process's own; ``tensors``:
+        the tensors ``state`` refers to (``tensor_state.split``), written once to a safetensors file.
         ``before_commit``: a collective check run once every process has saved; what it raises
         removes the staged checkpoint and is raised as is (the non-finite guard).
 
@@ -188,11 +195,12 @@ class Checkpointer:
             with self._metrics_lock:
                 metrics = _rankable(self.metric_at)
             state_json = json.dumps({"version": STATE_VERSION, **state, "checkpoint_metrics": metrics})
+        tensors = (tensors or {}) if acc.is_main_process else {}
         if self.snapshot is not None:
             captured: list[Any] = []
-            error = attempt_write(lambda: captured.append(self.snapshot.capture(staging)), staging)  # type: ignore[union-attr]
+            error = attempt_write(lambda: captured.append(self.snapshot.capture(staging, tensors)), staging)  # type: ignore[union-attr]
         else:
-            error = attempt_write(lambda: self._write(staging, rank_json, state_json), staging)
+            error = attempt_write(lambda: self._write(staging, rank_json, state_json, tensors), staging)
         self._agree((step, *error) if error is not None else None)
         try:
             if before_commit is not None:
@@ -217,12 +225,16 @@ class Checkpointer:
         self._untaken = (blocked + self.blocked_s, waited + self.waited_s)
         return self.current
 
-    def _write(self, staging: Path, rank_json: str, state_json: str | None) -> None:
+    def _write(
+        self, staging: Path, rank_json: str, state_json: str | None, tensors: dict[str, Any] | None = None
+    ) -> None:
         """This process's files: Accelerate's (unless ASYNC captured them), its own state's, and on
-        the main process the run's."""
+        the main process the run's (its tensors too, unless ASYNC wrote them)."""
         acc = self.accelerator
         if self.snapshot is None:
             acc.save_state(str(staging))
+        if tensors:
+            save_file(tensors, str(staging / TENSORS_FILE))
         (staging / RANK_FILE.format(acc.process_index)).write_text(rank_json, encoding="utf-8")
         if state_json is not None:
             (staging / STATE_FILE).write_text(state_json, encoding="utf-8")
@@ -343,7 +355,8 @@ class Checkpointer:
 
     def find(self, explicit: str | Path | None) -> tuple[Path | None, list[str]]:
         """The checkpoint to resume from and what was skipped on the way (main process)."""
-        return find_checkpoint(self.store, self.remote, self.config.TRAIN.AUTO_RESUME, explicit)
+        auto = self.config.TRAIN.AUTO_RESUME
+        return find_checkpoint(self.store, self.remote, auto, explicit, self.allow_pickles)
 
     def discard_after(self, step: int) -> list[int]:
         """Before resuming at ``step`` (main process): drop the checkpoints after it."""
@@ -359,12 +372,30 @@ class Checkpointer:
         return state  # type: ignore[no-any-return]
 
     def load(self, path: Path) -> dict[str, Any]:
-        """Restore model, optimizer, RNG states (Accelerate) and return our JSON state."""
-        self.accelerator.load_state(str(path), **self.load_options)
+        """Restore model, optimizer, RNG states (Accelerate) and return our state, its tensors in
+        place. Every file was checked to be data when the checkpoint was verified; a load that
+        fails anyway (a valid file of another run's shapes), or RNG states Accelerate could not
+        restore, is a ``CheckpointLoadError`` naming what."""
+        try:
+            self.accelerator.load_state(str(path), **self.load_options)
+        except ConfigError:
+            raise  # a load hook's finding about this run's config (a LoRA base that changed)
+        except Exception as exc:  # Accelerate's and torch's errors do not say which file
+            raise CheckpointLoadError(
+                f"loading its model, optimizer and data state failed ({_line(exc)})"
+            ) from exc
+        problem = rng_problem(path, self.accelerator.process_index)
+        if problem is not None:
+            raise CheckpointLoadError(problem)
         # Checkpoints are taken between optimizer steps, where the micro-batch counter is a multiple
         # of the accumulation; the restored count is another run's when resuming elastically.
         self.accelerator.step = 0
         state = self.read_state(path)
+        if (path / TENSORS_FILE).is_file():
+            try:
+                state = tensor_state.join(state, load_file(str(path / TENSORS_FILE)))
+            except Exception as exc:
+                raise CheckpointLoadError(f"{TENSORS_FILE}: {_line(exc)}") from exc
         self.metric_at = {int(k): v for k, v in state.get("checkpoint_metrics", {}).items()}
         self.resumed_from = int(state["progress"]["global_step"])
         self.current = self._committed = path
@@ -375,6 +406,15 @@ class Checkpointer:
         checkpoint written before they existed)."""
         states = [read_json(file)[0] for file in rank_files(path)]
         return [state if isinstance(state, dict) else {} for state in states]
+
+
+class CheckpointLoadError(RuntimeError):
+    """A verified checkpoint that could not be loaded; the message says which part and why."""
+
+
+def _line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]
 
 
 def _rankable(metric_at: dict[int, float | None]) -> dict[str, float | None]:

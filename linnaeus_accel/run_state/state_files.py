@@ -22,6 +22,7 @@ from typing import Any
 
 from ..checkpoint import CheckpointStore, MarkerError, read_marker
 from ..progress import TrainingStage
+from .checkpoint_content import content_problem
 
 STATE_FILE = "trainer_state.json"
 RANK_FILE = "rank_{:05d}.json"  # one per process
@@ -331,7 +332,8 @@ def checkpoint_store(root: Path) -> CheckpointStore:
 
 def check_state(path: Path) -> str | None:
     """What is wrong with our JSON state in the checkpoint at ``path`` (None: nothing): the state
-    the trainer reads must be what this version wrote, for the checkpoint's own step."""
+    the trainer reads must be what this version wrote, for the checkpoint's own step; and every
+    file a resume would unpickle must be data (``checkpoint_content``)."""
     try:
         step = int(read_marker(path)["step"])
     except MarkerError as exc:
@@ -351,7 +353,7 @@ def check_state(path: Path) -> str | None:
     names = sorted(p.name for p in path.glob("rank_*.json"))
     if len(names) != len(files):
         return f"the per-process files are not numbered from 0 without gaps: {names}"
-    return None
+    return content_problem(path, state)  # every file a resume unpickles: data, never code
 
 
 def rank_files(path: Path) -> list[Path]:

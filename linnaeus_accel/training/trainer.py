@@ -12,6 +12,8 @@ checkpoint holds: every part registered in the ``StateRegistry``; resuming from 
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,7 +35,8 @@ from ..run_directory.run_info import model_line, run_info
 from ..run_directory.run_lock import RunLock
 from ..run_directory.shared_storage import check_shared_output
 from ..run_directory.trackers import init_trackers
-from ..run_state.components import StateRegistry
+from ..run_state import tensor_state
+from ..run_state.components import REGISTERED, Stateful, StateRegistry
 from ..run_state.run_checkpoints import RunCheckpoints
 from ..run_state.saver import Checkpointer
 from ..schedule import EarlyStopping, OpsSchedule, StopDecision
@@ -57,6 +60,8 @@ from .setup import (
 from .step import OptimizerStep
 from .task_checks import check_task, first_batch
 from .train_log import TrainLog
+
+_STATE_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
 
 class Trainer:
@@ -133,7 +138,7 @@ class Trainer:
         self.nonfinite = NonFiniteGuard(acc, self.meter, self.model, config.TRAIN.NONFINITE)
         self.preemption = PreemptionWatch(acc)
         # Every stateful part of the run, under the names its checkpoints have always used.
-        state = StateRegistry()
+        self.state = state = StateRegistry()
         state.register("progress", self.progress)
         state.register("early_stopping", self.early_stopping)
         if gradnorm is not None:
@@ -166,6 +171,49 @@ class Trainer:
 
     def _hold_data_state(self, state: dict[str, Any]) -> None:
         self.resumed_data_state = state  # the resumed epoch continues from it (``_train_epoch``)
+
+    def register_state(self, name: str, part: Stateful) -> None:
+        """Save ``part.state_dict()`` in every checkpoint under ``name`` and hand it back to
+        ``part.load_state_dict`` on resume. The state may hold tensors (on any device) and plain
+        values (``run_state.tensor_state`` says which): tensors go to a safetensors file, the rest
+        to JSON, nothing is pickled. The main process's state is saved (under DDP every process
+        holds the same); every process loads it. Register before ``fit`` (a callback's ``on_setup``);
+        a checkpoint without ``name`` (a part new since) leaves the part as it is."""
+        if not _STATE_NAME.fullmatch(name):
+            raise ValueError(f"register_state: {name!r} is not a name: use letters, digits, '_', '-' and '.'")
+        if REGISTERED + name in self.state.names(per_rank=False):
+            raise ValueError(f"register_state: {name!r} is registered already")
+        self.state.register(REGISTERED + name, part)
+
+    def registered_names(self) -> list[str]:
+        """What ``register_state`` holds, in the order it was registered."""
+        return [
+            n.removeprefix(REGISTERED) for n in self.state.names(per_rank=False) if n.startswith(REGISTERED)
+        ]
+
+    def _adopt_accelerate_state(self) -> None:
+        """Objects registered with ``accelerator.register_for_checkpointing`` (Accelerate would
+        pickle them and unpickle them with code execution on load) are saved as ours instead."""
+        custom = self.accelerator._custom_objects
+        for i, obj in enumerate(custom):
+            self.register_state(f"accelerate_custom_{i}", obj)
+        custom.clear()
+
+    def _check_state_is_data(self) -> None:
+        """Before the first step, not at the first checkpoint: every registered part's state must
+        be what a checkpoint can hold, or the steps before that checkpoint would be lost."""
+        for name, value in self.state.state(per_rank=False).items():
+            try:
+                json.dumps(tensor_state.split(value, name)[0], allow_nan=False)
+            except (TypeError, ValueError) as exc:
+                key = (
+                    "CALLBACKS"
+                    if name == "callbacks"
+                    else f"register_state({name.removeprefix(REGISTERED)!r})"
+                )
+                raise ConfigError(
+                    [(key, f"its state_dict() cannot be saved in a checkpoint: {exc}")]
+                ) from None
 
     # -- for callbacks: rank-specific side effects in one place ---------------------------------
     @property
@@ -209,17 +257,23 @@ class Trainer:
         resume_from: str | Path | None = None,
         overwrite: bool = False,
         allow_config_change: bool = False,
+        unsafe_load_pickles: bool = False,
     ) -> dict[str, Any]:
         """Run to the end; resumes from ``resume_from`` or, with TRAIN.AUTO_RESUME, from the newest
         complete checkpoint in the output directory (refusing config changes that would rewrite
-        the steps already trained unless ``allow_config_change``). Raises ``RunFailed`` when the
-        run cannot go on (``summary.json`` then says ``status: failed``)."""
+        the steps already trained unless ``allow_config_change``). ``unsafe_load_pickles``: resume a
+        checkpoint of an earlier layout whose registered state is pickled (loading it can run any
+        code its writer put in it; refused otherwise). Raises ``RunFailed`` when the run cannot go on
+        (``summary.json`` then says ``status: failed``)."""
         self.allow_config_change = allow_config_change
+        self.checkpointer.allow_pickles = unsafe_load_pickles
+        self._adopt_accelerate_state()
         try:
             finished = self._start(resume_from, overwrite)
             if finished is not None:
                 self.end.tear_down()  # every process got the same answer: all are here
                 return {**finished, "already_finished": True}
+            self._check_state_is_data()
             self.callbacks.start(self, self.progress.global_step, self.checkpoints.resumed_from)
             with self.preemption:  # from here on, SIGTERM/SIGUSR1 ask for a clean stop
                 stop = self._run()

@@ -1,0 +1,204 @@
+"""What a checkpoint's files may contain before a resume (or ``evaluate``) reads them: data, never code.
+
+A checkpoint is the thing people pass around (a colleague's run, a bucket several jobs write to, a
+download to fine-tune), and digests only say it is what its manifest lists: whoever can write the
+files can write the manifest. So every file that a loader would unpickle is opened here first, as
+data only, before anything is loaded:
+
+- Accelerate's pickles (optimizer, scheduler, sampler, DataLoader state, gradient scaler, RNG
+  states, a model saved without safetensors): torch's ``weights_only`` unpickler with the globals
+  Accelerate itself allows, memory-mapped so that the tensors are not read. Accelerate loads them
+  the same way; done here first, a file that fails is named (Accelerate would raise torch's
+  traceback, or, for the RNG states, log at INFO level and resume from other random states).
+- ``torch.distributed.checkpoint`` metadata (FSDP's sharded checkpoints), which torch unpickles
+  with plain ``pickle``: an unpickler that builds only DCP's own metadata classes, torch sizes,
+  dtypes and paths.
+- ``custom_checkpoint_<i>.pkl`` (Accelerate's ``register_for_checkpointing``, loaded with
+  ``weights_only=False``): the run no longer writes them (registered state is JSON and
+  safetensors, ``tensor_state``). In a checkpoint of the previous layout it is loaded only when its
+  owner says so (``--unsafe-load-pickles``); in a checkpoint of this layout it was put there by
+  someone else, and the checkpoint is refused.
+- The registered tensors file (safetensors) must hold every tensor ``trainer_state.json`` names.
+
+DeepSpeed's own checkpoint directory (``pytorch_model/``) is loaded by DeepSpeed, which unpickles
+its files with ``weights_only=False`` and whose classes this check does not know: under DeepSpeed,
+only a checkpoint key (``LINNAEUS_CHECKPOINT_KEY``, see ``checkpoint.marker``) keeps a writer of the
+checkpoints from running code (docs/security.md).
+"""
+
+from __future__ import annotations
+
+import pickle
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+PICKLE_SUFFIXES = (".bin", ".pkl", ".pt", ".pth")
+LEGACY_PICKLE = re.compile(r"custom_checkpoint_\d+\.pkl")
+DCP_METADATA = ".metadata"
+DEEPSPEED_DIR = "pytorch_model"  # Accelerate's name for DeepSpeed's checkpoint directory
+TENSORS_FILE = "trainer_state.safetensors"
+LAYOUT_KEY = "state_layout"  # in trainer_state.json: written by this layout (no pickles of ours)
+LAYOUT = 2
+UNSAFE_FLAG = "--unsafe-load-pickles"
+
+
+def legacy_pickles(path: Path) -> list[Path]:
+    """The ``custom_checkpoint_<i>.pkl`` files of a checkpoint, in index order."""
+    found = [p for p in path.iterdir() if LEGACY_PICKLE.fullmatch(p.name)] if path.is_dir() else []
+    return sorted(found, key=lambda p: int(p.name.split("_")[-1].split(".")[0]))
+
+
+def content_problem(path: Path, state: dict[str, Any]) -> str | None:
+    """None if every file of the checkpoint at ``path`` a resume would read is data; else which file
+    is not, and why. ``state``: its parsed ``trainer_state.json``."""
+    new_layout = state.get(LAYOUT_KEY) == LAYOUT
+    for file in sorted(p for p in path.rglob("*") if p.is_file()):
+        rel = file.relative_to(path).as_posix()
+        top = rel.split("/", 1)[0]
+        if top == DEEPSPEED_DIR and "/" in rel:
+            continue  # DeepSpeed's own files (see the module docstring)
+        if LEGACY_PICKLE.fullmatch(rel):
+            if new_layout:
+                return (
+                    f"{rel}: a pickle that this layout of checkpoint never holds ({LAYOUT_KEY} {LAYOUT}); "
+                    "someone else put it there"
+                )
+            continue  # the previous layout's: the resume asks its owner (UNSAFE_FLAG)
+        if file.name == DCP_METADATA:
+            problem = _dcp_metadata_problem(file)
+        elif file.suffix in PICKLE_SUFFIXES:
+            problem = _torch_data_problem(file)
+        else:
+            continue
+        if problem is not None:
+            return f"{rel}: {problem}"
+    return _tensors_problem(path, state) if new_layout else None
+
+
+def _torch_data_problem(file: Path) -> str | None:
+    from accelerate.utils.other import TORCH_SAFE_GLOBALS
+
+    try:
+        with torch.serialization.safe_globals(TORCH_SAFE_GLOBALS):
+            torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as exc:
+        return f"not loadable as data ({_first_line(exc)})"
+    return None
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    text = lines[0] if lines else ""
+    # torch's weights-only refusal says which global it met a few lines down: that is the finding.
+    named = next((line for line in lines if line.startswith("Unsupported global")), None)
+    return f"{type(exc).__name__}: {named or text}"[:300]
+
+
+_DCP_CLASSES = {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch.serialization", "_get_layout"),
+    ("collections", "OrderedDict"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "PurePosixPath"),
+    ("pathlib", "WindowsPath"),
+    ("pathlib", "PureWindowsPath"),
+    ("pathlib", "Path"),
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Builds DCP's metadata: its own classes, torch sizes and dtypes, paths; nothing else."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        allowed = (module, name) in _DCP_CLASSES or module == "torch.distributed.checkpoint.metadata"
+        if module == "torch":
+            value = getattr(torch, name, None)
+            allowed = value is torch.Size or isinstance(
+                value, (torch.dtype, torch.layout, torch.memory_format)
+            )
+        if not allowed:
+            raise pickle.UnpicklingError(f"refers to {module}.{name}, which is not checkpoint metadata")
+        found = super().find_class(module, name)
+        if module == "torch.distributed.checkpoint.metadata" and not isinstance(found, type):
+            raise pickle.UnpicklingError(f"refers to {module}.{name}, which is not a metadata class")
+        return found
+
+
+def _dcp_metadata_problem(file: Path) -> str | None:
+    try:
+        with file.open("rb") as f:
+            _MetadataUnpickler(f).load()
+    except Exception as exc:
+        return f"not loadable as torch.distributed.checkpoint metadata ({type(exc).__name__}: {exc})"[:300]
+    return None
+
+
+def _tensors_problem(path: Path, state: dict[str, Any]) -> str | None:
+    """The tensors ``trainer_state.json`` names must all be in its safetensors file."""
+    from . import tensor_state
+
+    wanted = tensor_state.keys(state)
+    if not wanted:
+        return None
+    file = path / TENSORS_FILE
+    if not file.is_file():
+        return f"{TENSORS_FILE} is missing, and trainer_state.json names {len(wanted)} tensors in it"
+    try:
+        from safetensors import safe_open
+
+        with safe_open(str(file), framework="pt") as f:
+            missing = wanted - set(f.keys())
+    except Exception as exc:
+        return f"{TENSORS_FILE}: not a safetensors file ({type(exc).__name__}: {exc})"[:300]
+    if missing:
+        return f"{TENSORS_FILE} lacks tensors trainer_state.json names: {', '.join(sorted(missing)[:3])}"
+    return None
+
+
+def rng_problem(path: Path, process_index: int) -> str | None:
+    """After ``load_state``: whether this process's RNG states are those of its file (Accelerate
+    catches any error restoring them and logs it at INFO: the resumed run would silently draw other
+    random numbers). None if restored."""
+    import random
+
+    import numpy as np
+    from accelerate.utils import RNG_STATE_NAME
+    from accelerate.utils.other import TORCH_SAFE_GLOBALS
+
+    file = path / f"{RNG_STATE_NAME}_{process_index}.pkl"
+    if not file.is_file():
+        return f"{file.name} is missing"
+    with torch.serialization.safe_globals(TORCH_SAFE_GLOBALS):
+        states = torch.load(file, map_location="cpu", weights_only=True)
+    try:
+        same = (
+            random.getstate() == states["random_state"]
+            and _numpy_state_equal(np.random.get_state(), states["numpy_random_seed"])
+            and torch.equal(torch.get_rng_state(), states["torch_manual_seed"])
+        )
+        if same and torch.cuda.is_available() and "torch_cuda_manual_seed" in states:
+            restored = torch.cuda.get_rng_state_all()
+            saved = states["torch_cuda_manual_seed"]
+            same = len(restored) == len(saved) and all(
+                torch.equal(a, b) for a, b in zip(restored, saved, strict=True)
+            )
+    except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+        return f"{file.name}: not the random states Accelerate saves ({type(exc).__name__}: {exc})"
+    return (
+        None if same else f"{file.name}: its random states were not restored (Accelerate could not load them)"
+    )
+
+
+def _numpy_state_equal(a: Any, b: Any) -> bool:
+    import numpy as np
+
+    return (
+        isinstance(b, tuple)
+        and len(a) == len(b)
+        and all(
+            np.array_equal(x, y) if isinstance(x, np.ndarray) else x == y for x, y in zip(a, b, strict=True)
+        )
+    )

@@ -1,0 +1,121 @@
+"""State that holds tensors, saved as data: the JSON it can be, and its tensors in one safetensors file.
+
+A registered part's ``state_dict()`` (an EMA's averaged weights, a user callback's buffers) may mix
+tensors with plain values. ``split`` turns it into plain JSON in which each tensor is replaced by
+``{"__tensor__": key}``, and a flat ``{key: tensor}`` for ``safetensors``; ``join`` puts them back.
+Nothing is pickled, so loading a checkpoint reads numbers and runs no code.
+
+What survives the round trip unchanged: dicts (any key of str, int, float, bool or None), lists,
+tuples, str, int, float (NaN and infinities included, which JSON cannot hold bare), bool, None,
+tensors (tensors sharing memory, as tied weights do, are saved once and come back sharing it) and
+numpy arrays. Anything else is a ``TypeError`` naming where it is, raised when the state is taken.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+TENSOR, NUMPY, FLOAT, TUPLE, ITEMS = "__tensor__", "__numpy__", "__float__", "__tuple__", "__items__"
+_TAGS = {TENSOR, NUMPY, FLOAT, TUPLE, ITEMS}
+_KEYS = (str, int, float, bool, type(None))
+
+
+def split(state: Any, where: str = "state") -> tuple[Any, dict[str, torch.Tensor]]:
+    """``state`` as JSON-ready data and the tensors it refers to, by key (see the module)."""
+    tensors: dict[str, torch.Tensor] = {}
+    seen: dict[tuple[Any, ...], str] = {}
+    return _split(state, where, tensors, seen), tensors
+
+
+def _split(value: Any, where: str, tensors: dict[str, torch.Tensor], seen: dict[tuple[Any, ...], str]) -> Any:
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else {FLOAT: repr(value)}
+    if isinstance(value, torch.Tensor):
+        return {TENSOR: _keep(value.detach(), where, tensors, seen)}
+    if isinstance(value, np.ndarray):
+        return {NUMPY: _keep(torch.from_numpy(np.ascontiguousarray(value)), where, tensors, seen)}
+    if isinstance(value, np.generic):  # a numpy scalar: its Python value
+        return _split(value.item(), where, tensors, seen)
+    if isinstance(value, tuple):
+        return {TUPLE: [_split(v, f"{where}[{i}]", tensors, seen) for i, v in enumerate(value)]}
+    if isinstance(value, list):
+        return [_split(v, f"{where}[{i}]", tensors, seen) for i, v in enumerate(value)]
+    if isinstance(value, Mapping):
+        bad = [k for k in value if not isinstance(k, _KEYS)]
+        if bad:
+            raise TypeError(
+                f"{where} has a key of type {type(bad[0]).__name__} ({bad[0]!r}): keys must be plain values"
+            )
+        if all(isinstance(k, str) for k in value) and not (len(value) == 1 and next(iter(value)) in _TAGS):
+            return {k: _split(v, f"{where}.{k}", tensors, seen) for k, v in value.items()}
+        return {ITEMS: [[_split(k, where, tensors, seen), _split(v, f"{where}.{k}", tensors, seen)] for k, v in value.items()]}  # fmt: skip
+    raise TypeError(
+        f"{where} is a {type(value).__module__}.{type(value).__qualname__}: a saved state holds tensors, numpy "
+        "arrays, numbers, strings, booleans, None and lists, tuples and dicts of them"
+    )
+
+
+def _keep(
+    tensor: torch.Tensor, where: str, tensors: dict[str, torch.Tensor], seen: dict[tuple[Any, ...], str]
+) -> str:
+    """The key ``tensor`` is saved under; a tensor viewing the same memory as one kept already
+    (tied weights) gets that one's key."""
+    view = (
+        tensor.device,
+        tensor.untyped_storage().data_ptr() if tensor.numel() else id(tensor),
+        tensor.storage_offset(),
+        tuple(tensor.shape),
+        tuple(tensor.stride()),
+        tensor.dtype,
+    )
+    if view in seen:
+        return seen[view]
+    key = where if where not in tensors else f"{where}#{len(tensors)}"
+    # safetensors writes whole, unshared buffers: a view of a larger tensor is copied on its own.
+    shares = tensor.numel() and tensor.untyped_storage().nbytes() != tensor.numel() * tensor.element_size()
+    tensors[key] = tensor.clone() if shares or not tensor.is_contiguous() else tensor
+    seen[view] = key
+    return key
+
+
+def join(data: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
+    """What ``split`` took apart, with the tensors loaded (``KeyError`` naming a missing one)."""
+    if isinstance(data, list):
+        return [join(v, tensors) for v in data]
+    if not isinstance(data, dict):
+        return data
+    if len(data) == 1:
+        tag, inner = next(iter(data.items()))
+        if tag == TENSOR:
+            return tensors[inner]
+        if tag == NUMPY:
+            return tensors[inner].numpy()
+        if tag == FLOAT:
+            return float(inner)
+        if tag == TUPLE:
+            return tuple(join(v, tensors) for v in inner)
+        if tag == ITEMS:
+            return {join(k, tensors): join(v, tensors) for k, v in inner}
+    return {k: join(v, tensors) for k, v in data.items()}
+
+
+def keys(data: Any) -> set[str]:
+    """The tensor keys ``data`` (split's JSON) refers to."""
+    found: set[str] = set()
+    if isinstance(data, list):
+        for v in data:
+            found |= keys(v)
+    elif isinstance(data, dict):
+        if len(data) == 1 and next(iter(data)) in (TENSOR, NUMPY):
+            found.add(str(next(iter(data.values()))))
+        else:
+            for v in data.values():
+                found |= keys(v)
+    return found

@@ -1,0 +1,420 @@
+"""Checkpoints run no code: every file a resume reads is data, and a file that is not is refused.
+
+The attack (issue 26): replace a checkpoint's file with a pickle whose loading runs a shell command,
+and rewrite COMMITTED.json's sizes and digests to match (whoever can write the files can write the
+manifest). For every pickle-format file of real checkpoints (an EMA, a user's stateful callbacks,
+one registered through Accelerate's ``register_for_checkpointing``, GradNorm; ASYNC mode; a LoRA
+adapter), the command never runs: an explicit ``--resume`` exits 2 naming the file; a rerun skips
+the checkpoint, moves it to ``rejected/`` with the reason, and resumes from the one before.
+Random states that load as data but are not Accelerate's are refused too (Accelerate would log
+"Could not load random states" at INFO and go on). With ``LINNAEUS_CHECKPOINT_KEY``, a checkpoint
+whose manifest was rewritten without the key is refused, and kill -9 and resume stay byte-identical.
+A checkpoint of the previous layout (registered state pickled by Accelerate) resumes only with
+``--unsafe-load-pickles``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from test_resume import REPO, TrainRun, assert_resumed_from
+
+from linnaeus_accel.checkpoint import MARKER, file_digest, read_marker
+from linnaeus_accel.checkpoint.marker import KEY_ENV, SIGNATURE, signature, signature_problem
+from linnaeus_accel.run_state import tensor_state
+from linnaeus_accel.run_state.checkpoint_content import content_problem
+
+SCRIPT = (REPO / "tests" / "stateful_script.py").read_text(encoding="utf-8")
+LM_CFG = str(REPO / "configs" / "lm_tiny.yaml")
+STEP_6, STEP_12 = "step_00000006", "step_00000012"
+DIGITS = [
+    *("TRAIN.EPOCHS", "3", "DATA.BATCH_SIZE", "256", "SCHEDULE.CHECKPOINT.INTERVAL_EPOCHS", "1"),
+    *("SCHEDULE.CHECKPOINT.KEEP_LAST_N", "3", "SCHEDULE.CHECKPOINT.KEEP_TOP_N", "0"),
+]  # 6 steps an epoch: checkpoints at 6, 12, 18
+TINY_LM = [
+    *("DATA.BATCH_SIZE", "4", "MODEL.OPTIONS.hidden_size", "32", "MODEL.OPTIONS.intermediate_size", "64"),
+    *("MODEL.OPTIONS.num_hidden_layers", "2", "MODEL.OPTIONS.num_attention_heads", "2"),
+    *("TRAIN.TARGET_TOKENS", str(18 * 4 * 128), "SCHEDULE.CHECKPOINT.INTERVAL_STEPS", "6"),
+    *("SCHEDULE.CHECKPOINT.MID_EPOCH", "true", "SCHEDULE.CHECKPOINT.INTERVAL_EPOCHS", "null"),
+    *("SCHEDULE.CHECKPOINT.KEEP_LAST_N", "3", "SCHEDULE.CHECKPOINT.KEEP_TOP_N", "0"),
+    *("MODEL.OPTIONS.lora", "{r: 4}"),
+]
+KINDS = {
+    # (config, overrides, through the script with the user's callbacks)
+    "ema-callbacks-gradnorm": (
+        None,
+        [
+            *DIGITS,
+            *("CALLBACKS", "[{NAME: ema}, {NAME: tensor_sum}, {NAME: accelerate_registered}]"),
+            *("LOSS.GRAD_WEIGHTING.TASK.GRADNORM_ENABLED", "true"),
+            *("LOSS.GRAD_WEIGHTING.TASK.GRADNORM_WARMUP_STEPS", "0"),
+        ],
+        True,
+    ),
+    "async-ema": (None, [*DIGITS, "SCHEDULE.CHECKPOINT.ASYNC", "true", "CALLBACKS", "[{NAME: ema}]"], False),
+    "lora": (LM_CFG, TINY_LM, False),
+}
+PICKLE_SUFFIXES = (".bin", ".pkl", ".pt", ".pth")
+
+
+class RunsCode:
+    """A pickle that runs a shell command when it is loaded (what the attacker writes)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def reseal(checkpoint: Path, key: str | None = None) -> None:
+    """Rewrite COMMITTED.json for the files as they are now, every one listed (what an attacker
+    who can write the checkpoint does), signed with ``key`` if given."""
+    marker = read_marker(checkpoint)
+    files = []
+    for file in sorted(p for p in checkpoint.rglob("*") if p.is_file()):
+        rel = file.relative_to(checkpoint).as_posix()
+        if rel in (MARKER, "validation_journal.jsonl"):
+            continue
+        data = file.read_bytes()
+        files.append({"path": rel, "size": len(data), **dict([file_digest(data)])})
+    marker = {k: v for k, v in marker.items() if k != SIGNATURE}
+    marker["files"] = files
+    if key is not None:
+        marker[SIGNATURE] = signature(marker, key.encode())
+    (checkpoint / MARKER).write_text(json.dumps(marker), encoding="utf-8")
+
+
+def new_run(root: Path, opts: list[str], cfg: str | None = None) -> TrainRun:
+    root.mkdir(parents=True)
+    return TrainRun(root, opts, cfg=cfg) if cfg else TrainRun(root, opts)
+
+
+def make_run(root: Path, kind: str) -> TrainRun:
+    cfg, opts, _ = KINDS[kind]
+    return TrainRun(root, opts, cfg=cfg) if cfg else TrainRun(root, opts)
+
+
+def run_kind(run: TrainRun, kind: str, **kwargs: Any) -> Any:
+    return run.run(python_code=SCRIPT if KINDS[kind][2] else None, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def killed_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, TrainRun]:
+    """Each kind's run, killed right after its step-12 checkpoint (steps 6 and 12 committed)."""
+    runs = {}
+    for kind in KINDS:
+        run = make_run(tmp_path_factory.mktemp(kind), kind)
+        done = run_kind(run, kind, kill_at="checkpoint_committed:2")
+        assert done.returncode != 0, done.tail()
+        assert (run.dir / "checkpoints" / STEP_12 / MARKER).is_file(), done.tail()
+        runs[kind] = run
+    return runs
+
+
+def pickle_files(checkpoint: Path) -> list[str]:
+    return sorted(
+        p.relative_to(checkpoint).as_posix()
+        for p in checkpoint.rglob("*")
+        if p.is_file() and p.suffix in PICKLE_SUFFIXES
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_a_pickle_in_any_file_of_a_checkpoint_runs_no_code(
+    kind: str, killed_runs: dict[str, TrainRun], tmp_path: Path
+) -> None:
+    checkpoint = killed_runs[kind].dir / "checkpoints" / STEP_12
+    files = pickle_files(checkpoint)
+    # Only Accelerate's own files are pickles: registered state (the EMA, the user's tensors, the
+    # object registered through Accelerate) is safetensors and JSON.
+    assert files
+    assert not [f for f in files if f.startswith("custom_checkpoint")], files
+    if kind != "lora":
+        assert (checkpoint / "trainer_state.safetensors").is_file()
+    marker = tmp_path / "code-ran"
+    for i, name in enumerate(files):
+        run = killed_runs[kind].clone(tmp_path / f"attack{i}")
+        target = run.dir / "checkpoints" / STEP_12
+        torch.save(RunsCode(marker), target / name)
+        reseal(target)
+        explicit = run_kind(run, kind, args=["--resume", str(target)])
+        assert explicit.returncode == 2, explicit.tail()
+        assert f"{name}: not loadable as data" in explicit.output, explicit.tail()
+        assert "Traceback" not in explicit.output
+        assert not marker.exists(), f"loading {name} ran code"
+        assert (target / MARKER).is_file()  # the user's own path: reported, never moved
+        auto = run_kind(run, kind)
+        assert auto.returncode == 0, auto.tail()
+        assert not marker.exists(), f"loading {name} ran code"
+        assert f"skipping checkpoint {STEP_12}: {name}: not loadable as data" in auto.output, auto.tail()
+        assert_resumed_from(auto.output, 6)
+        reason = (run.dir / "checkpoints" / "rejected" / STEP_12 / "REJECTED.txt").read_text()
+        assert name in reason
+
+
+@pytest.mark.slow
+def test_a_pickle_this_layout_never_writes_is_refused(
+    killed_runs: dict[str, TrainRun], tmp_path: Path
+) -> None:
+    """custom_checkpoint_0.pkl (Accelerate's registered objects, which it loads with
+    weights_only=False) added to a checkpoint written by this version: tampered, refused."""
+    run = killed_runs["async-ema"].clone(tmp_path / "run")
+    target = run.dir / "checkpoints" / STEP_12
+    marker = tmp_path / "code-ran"
+    torch.save(RunsCode(marker), target / "custom_checkpoint_0.pkl")
+    reseal(target)
+    explicit = run.run(args=["--resume", str(target)])
+    assert explicit.returncode == 2, explicit.tail()
+    assert "custom_checkpoint_0.pkl: a pickle that this layout of checkpoint never holds" in explicit.output
+    auto = run.run()
+    assert auto.returncode == 0, auto.tail()
+    assert_resumed_from(auto.output, 6)
+    assert not marker.exists()
+
+
+@pytest.mark.slow
+def test_random_states_that_accelerate_cannot_restore_are_refused(
+    killed_runs: dict[str, TrainRun], tmp_path: Path
+) -> None:
+    """Data, but not random states: Accelerate logs "Could not load random states" at INFO level and
+    would resume as if nothing happened; the run instead refuses the checkpoint, naming the file."""
+    run = killed_runs["async-ema"].clone(tmp_path / "run")
+    target = run.dir / "checkpoints" / STEP_12
+    torch.save({"step": 0, "random_state": "not a state"}, target / "random_states_0.pkl")
+    reseal(target)
+    explicit = run.run(args=["--resume", str(target)])
+    assert explicit.returncode == 2, explicit.tail()
+    assert "random_states_0.pkl: its random states were not restored" in explicit.output, explicit.tail()
+    assert "Traceback" not in explicit.output
+    auto = run.run()
+    assert auto.returncode == 0, auto.tail()
+    assert "could not be loaded: random_states_0.pkl" in auto.output
+    assert_resumed_from(auto.output, 6)
+    assert (run.dir / "checkpoints" / "rejected" / STEP_12 / MARKER).is_file()
+
+
+@pytest.mark.slow
+def test_with_a_checkpoint_key_only_signed_checkpoints_resume(tmp_path: Path) -> None:
+    key = {KEY_ENV: "a secret only the jobs hold"}
+    reference = new_run(tmp_path / "reference", DIGITS)
+    reference.run(extra_env=key).check_ok()
+    run = new_run(tmp_path / "run", DIGITS)
+    assert run.run(kill_at="checkpoint_committed:2", extra_env=key).returncode != 0
+    signed = read_marker(run.dir / "checkpoints" / STEP_12)
+    assert signature_problem(signed, key[KEY_ENV].encode()) is None
+
+    # Rewritten by a writer of the checkpoints who does not hold the key: refused.
+    forged = run.clone(tmp_path / "forged")
+    reseal(forged.dir / "checkpoints" / STEP_12)
+    explicit = forged.run(args=["--resume", str(forged.dir / "checkpoints" / STEP_12)], extra_env=key)
+    assert explicit.returncode == 2, explicit.tail()
+    assert f"COMMITTED.json is not signed, and {KEY_ENV} is set" in explicit.output
+    wrong = forged.run(extra_env={KEY_ENV: "another key"})
+    assert wrong.returncode == 2, wrong.tail()  # none of its checkpoints is signed with that key
+    assert "signature does not match" in wrong.output
+
+    # With the key: killed -9 and resumed, byte-identical to the uninterrupted run.
+    resumed = run.run(extra_env=key).check_ok()
+    assert_resumed_from(resumed.output, 12)
+    for name in ("model.safetensors",):
+        assert (run.dir / "final" / name).read_bytes() == (reference.dir / "final" / name).read_bytes()
+
+
+def to_previous_layout(checkpoint: Path) -> None:
+    """What an earlier linnaeus-accel wrote for a run with the ema callback: the average pickled by
+    Accelerate in custom_checkpoint_0.pkl, nothing of it in trainer_state.json."""
+    from safetensors.torch import load_file
+
+    state_file = checkpoint / "trainer_state.json"
+    state = json.loads(state_file.read_text())
+    tensors = load_file(checkpoint / "trainer_state.safetensors")
+    average = tensor_state.join(state.pop("registered.ema"), tensors)
+    del state["state_layout"]
+    state_file.write_text(json.dumps(state))
+    (checkpoint / "trainer_state.safetensors").unlink()
+    torch.save(average, checkpoint / "custom_checkpoint_0.pkl")
+    reseal(checkpoint)
+
+
+@pytest.mark.slow
+def test_a_checkpoint_of_the_previous_layout_resumes_only_when_its_owner_says_so(tmp_path: Path) -> None:
+    opts = [*DIGITS, "CALLBACKS", "[{NAME: ema}]"]
+    reference = new_run(tmp_path / "reference", opts)
+    reference.run().check_ok()
+    run = new_run(tmp_path / "run", opts)
+    assert run.run(kill_at="checkpoint_committed:2").returncode != 0
+    for name in (STEP_6, STEP_12):
+        to_previous_layout(run.dir / "checkpoints" / name)
+    refused = run.run()
+    assert refused.returncode == 2, refused.tail()
+    assert (
+        "keeps registered state (an EMA of the weights, a callback's tensors) in custom_checkpoint_0.pkl"
+        in (refused.output)
+    )
+    assert "--unsafe-load-pickles" in refused.output
+    assert (run.dir / "checkpoints" / STEP_12 / MARKER).is_file()  # not corrupt: not moved
+    resumed = run.run(args=["--unsafe-load-pickles"]).check_ok()
+    assert_resumed_from(resumed.output, 12)
+    for name in ("model.safetensors", "ema/model.safetensors"):
+        assert (run.dir / "final" / name).read_bytes() == (reference.dir / "final" / name).read_bytes(), name
+    # What it wrote since is of this layout: no pickle of ours.
+    newest = run.dir / "checkpoints" / "step_00000018"
+    assert not list(newest.glob("custom_checkpoint_*")), sorted(p.name for p in newest.iterdir())
+
+
+@pytest.mark.slow
+def test_state_registered_by_users_survives_kill_and_resume(tmp_path: Path) -> None:
+    """register_state and Accelerate's register_for_checkpointing: restored as they were (a
+    float64 tensor, int keys, tuples), and as an uninterrupted run ends them."""
+    opts = [*DIGITS, "CALLBACKS", "[{NAME: tensor_sum}, {NAME: accelerate_registered}]"]
+    reference = new_run(tmp_path / "reference", opts)
+    reference.run(python_code=SCRIPT).check_ok()
+    run = new_run(tmp_path / "run", opts)
+    assert run.run(kill_at="optimizer_step:15", python_code=SCRIPT).returncode != 0
+    run.run(python_code=SCRIPT).check_ok()
+    for name in ("tensor_sum", "accelerate_registered"):
+        got = json.loads((run.dir / f"state_{name}.json").read_text())
+        assert got == json.loads((reference.dir / f"state_{name}.json").read_text())
+        assert got["calls"] == list(range(1, 19))
+
+
+# -- the pieces, without a run -------------------------------------------------------------------
+def test_split_and_join_give_back_what_was_saved() -> None:
+    weight = torch.randn(3, 4)
+    state = {
+        "weight": weight,
+        "tied": weight,  # shares memory: saved once, comes back shared
+        "row": weight[1],  # a view of part of a tensor: saved on its own
+        "counts": {1: (2, "two"), 3: None},
+        "scale": float("nan"),
+        "noise": np.arange(4, dtype=np.float32),
+        "flag": True,
+        "__tensor__": "a user's key that looks like ours",
+    }
+    data, tensors = tensor_state.split(state)
+    text = json.dumps(data, allow_nan=False)  # plain JSON: no NaN token, nothing pickled
+    back = tensor_state.join(json.loads(text), tensors)
+    assert len(tensors) == 3
+    assert torch.equal(back["weight"], weight)
+    assert back["tied"] is back["weight"]
+    assert torch.equal(back["row"], weight[1])
+    assert back["counts"] == {1: (2, "two"), 3: None}
+    assert np.isnan(back["scale"])
+    assert np.array_equal(back["noise"], np.arange(4, dtype=np.float32))
+    assert back["__tensor__"] == "a user's key that looks like ours"
+
+
+def test_split_names_what_a_checkpoint_cannot_hold() -> None:
+    with pytest.raises(TypeError, match=r"state\.model is a torch.nn.modules.linear.Linear"):
+        tensor_state.split({"model": torch.nn.Linear(2, 2)})
+    with pytest.raises(TypeError, match="has a key of type tuple"):
+        tensor_state.split({(1, 2): 3})
+
+
+def test_a_dcp_metadata_pickle_that_runs_code_is_refused(tmp_path: Path) -> None:
+    """torch.distributed.checkpoint unpickles .metadata with plain pickle: only DCP's own classes,
+    sizes, dtypes and paths are let through."""
+    checkpoint = tmp_path / "step_00000001"
+    (checkpoint / "pytorch_model_fsdp_0").mkdir(parents=True)
+    marker = tmp_path / "code-ran"
+    (checkpoint / "pytorch_model_fsdp_0" / ".metadata").write_bytes(pickle.dumps(RunsCode(marker)))
+    problem = content_problem(checkpoint, {"state_layout": 2})
+    assert problem is not None
+    assert problem.startswith("pytorch_model_fsdp_0/.metadata: not loadable as torch.distributed.checkpoint")
+    assert "posix.system" in problem
+    assert not marker.exists()
+
+
+def test_the_signature_covers_the_whole_marker() -> None:
+    marker = {"version": 1, "step": 5, "files": [{"path": "a", "size": 1, "xxh3_128": "00"}], "info": {}}
+    key = b"key"
+    signed = {**marker, SIGNATURE: signature(marker, key)}
+    assert signature_problem(signed, key) is None
+    assert signature_problem(signed, None) is None  # no key set: checked by digests only
+    assert "does not match" in str(signature_problem({**signed, "step": 6}, key))
+    assert "not signed" in str(signature_problem(marker, key))
+
+
+# -- the rest of what a run reads ------------------------------------------------------------------
+@pytest.mark.slow
+def test_evaluate_refuses_a_tampered_checkpoint_and_runs_no_code(
+    killed_runs: dict[str, TrainRun], tmp_path: Path
+) -> None:
+    import subprocess
+    import sys
+
+    run = killed_runs["async-ema"].clone(tmp_path / "run")
+    target = run.dir / "checkpoints" / STEP_12
+    marker = tmp_path / "code-ran"
+    torch.save(RunsCode(marker), target / "optimizer.bin")
+    reseal(target)
+    command = [
+        sys.executable,
+        "-m",
+        "linnaeus_accel",
+        "evaluate",
+        "--cfg",
+        run.cfg,
+        "--checkpoint",
+        str(target),
+    ]
+    command += ["--opts", "ENV.OUTPUT.BASE_DIR", str(run.base), "EXPERIMENT.NAME", "run", *run.opts]
+    done = subprocess.run(
+        command, env=run.env(None), capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "optimizer.bin: not loadable as data" in done.stderr
+    assert not marker.exists()
+    assert not (run.dir / "eval").exists()  # nothing measured
+
+
+def test_a_pretrained_directory_holding_a_pickle_that_runs_code_is_refused(tmp_path: Path) -> None:
+    """transformers reads pytorch_model.bin with torch's weights-only unpickler (and the options that
+    would turn it off, weights_only and trust_remote_code, are refused as MODEL.OPTIONS keys)."""
+    import transformers
+
+    from linnaeus_accel.config import ConfigError, load_config
+    from linnaeus_accel.data import build_dataset
+    from linnaeus_accel.models import build_model
+
+    base = tmp_path / "base"
+    transformers.LlamaConfig(
+        vocab_size=257, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2
+    ).save_pretrained(base)
+    marker = tmp_path / "code-ran"
+    torch.save(RunsCode(marker), base / "pytorch_model.bin")
+    ft_cfg = REPO / "configs" / "lm_finetune.yaml"
+    config = load_config(ft_cfg, ["MODEL.OPTIONS.pretrained", str(base), "MODEL.OPTIONS.lora", "null"])
+    with pytest.raises(ConfigError, match=r"MODEL.OPTIONS.pretrained: transformers cannot load the weights"):
+        build_model(config, build_dataset(config, "train"))
+    assert not marker.exists()
+    for key in ("weights_only", "trust_remote_code"):
+        bad = load_config(ft_cfg, ["MODEL.OPTIONS.pretrained", str(base), f"MODEL.OPTIONS.{key}", "false"])
+        with pytest.raises(ConfigError, match=key):
+            build_model(bad, build_dataset(bad, "train"))
+
+
+def test_evaluate_reads_adapters_and_weights_as_safetensors_only(tmp_path: Path) -> None:
+    """A directory whose only weights are pickles (peft's adapter_model.bin, pytorch_model.bin) is
+    not read: evaluate takes safetensors files."""
+    from linnaeus_accel.config import ConfigError
+    from linnaeus_accel.evaluate import locate
+
+    marker = tmp_path / "code-ran"
+    for name in ("adapter_model.bin", "pytorch_model.bin"):
+        directory = tmp_path / name.split(".")[0]
+        directory.mkdir()
+        (directory / "adapter_config.json").write_text("{}")
+        torch.save(RunsCode(marker), directory / name)
+        with pytest.raises(ConfigError, match="nor a directory of weights"):
+            locate(directory)
+    assert not marker.exists()
