@@ -5,6 +5,7 @@ resumes from the bucket. Credentials never reach any file of the run."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from linnaeus_accel.cli import EXIT_NOT_SYNCED, exit_status
 from linnaeus_accel.config import load_config
 from linnaeus_accel.data import build_dataset
 from linnaeus_accel.models import build_model
+from linnaeus_accel.run_state.resume_point import ResumeRefused
 from linnaeus_accel.training.trainer import Trainer
 
 BUCKET = "runs"
@@ -114,3 +116,26 @@ def test_a_run_whose_checkpoints_never_reach_the_bucket_does_not_end_looking_cle
     assert on_disk["remote_sync_errors"] == summary["remote_sync_errors"]
     assert exit_status(summary) == EXIT_NOT_SYNCED == 3
     assert exit_status({**summary, "remote_sync_errors": []}) == 0
+
+
+@pytest.mark.slow
+def test_a_checkpoint_planted_in_the_bucket_runs_no_code_and_is_not_resumed(
+    tmp_path: Path, bucket_api: Any
+) -> None:
+    """A writer of the bucket replaces a checkpoint's optimizer.bin with a pickle that runs a
+    command, and rewrites its manifest to match: a fresh machine downloads it, finds the file is no
+    data, keeps it in rejected/ and refuses to start over; the command never runs."""
+    from test_checkpoint_safety import RunsCode, reseal
+
+    api, _, _ = bucket_api
+    assert _train(tmp_path / "machine_a", api)["status"] == "completed"
+    planted = tmp_path / "planted" / "step_00000036"
+    shutil.copytree(tmp_path / "machine_a" / "digits_default" / "checkpoints" / "step_00000036", planted)
+    marker = tmp_path / "code-ran"
+    torch.save(RunsCode(marker), planted / "optimizer.bin")
+    reseal(planted)
+    _remote(api).upload(planted)
+    with pytest.raises(ResumeRefused, match=r"optimizer.bin: not loadable as data"):
+        _train(tmp_path / "machine_b", api)
+    assert not marker.exists()
+    assert (tmp_path / "machine_b" / "digits_default" / "checkpoints" / "rejected" / "step_00000036").is_dir()

@@ -85,16 +85,20 @@ def _torch_data_problem(file: Path) -> str | None:
         with torch.serialization.safe_globals(TORCH_SAFE_GLOBALS):
             torch.load(file, map_location="cpu", weights_only=True, mmap=True)
     except Exception as exc:
-        return f"not loadable as data ({_first_line(exc)})"
+        return f"not loadable as data ({first_line(exc)})"
     return None
 
 
-def _first_line(exc: BaseException) -> str:
+class CheckpointLoadError(RuntimeError):
+    """A verified checkpoint that could not be loaded; the message says which part and why."""
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception in one line: its type and first line (torch's weights-only refusal: the line
+    naming the global it met, a few lines down, which is the finding)."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    text = lines[0] if lines else ""
-    # torch's weights-only refusal says which global it met a few lines down: that is the finding.
     named = next((line for line in lines if line.startswith("Unsupported global")), None)
-    return f"{type(exc).__name__}: {named or text}"[:300]
+    return f"{type(exc).__name__}: {named or (lines[0] if lines else '')}"[:300]
 
 
 _DCP_CLASSES = {

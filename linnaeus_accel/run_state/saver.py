@@ -9,10 +9,12 @@ time. The next checkpoint, a journal append and the end of the run wait for it (
 as ``perf/checkpoint_wait_s``). A kill at any instant leaves the newest committed checkpoint as the
 resume point: an uncommitted one has no marker and is ignored.
 
-Our own state (progress, early stopping, GradNorm, retention bookkeeping, tracker run id) is one
-versioned JSON file inside the checkpoint, and what differs between processes (each one's share of
-the open metric window, a stream's position in each DataLoader worker) one small JSON file per
-process: nothing of ours is ever unpickled. The
+Our own state (progress, early stopping, GradNorm, retention bookkeeping, tracker run id, callbacks'
+and registered state) is one versioned JSON file inside the checkpoint, its tensors (an EMA) one
+safetensors file, and what differs between processes (each one's share of the open metric window, a
+stream's position in each DataLoader worker) one small JSON file per process: nothing of ours is
+pickled, and Accelerate's pickles are opened as data before they are loaded
+(``checkpoint_content``). The
 validation passes that follow a boundary checkpoint are recorded, one line each, in that
 checkpoint's journal, so that a run killed mid-validation runs only the passes still missing.
 
@@ -47,7 +49,7 @@ from ..config import Config, ConfigError
 from ..run_directory.failures import attempt_write
 from ..run_directory.faults import fault_point
 from . import tensor_state
-from .checkpoint_content import TENSORS_FILE, rng_problem
+from .checkpoint_content import TENSORS_FILE, CheckpointLoadError, first_line, rng_problem
 from .host_snapshot import HostSnapshot
 from .resume_point import ResumeRefused, discard_after, find_checkpoint
 from .state_files import (
@@ -382,7 +384,7 @@ class Checkpointer:
             raise  # a load hook's finding about this run's config (a LoRA base that changed)
         except Exception as exc:  # Accelerate's and torch's errors do not say which file
             raise CheckpointLoadError(
-                f"loading its model, optimizer and data state failed ({_line(exc)})"
+                f"loading its model, optimizer and data state failed ({first_line(exc)})"
             ) from exc
         problem = rng_problem(path, self.accelerator.process_index)
         if problem is not None:
@@ -395,7 +397,7 @@ class Checkpointer:
             try:
                 state = tensor_state.join(state, load_file(str(path / TENSORS_FILE)))
             except Exception as exc:
-                raise CheckpointLoadError(f"{TENSORS_FILE}: {_line(exc)}") from exc
+                raise CheckpointLoadError(f"{TENSORS_FILE}: {first_line(exc)}") from exc
         self.metric_at = {int(k): v for k, v in state.get("checkpoint_metrics", {}).items()}
         self.resumed_from = int(state["progress"]["global_step"])
         self.current = self._committed = path
@@ -406,15 +408,6 @@ class Checkpointer:
         checkpoint written before they existed)."""
         states = [read_json(file)[0] for file in rank_files(path)]
         return [state if isinstance(state, dict) else {} for state in states]
-
-
-class CheckpointLoadError(RuntimeError):
-    """A verified checkpoint that could not be loaded; the message says which part and why."""
-
-
-def _line(exc: BaseException) -> str:
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]
 
 
 def _rankable(metric_at: dict[int, float | None]) -> dict[str, float | None]:

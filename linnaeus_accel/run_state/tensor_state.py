@@ -13,6 +13,7 @@ numpy arrays. Anything else is a ``TypeError`` naming where it is, raised when t
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -119,3 +120,13 @@ def keys(data: Any) -> set[str]:
             for v in data.values():
                 found |= keys(v)
     return found
+
+
+def unsavable(parts: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The first part whose state a checkpoint cannot hold, and why (None: all can)."""
+    for name, value in parts.items():
+        try:
+            json.dumps(split(value, name)[0], allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            return name, str(exc)
+    return None

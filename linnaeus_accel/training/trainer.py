@@ -12,7 +12,6 @@ checkpoint holds: every part registered in the ``StateRegistry``; resuming from 
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -202,18 +201,10 @@ class Trainer:
     def _check_state_is_data(self) -> None:
         """Before the first step, not at the first checkpoint: every registered part's state must
         be what a checkpoint can hold, or the steps before that checkpoint would be lost."""
-        for name, value in self.state.state(per_rank=False).items():
-            try:
-                json.dumps(tensor_state.split(value, name)[0], allow_nan=False)
-            except (TypeError, ValueError) as exc:
-                key = (
-                    "CALLBACKS"
-                    if name == "callbacks"
-                    else f"register_state({name.removeprefix(REGISTERED)!r})"
-                )
-                raise ConfigError(
-                    [(key, f"its state_dict() cannot be saved in a checkpoint: {exc}")]
-                ) from None
+        if (bad := tensor_state.unsavable(self.state.state(per_rank=False))) is not None:
+            name, why = bad
+            key = "CALLBACKS" if name == "callbacks" else f"register_state({name.removeprefix(REGISTERED)!r})"
+            raise ConfigError([(key, f"its state_dict() cannot be saved in a checkpoint: {why}")])
 
     # -- for callbacks: rank-specific side effects in one place ---------------------------------
     @property
