@@ -466,3 +466,16 @@ def test_state_a_checkpoint_cannot_hold_is_refused_before_the_first_step(tmp_pat
     ):
         trainer.fit()
     assert not list((tmp_path / "default" / "checkpoints").glob("step_*"))
+
+
+def test_pickled_globals_are_read_without_loading(tmp_path: Path) -> None:
+    """What the GPU check reports of DeepSpeed's files (which this version does not open as data
+    first): the globals a torch-saved pickle refers to, read without running it."""
+    from linnaeus_accel.run_state.checkpoint_content import pickled_globals
+
+    marker = tmp_path / "code-ran"
+    torch.save({"weights": torch.zeros(2), "attack": RunsCode(marker)}, tmp_path / "file.pt")
+    found = pickled_globals(tmp_path / "file.pt")
+    assert "posix.system" in found
+    assert "torch._utils._rebuild_tensor_v2" in found
+    assert not marker.exists()

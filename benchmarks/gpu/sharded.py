@@ -129,6 +129,18 @@ def check_backend(part: Part, file: str, done: dict[str, Any], root: Path, steps
             f"exit {refused.returncode}, message {'found' if message in refused.output else 'missing'}"
             + ("" if message in refused.output else f"\n{tail(refused.output, 20)}"),
         )
+    if kind == "DEEPSPEED" and checkpoints:
+        # DeepSpeed unpickles its own files with weights_only=False (docs/security.md): what they
+        # refer to, so that a later version can open them as data first with these allowed.
+        from linnaeus_accel.run_state.checkpoint_content import pickled_globals
+
+        names: set[str] = set()
+        for file in sorted((checkpoints[-1] / sharded_dir).rglob("*.pt")):
+            try:
+                names |= pickled_globals(file)
+            except Exception as exc:
+                names.add(f"(unreadable {file.name}: {exc})")
+        part.figures["deepspeed pickled globals"] = sorted(names)
     part.figures[label] = {
         "bitwise_after_resume": same["bitwise"],
         "max_abs_diff": same["max_abs_diff"],

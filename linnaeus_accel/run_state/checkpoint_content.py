@@ -206,3 +206,24 @@ def _numpy_state_equal(a: Any, b: Any) -> bool:
             np.array_equal(x, y) if isinstance(x, np.ndarray) else x == y for x, y in zip(a, b, strict=True)
         )
     )
+
+
+def pickled_globals(file: Path) -> set[str]:
+    """The ``module.name`` globals a torch-saved file's pickle refers to, read without loading it
+    (for learning what a loader's files hold, e.g. DeepSpeed's, before allowing them)."""
+    import pickletools
+    import zipfile
+
+    with zipfile.ZipFile(file) as archive:
+        name = next(n for n in archive.namelist() if n.endswith("data.pkl"))
+        data = archive.read(name)
+    found: set[str] = set()
+    strings: list[str] = []
+    for opcode, arg, _ in pickletools.genops(data):
+        if opcode.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE", "BINUNICODE8"):
+            strings.append(str(arg))
+        elif opcode.name == "GLOBAL":
+            found.add(str(arg).replace(" ", "."))
+        elif opcode.name == "STACK_GLOBAL" and len(strings) >= 2:
+            found.add(f"{strings[-2]}.{strings[-1]}")
+    return found
