@@ -20,12 +20,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..lockstep import LAUNCH_VARIABLES
+
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "configs"
 ACCELERATE_CONFIGS = REPO / "accelerate_configs"
-# Launchers, fault points and Accelerate's own variables set in the caller's environment must not
-# leak into a run: each run gets exactly what its part sets.
-LAUNCH_VARIABLES = ("LINNAEUS_ACCEL_", "ACCELERATE_", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 # bf16 final weights of a run resumed with non-deterministic GPU kernels agree with an uninterrupted
 # run's to about this (the tolerance tests/test_gpu_sharded.py uses).
 RTOL, ATOL = 2e-2, 2e-3
@@ -85,7 +84,8 @@ def not_run(name: str, title: str, reason: str) -> Part:
 
 # -- runs of linnaeus-accel ------------------------------------------------------------------------
 def run_env(cuda: bool, **extra: str) -> dict[str, str]:
-    """The environment of a run: the caller's, less launcher variables, offline, this checkout first."""
+    """The environment of a run: the caller's, less launcher, fault-point and Accelerate variables
+    (each run gets exactly what its part sets), offline, this checkout first."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCH_VARIABLES)}
     env.update(
         HF_HUB_OFFLINE="1",

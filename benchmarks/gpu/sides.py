@@ -268,6 +268,8 @@ def _records(path: Path) -> list[dict[str, Any]]:
 
 
 # -- what a user writes instead ---------------------------------------------------------------------------
+# Each loop is written out whole, as its user would write it, though the two share their last lines:
+# what is timed is the loop itself, so neither calls code the other runs.
 class TokenWindows:
     """A user's own dataset of token windows (nanoGPT reads ``train.bin`` through ``np.memmap``):
     window ``i`` is tokens ``i * (seq_len - 1)`` to ``i * (seq_len - 1) + seq_len``."""

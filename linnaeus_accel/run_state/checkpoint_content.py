@@ -78,12 +78,18 @@ def content_problem(path: Path, state: dict[str, Any]) -> str | None:
     return _tensors_problem(path, state) if new_layout else None
 
 
-def _torch_data_problem(file: Path) -> str | None:
+def load_as_data(file: Path, mmap: bool = False) -> Any:
+    """``file`` (torch-saved) through torch's weights-only unpickler with the globals Accelerate
+    allows (its RNG states hold numpy arrays): as Accelerate's loader reads it, minus any code."""
     from accelerate.utils.other import TORCH_SAFE_GLOBALS
 
+    with torch.serialization.safe_globals(TORCH_SAFE_GLOBALS):
+        return torch.load(file, map_location="cpu", weights_only=True, mmap=mmap)
+
+
+def _torch_data_problem(file: Path) -> str | None:
     try:
-        with torch.serialization.safe_globals(TORCH_SAFE_GLOBALS):
-            torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+        load_as_data(file, mmap=True)  # the tensors are mapped, not read
     except Exception as exc:
         return f"not loadable as data ({first_line(exc)})"
     return None
@@ -170,13 +176,11 @@ def rng_problem(path: Path, process_index: int) -> str | None:
 
     import numpy as np
     from accelerate.utils import RNG_STATE_NAME
-    from accelerate.utils.other import TORCH_SAFE_GLOBALS
 
     file = path / f"{RNG_STATE_NAME}_{process_index}.pkl"
     if not file.is_file():
         return f"{file.name} is missing"
-    with torch.serialization.safe_globals(TORCH_SAFE_GLOBALS):
-        states = torch.load(file, map_location="cpu", weights_only=True)
+    states = load_as_data(file)
     try:
         same = (
             random.getstate() == states["random_state"]

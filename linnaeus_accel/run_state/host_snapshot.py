@@ -32,6 +32,7 @@ from accelerate.utils import RNG_STATE_NAME, SAFE_WEIGHTS_NAME
 from safetensors.torch import save_file
 
 from .checkpoint_content import TENSORS_FILE
+from .tensor_state import storage_view
 
 _WEIGHTS_PREFIX = SAFE_WEIGHTS_NAME.split(".")[0]  # model.safetensors, model_1.safetensors, ...
 
@@ -214,14 +215,7 @@ class HostSnapshot:
         tensor = tensor.detach()
         if tensor.numel() == 0:  # no storage to share (every empty tensor's data_ptr is 0)
             return torch.empty(tensor.shape, dtype=tensor.dtype)
-        view = (
-            tensor.device,
-            tensor.untyped_storage().data_ptr(),
-            tensor.storage_offset(),
-            tuple(tensor.shape),
-            tuple(tensor.stride()),
-            tensor.dtype,
-        )
+        view = storage_view(tensor)
         if view in shared:  # tied weights: one copy, as one storage
             return shared[view]
         buffer = self._buffers.get(path)

@@ -63,12 +63,10 @@ def _split(value: Any, where: str, tensors: dict[str, torch.Tensor], seen: dict[
     )
 
 
-def _keep(
-    tensor: torch.Tensor, where: str, tensors: dict[str, torch.Tensor], seen: dict[tuple[Any, ...], str]
-) -> str:
-    """The key ``tensor`` is saved under; a tensor viewing the same memory as one kept already
-    (tied weights) gets that one's key."""
-    view = (
+def storage_view(tensor: torch.Tensor) -> tuple[Any, ...]:
+    """What identifies the memory a tensor views: equal for tied weights (one storage, the same
+    offset, shape, strides and dtype). An empty tensor has no storage to share (its data_ptr is 0)."""
+    return (
         tensor.device,
         tensor.untyped_storage().data_ptr() if tensor.numel() else id(tensor),
         tensor.storage_offset(),
@@ -76,6 +74,14 @@ def _keep(
         tuple(tensor.stride()),
         tensor.dtype,
     )
+
+
+def _keep(
+    tensor: torch.Tensor, where: str, tensors: dict[str, torch.Tensor], seen: dict[tuple[Any, ...], str]
+) -> str:
+    """The key ``tensor`` is saved under; a tensor viewing the same memory as one kept already
+    (tied weights) gets that one's key."""
+    view = storage_view(tensor)
     if view in seen:
         return seen[view]
     key = where if where not in tensors else f"{where}#{len(tensors)}"
