@@ -13,6 +13,7 @@ from collections.abc import Sequence, Sized
 from . import __version__
 from .config import Config, ConfigError, load_config, output_dir_problem
 from .run_directory.failures import RunFailed
+from .run_directory.launcher import follow_launcher
 from .schedule import ResolvedPlan, batches_per_process, resolve_plan
 
 EXIT_FAILED = 1  # the run stopped (summary.json: status failed): non-finite loss, disk full, a hung process
@@ -347,6 +348,7 @@ COMMANDS = {"plan": run_plan, "train": run_train, "evaluate": run_evaluate, "tok
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    follow_launcher()  # from the start: a launcher killed while this process imports torch
     try:
         return COMMANDS[args.command](args)
     except ConfigError as exc:

@@ -1,8 +1,10 @@
 """Language-model runs killed and resumed, as real ``linnaeus-accel train`` subprocesses on
 ``configs/lm_tiny.yaml`` with a smaller model (SPEC §6, §11):
 
-- on 2 CPU processes, killed with SIGKILL (the whole process group) at seeded random moments and
-  rerun until it completes: final weights byte-identical to the uninterrupted run's, the same
+- on 2 CPU processes, killed with SIGKILL at seeded random moments (first the launcher's process
+  group alone, as a user's ``kill -9`` or a job script does: the workers, in sessions of their own,
+  must follow it within 10 s; then the launcher and its workers at the same instant) and rerun at once until
+  it completes: final weights byte-identical to the uninterrupted run's, the same
   ``tokens_seen`` and the same metrics history;
 - a streaming ``IterableDataset`` read by 2 DataLoader workers, killed mid-epoch: the rerun resumes
   each worker's position from the checkpoint and ends byte-identical.
@@ -11,6 +13,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import signal
 import subprocess
@@ -104,13 +107,13 @@ def test_two_processes_killed_at_random_moments_resume_byte_identical(
     kills = 0
     # Measured from each launch's start of training (after a resume, if any), in the share of the
     # uninterrupted run's training time: past the first checkpoint, then somewhere later.
-    for fraction in (delays.uniform(0.3, 0.6), delays.uniform(0.3, 0.9)):
+    for fraction, kill in ((delays.uniform(0.3, 0.6), kill_launcher), (delays.uniform(0.3, 0.9), kill_tree)):
         started = run.start()
         wait_for_output(started, "Schedule summary")
         try:
             started.proc.wait(timeout=fraction * ref_two.active_seconds)
         except subprocess.TimeoutExpired:
-            kill_tree(started.proc.pid)
+            kill(started.proc.pid)
         killed = started.finish()
         if killed.returncode == 0 or (run.dir / "summary.json").exists():
             break  # a busy machine: the run finished before the kill
@@ -126,12 +129,21 @@ def test_two_processes_killed_at_random_moments_resume_byte_identical(
 
 
 def kill_tree(pid: int) -> None:
-    """SIGKILL the launcher and its workers at once (torchelastic puts the workers in process groups
-    of their own, so killing the launcher's group would leave them training)."""
+    """SIGKILL the launcher and its workers at the same instant (torchelastic puts the workers in
+    sessions of their own, so the launcher's process group does not hold them)."""
     processes = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
     for process in processes:
         with contextlib.suppress(psutil.NoSuchProcess):
             process.send_signal(signal.SIGKILL)
+
+
+def kill_launcher(pid: int) -> None:
+    """SIGKILL the launcher's process group only; its workers (in sessions of their own) must
+    notice and stop within 10 s, so that a rerun at once finds the output directory free."""
+    workers = psutil.Process(pid).children(recursive=True)
+    os.killpg(pid, signal.SIGKILL)
+    _, alive = psutil.wait_procs(workers, timeout=10)
+    assert not alive, f"still running 10 s after their launcher was killed: {alive}"
 
 
 def wait_for_output(started: Started, text: str) -> None:

@@ -23,15 +23,20 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import REPO
 from safetensors.torch import load_file
 from test_resume import (
     TrainRun,
     ckpt,
     committed,
+    free_port,
     is_train,
     metrics,
     summary,
@@ -159,6 +164,19 @@ def test_a_process_that_stops_answering_ends_the_run_within_the_timeout(tmp_path
     assert result.seconds < 35, result.seconds
 
 
+def test_an_error_on_rank_1_is_recorded_as_the_cause_not_rank_0s_lost_connection(tmp_path: Path) -> None:
+    """Rank 1 raises at its 3rd optimizer step; rank 0 then fails in its next collective with a
+    lost connection. summary.json (written by rank 0) records rank 1's error, naming its rank."""
+    run = TrainRun(tmp_path, [*SHORT, "ENV.DIST_TIMEOUT_S", "20"], processes=2)
+    result = run.run(
+        extra_env={"LINNAEUS_ACCEL_RAISE_AT": "optimizer_step:3", "LINNAEUS_ACCEL_FAULT_RANK": "1"}
+    )
+    assert result.returncode != 0, result.tail()
+    data = json.loads((run.dir / "summary.json").read_text(encoding="utf-8"))
+    assert data["status"] == "failed", data
+    assert data["error"] == "process 1: RuntimeError: fault point reached (LINNAEUS_ACCEL_RAISE_AT)", data
+
+
 def test_a_config_change_that_rewrites_the_past_is_refused_and_one_that_does_not_is_applied(
     tmp_path: Path,
 ) -> None:
@@ -215,3 +233,25 @@ def test_a_compiled_model_through_save_resume_and_final(tmp_path: Path) -> None:
     names = list(load_file(final))
     assert names, names
     assert not [n for n in names if n.startswith("_orig_mod.")], names
+
+
+def test_joining_the_process_group_never_waits_past_the_deadline(tmp_path: Path) -> None:
+    """A process whose peers never come (torch's own wait is longer, as it was in gloo's mesh set-up
+    when a killed run's workers lived on) stops at ENV.DIST_TIMEOUT_S with one sentence."""
+    code = (
+        "from datetime import timedelta\n"
+        "import torch.distributed as dist\n"
+        "from linnaeus_accel.run_directory.launcher import startup_deadline\n"
+        "with startup_deadline(2, 'joining the other processes'):\n"
+        "    dist.init_process_group('gloo', rank=0, world_size=2, timeout=timedelta(seconds=120))\n"
+    )
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0"}
+    env["PYTHONPATH"] = str(REPO)
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert "joining the other processes did not finish within 2 s (ENV.DIST_TIMEOUT_S)" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert time.monotonic() - started < 30

@@ -4,7 +4,8 @@ a validation pass, inside a checkpoint write) rather than at a random time.
 ``LINNAEUS_ACCEL_KILL_AT=validation_pass:3`` makes the process SIGKILL itself the third time it
 reaches the point ``validation_pass``; ``LINNAEUS_ACCEL_TERM_AT`` sends it SIGTERM instead (a
 preemption notice arriving at that instant) and ``LINNAEUS_ACCEL_HANG_AT`` makes it stop answering
-(sleep forever). ``LINNAEUS_ACCEL_FAULT_RANK=1`` limits them to the process of that rank. Unset
+(sleep forever), ``LINNAEUS_ACCEL_RAISE_AT`` makes it raise a ``RuntimeError`` (a bug in a user's
+code on that process). ``LINNAEUS_ACCEL_FAULT_RANK=1`` limits them to the process of that rank. Unset
 (always, outside tests), a point costs one comparison.
 """
 
@@ -25,6 +26,10 @@ def _term() -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
+def _raise() -> None:
+    raise RuntimeError("fault point reached (LINNAEUS_ACCEL_RAISE_AT)")
+
+
 def _hang() -> None:
     # The launcher's SIGTERM still ends it (default action): a process stuck in native code would
     # ignore it and be SIGKILLed after torchelastic's 30 s grace, which tests need not wait for.
@@ -37,6 +42,7 @@ _ACTIONS: dict[str, Callable[[], None]] = {
     "LINNAEUS_ACCEL_KILL_AT": _kill,
     "LINNAEUS_ACCEL_TERM_AT": _term,
     "LINNAEUS_ACCEL_HANG_AT": _hang,
+    "LINNAEUS_ACCEL_RAISE_AT": _raise,
 }
 
 

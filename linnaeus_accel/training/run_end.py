@@ -13,7 +13,9 @@ from torch import nn
 
 from ..config import Config
 from ..progress import TrainingProgress
-from ..run_directory.failures import NonFiniteGuard
+from ..run_directory.failures import NonFiniteGuard, RunFailed, collective_timeout
+from ..run_directory.first_failure import first_failure
+from ..run_directory.launcher import stop_if_launcher_gone
 from ..run_state.saver import Checkpointer
 from ..schedule import ResolvedPlan, StopDecision
 from .final_weights import run_tokenizer, save_final
@@ -104,3 +106,16 @@ class RunEnd:
             with contextlib.suppress(Exception):
                 self.tear_down()
         self.out.close()
+
+    def record_exception(self, exc: Exception) -> RunFailed | None:
+        """An exception only this process may have seen: ``summary.json`` records its first cause
+        (another process's error when this one only lost that process); the ``RunFailed`` to raise
+        instead when a collective timed out, else None (the exception itself goes on)."""
+        stop_if_launcher_gone()  # a peer's error once the launcher was killed: a kill, not a failure
+        timed_out = collective_timeout(exc, self.config.ENV.DIST_TIMEOUT_S)
+        own = timed_out or f"{type(exc).__name__}: {exc}"
+        cause = first_failure(exc, own)
+        self.record_failure(cause, agreed=False)
+        if timed_out is None:
+            return None
+        return RunFailed(timed_out if cause == own else f"{cause}; this process stops too")

@@ -3,6 +3,7 @@ groups of the LR schedule, the optimizer, the dataloaders, and the parameters Gr
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from datetime import timedelta
@@ -20,6 +21,7 @@ from ..config import Config, ConfigError
 from ..data.sampling import make_dataloader
 from ..data.stream_reader import StreamError
 from ..data.streaming import StreamShard, stream_loader
+from ..run_directory.launcher import follow_launcher, startup_deadline
 from ..run_directory.trackers import check_log_with, log_with
 from ..schedule import ResolvedPlan, resolve_plan
 from ..schedule.steps import batches_per_process
@@ -37,24 +39,10 @@ def make_accelerator(config: Config, given: Accelerator | None) -> Accelerator:
     if config.ENV.DETERMINISTIC:  # before the first cuBLAS call creates its workspace
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True, warn_only=True)
-    acc = given or Accelerator(
-        # Under torchrun on a machine without CUDA, Accelerate needs cpu=True to form the gloo group.
-        cpu=launched > 1 and not torch.cuda.is_available(),
-        gradient_accumulation_steps=accum,
-        log_with=log_with(config),  # a tracker whose package is missing: a ConfigError
-        project_dir=str(config.output_dir),
-        step_scheduler_with_optimizer=False,
-        # A DataLoader given with shuffle=True gets a sampler seeded by (seed, epoch), so a resumed
-        # run draws the epoch's order again instead of a new one (our own sampler already does).
-        # non_blocking: a batch's copy to the GPU is queued, not waited for (a blocking copy is a
-        # host sync every micro-batch: the host could not run ahead of the device); our loaders
-        # pin their batches on a GPU, as an asynchronous copy needs.
-        dataloader_config=DataLoaderConfiguration(
-            use_seedable_sampler=True, data_seed=config.EXPERIMENT.SEED, non_blocking=True
-        ),
-        # A process that stops answering must not hold the others for torch's 30 minutes.
-        kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=config.ENV.DIST_TIMEOUT_S))],
-    )
+    follow_launcher()  # a worker whose launcher was killed must not train on (and hold the lock)
+    joining = startup_deadline(config.ENV.DIST_TIMEOUT_S, "joining the other processes")
+    with joining if launched > 1 and given is None else contextlib.nullcontext():
+        acc = given or _accelerator(config, launched, accum)
     if acc.num_processes != launched:
         raise RuntimeError(
             f"{launched} processes were launched but Accelerate joined {acc.num_processes}: "
@@ -72,6 +60,27 @@ def make_accelerator(config: Config, given: Accelerator | None) -> Accelerator:
     check_log_with(acc, config)
     check_backend(acc, config)  # before prepare: DeepSpeed reads its config there
     return acc
+
+
+def _accelerator(config: Config, launched: int, accum: int) -> Accelerator:
+    return Accelerator(
+        # Under torchrun on a machine without CUDA, Accelerate needs cpu=True to form the gloo group.
+        cpu=launched > 1 and not torch.cuda.is_available(),
+        gradient_accumulation_steps=accum,
+        log_with=log_with(config),  # a tracker whose package is missing: a ConfigError
+        project_dir=str(config.output_dir),
+        step_scheduler_with_optimizer=False,
+        # A DataLoader given with shuffle=True gets a sampler seeded by (seed, epoch), so a resumed
+        # run draws the epoch's order again instead of a new one (our own sampler already does).
+        # non_blocking: a batch's copy to the GPU is queued, not waited for (a blocking copy is a
+        # host sync every micro-batch: the host could not run ahead of the device); our loaders
+        # pin their batches on a GPU, as an asynchronous copy needs.
+        dataloader_config=DataLoaderConfiguration(
+            use_seedable_sampler=True, data_seed=config.EXPERIMENT.SEED, non_blocking=True
+        ),
+        # A process that stops answering must not hold the others for torch's 30 minutes.
+        kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=config.ENV.DIST_TIMEOUT_S))],
+    )
 
 
 def default_optimizer(param_groups: list[dict[str, Any]]) -> torch.optim.Optimizer:

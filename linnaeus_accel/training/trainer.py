@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader, Dataset
 from ..callbacks import Callback, build_callbacks, callback_name
 from ..config import Config, ConfigError
 from ..progress import TrainingConsistencyChecker, TrainingProgress
-from ..run_directory.failures import NonFiniteGuard, RunFailed, collective_timeout
+from ..run_directory.failures import NonFiniteGuard, RunFailed
 from ..run_directory.faults import fault_point
 from ..run_directory.outputs import claim_output_dir, run_outputs
 from ..run_directory.preemption import PreemptionWatch
@@ -281,10 +281,9 @@ class Trainer:
             self.end.record_failure(str(failure), agreed=True)
             raise
         except Exception as exc:
-            timed_out = collective_timeout(exc, self.config.ENV.DIST_TIMEOUT_S)
-            self.end.record_failure(timed_out or f"{type(exc).__name__}: {exc}", agreed=False)
-            if timed_out is not None:
-                raise RunFailed(timed_out) from exc
+            failed = self.end.record_exception(exc)
+            if failed is not None:
+                raise failed from exc
             raise
         finally:
             self.lock.release()
