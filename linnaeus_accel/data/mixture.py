@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import json
 import math
+import os
 import re
 from collections.abc import Iterator, Sequence, Sized
 from dataclasses import dataclass
@@ -40,6 +42,7 @@ from .options import DatasetOptions
 from .permutation import KeyedPermutation, growing_chunks
 from .registry import Split, get_dataset_builder, register_dataset
 from .sampling import EpochOrderSampler
+from .token_files import TokenFiles
 
 # The permutation stream of source s is _SOURCE_STREAM + s: apart from the stream 0 of a plain
 # dataset's shuffle, so a source is not shuffled like the same data trained on its own.
@@ -54,6 +57,35 @@ class MixtureSource:
     label: str
     dataset: Any
     weight: float
+    # What the source reads, equal for two sources reading the same data (the builder gives its
+    # dataset's name and options); None: the dataset object. Token files are compared by file.
+    reads: str | None = None
+
+
+def _reads(source: MixtureSource) -> dict[str, str]:
+    """What ``source`` reads: keys equal for the same data, each with how a warning names it."""
+    if isinstance(source.dataset, TokenFiles):
+        return {path: path for path in (os.path.realpath(part.file.path) for part in source.dataset.parts)}
+    if source.reads is not None:
+        return {source.reads: source.reads}
+    return {f"object {id(source.dataset)}": "the same dataset object"}
+
+
+def overlap_warnings(sources: Sequence[MixtureSource]) -> dict[str, list[str]]:
+    """By label, a warning for each source that reads data an earlier one reads too: its samples
+    are drawn for both, more often than either weight says."""
+    reads = [_reads(source) for source in sources]
+    found: dict[str, list[str]] = {}
+    for (i, earlier), (j, later) in itertools.combinations(enumerate(sources), 2):
+        shared = [what for key, what in reads[j].items() if key in reads[i]]
+        if shared:
+            more = f" (and {len(shared) - 1} more)" if len(shared) > 1 else ""
+            found.setdefault(later.label, []).append(
+                f"mixture sources {earlier.label!r} and {later.label!r} both read {shared[0]}{more}: its samples "
+                "are drawn for both, more often than either weight says; list each file or dataset in one "
+                "source only (its weight sets its share)"
+            )
+    return found
 
 
 def source_problem(dataset: Any) -> str | None:
@@ -112,6 +144,7 @@ class Mixture(Dataset[Any]):
         self.tokens_per_sample: int | None = per_sample.pop() if len(per_sample) == 1 else None
         self.vocab_size: int | None = _declared(self.sources, "vocab_size")
         self.eos_id: int | None = _declared(self.sources, "eos_id")
+        self.warnings = overlap_warnings(self.sources)  # by label
 
     def __len__(self) -> int:
         return self.samples_per_epoch
@@ -174,7 +207,8 @@ class Mixture(Dataset[Any]):
     def describe(self) -> list[dict[str, Any]]:
         """Per source, in order: its label, normalised weight, size, samples drawn per mixture
         epoch, target tokens per mixture epoch (None unless the source declares
-        ``tokens_per_sample``), and how many passes over the source one mixture epoch makes."""
+        ``tokens_per_sample``), and how many passes over the source one mixture epoch makes; and
+        ``warnings`` (which ``plan`` and ``train`` show) when it reads what an earlier source reads."""
         rows = []
         for source, share, size, draws in zip(
             self.sources, self.interleave.shares, self._sizes, self._draws, strict=True
@@ -190,6 +224,8 @@ class Mixture(Dataset[Any]):
                     "source_epochs_per_epoch": draws / size,
                 }
             )
+            if source.label in self.warnings:
+                rows[-1]["warnings"] = list(self.warnings[source.label])
         return rows
 
     def __repr__(self) -> str:
@@ -305,6 +341,22 @@ def _rekeyed(text: str, index: int) -> str:
     return re.sub(r"\bDATA\.DATASET\.NAME\b", f"{prefix}.name", text)
 
 
+def _entry_reads(entry: _Entry) -> str:
+    """The source's dataset and options, paths among them resolved: what it reads, to compare."""
+
+    def resolved(value: Any) -> Any:
+        if isinstance(value, str) and value and os.path.lexists(os.path.expanduser(value)):
+            return os.path.realpath(os.path.expanduser(value))
+        if isinstance(value, list | tuple):
+            return [resolved(item) for item in value]
+        if isinstance(value, dict):
+            return {str(key): resolved(item) for key, item in value.items()}
+        return value
+
+    options = json.dumps(resolved(entry.options), sort_keys=True, default=str)
+    return f"the dataset {entry.name} with the same options ({options})"
+
+
 def _build_source(config: Config, split: Split, entry: _Entry, problems: list[tuple[str, str]]) -> Any:
     """The source's dataset for ``split``, or None after recording why it cannot be one."""
     try:
@@ -351,14 +403,18 @@ def build_mixture(config: Config, split: Split) -> Mixture:
     those splits together (``samples_per_epoch`` is for training). ``vocab_size`` and ``eos_id``
     are the sources' when they all declare the same (different ones are an error), and
     ``tokens_per_sample`` when they all have the same. A stream (iterable dataset) cannot be a
-    source: a mixture draws samples by index. ``plan`` shows each source's draws and passes per epoch.
+    source: a mixture draws samples by index. ``plan`` shows each source's draws and passes per epoch,
+    and ``plan`` and ``train`` warn of two sources that read the same file (or the same dataset and
+    options) and of a source whose weight leaves it less than one expected sample in the whole run.
     """
     options = DatasetOptions("mixture", config.DATA.DATASET.OPTIONS, OPTIONS_KEY)
     samples_per_epoch = options.integer("samples_per_epoch", None, minimum=1)
     entries = _parse_sources(options)
     datasets = [_build_source(config, split, entry, options.problems) for entry in entries]
     options.finish()
-    sources = [MixtureSource(e.label, d, e.weight) for e, d in zip(entries, datasets, strict=True)]
+    sources = [
+        MixtureSource(e.label, d, e.weight, _entry_reads(e)) for e, d in zip(entries, datasets, strict=True)
+    ]
     try:
         return Mixture(sources, samples_per_epoch if split == "train" else None)
     except ValueError as exc:  # the sources disagree on their vocabulary

@@ -277,7 +277,25 @@ def resolve_plan(
         sources=tuple(DataSource.from_description(row) for row in sources),
         callbacks=resolve_callbacks(config.CALLBACKS, total),
     )
-    return replace(plan, warnings=tuple(sanity_warnings(config, plan)))
+    return replace(plan, warnings=(*sanity_warnings(config, plan), *source_warnings(plan, sources)))
+
+
+def source_warnings(plan: ResolvedPlan, rows: Sequence[Any]) -> list[str]:
+    """A mixture's warnings: its own (``warnings`` of a ``describe()`` row: two sources reading the
+    same data), and a source whose share leaves it less than one expected sample in the whole run."""
+    out = [str(warning) for row in rows for warning in (row.get("warnings") or ())]
+    samples = plan.total_steps * plan.effective_batch_size  # a partial last batch counted whole
+    if plan.epochs is not None and plan.dataset_size is not None:
+        samples = min(samples, plan.epochs * plan.dataset_size)
+    for source in plan.sources:
+        if samples > 0 and source.weight * samples < 1:
+            out.append(
+                f"mixture source {source.label!r}: its weight is {source.weight:.3g} of the sources' total, "
+                f"so of the run's {samples:,} samples it is expected to give {source.weight * samples:.3g}, "
+                "less than one, and its share cannot be kept (any draw of it is rounding): raise its weight "
+                f"to at least {1 / samples:.3g} of the total, or remove the source"
+            )
+    return out
 
 
 def multiple_of(step: int, interval: int | None) -> int:
