@@ -17,7 +17,8 @@ from conftest import REPO, run_cli
 from linnaeus_accel.config import ConfigError
 from linnaeus_accel.data import tokenize as tokenize_module
 from linnaeus_accel.data.token_format import TokenSidecar, read_sidecar, sidecar_path
-from linnaeus_accel.data.tokenize import TokenFileWriter, tokenize_files
+from linnaeus_accel.data.tokenize import tokenize_files
+from linnaeus_accel.data.tokenize_output import TokenFileWriter
 
 
 def tokenize(*args: str | Path) -> tuple[int, str, str]:

@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
-import json
 import math
-import os
 import re
 from collections.abc import Iterator, Sequence, Sized
 from dataclasses import dataclass
@@ -38,11 +36,11 @@ from torch.utils.data import Dataset, IterableDataset
 
 from ..config import Config, ConfigError
 from .interleave import IntArray, Interleave, parse_weight
+from .mixture_overlap import dataset_reads, overlap_warnings
 from .options import DatasetOptions
 from .permutation import KeyedPermutation, growing_chunks
 from .registry import Split, get_dataset_builder, register_dataset
 from .sampling import EpochOrderSampler
-from .token_files import TokenFiles
 
 # The permutation stream of source s is _SOURCE_STREAM + s: apart from the stream 0 of a plain
 # dataset's shuffle, so a source is not shuffled like the same data trained on its own.
@@ -58,34 +56,9 @@ class MixtureSource:
     dataset: Any
     weight: float
     # What the source reads, equal for two sources reading the same data (the builder gives its
-    # dataset's name and options); None: the dataset object. Token files are compared by file.
+    # dataset's name and options); None: the dataset object. Token files are compared by file
+    # (``mixture_overlap``).
     reads: str | None = None
-
-
-def _reads(source: MixtureSource) -> dict[str, str]:
-    """What ``source`` reads: keys equal for the same data, each with how a warning names it."""
-    if isinstance(source.dataset, TokenFiles):
-        return {path: path for path in (os.path.realpath(part.file.path) for part in source.dataset.parts)}
-    if source.reads is not None:
-        return {source.reads: source.reads}
-    return {f"object {id(source.dataset)}": "the same dataset object"}
-
-
-def overlap_warnings(sources: Sequence[MixtureSource]) -> dict[str, list[str]]:
-    """By label, a warning for each source that reads data an earlier one reads too: its samples
-    are drawn for both, more often than either weight says."""
-    reads = [_reads(source) for source in sources]
-    found: dict[str, list[str]] = {}
-    for (i, earlier), (j, later) in itertools.combinations(enumerate(sources), 2):
-        shared = [what for key, what in reads[j].items() if key in reads[i]]
-        if shared:
-            more = f" (and {len(shared) - 1} more)" if len(shared) > 1 else ""
-            found.setdefault(later.label, []).append(
-                f"mixture sources {earlier.label!r} and {later.label!r} both read {shared[0]}{more}: its samples "
-                "are drawn for both, more often than either weight says; list each file or dataset in one "
-                "source only (its weight sets its share)"
-            )
-    return found
 
 
 def source_problem(dataset: Any) -> str | None:
@@ -341,22 +314,6 @@ def _rekeyed(text: str, index: int) -> str:
     return re.sub(r"\bDATA\.DATASET\.NAME\b", f"{prefix}.name", text)
 
 
-def _entry_reads(entry: _Entry) -> str:
-    """The source's dataset and options, paths among them resolved: what it reads, to compare."""
-
-    def resolved(value: Any) -> Any:
-        if isinstance(value, str) and value and os.path.lexists(os.path.expanduser(value)):
-            return os.path.realpath(os.path.expanduser(value))
-        if isinstance(value, list | tuple):
-            return [resolved(item) for item in value]
-        if isinstance(value, dict):
-            return {str(key): resolved(item) for key, item in value.items()}
-        return value
-
-    options = json.dumps(resolved(entry.options), sort_keys=True, default=str)
-    return f"the dataset {entry.name} with the same options ({options})"
-
-
 def _build_source(config: Config, split: Split, entry: _Entry, problems: list[tuple[str, str]]) -> Any:
     """The source's dataset for ``split``, or None after recording why it cannot be one."""
     try:
@@ -413,7 +370,8 @@ def build_mixture(config: Config, split: Split) -> Mixture:
     datasets = [_build_source(config, split, entry, options.problems) for entry in entries]
     options.finish()
     sources = [
-        MixtureSource(e.label, d, e.weight, _entry_reads(e)) for e, d in zip(entries, datasets, strict=True)
+        MixtureSource(e.label, d, e.weight, dataset_reads(e.name, e.options))
+        for e, d in zip(entries, datasets, strict=True)
     ]
     try:
         return Mixture(sources, samples_per_epoch if split == "train" else None)
