@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 from accelerate.data_loader import BatchSamplerShard
+from conftest import REPO
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
 import linnaeus_accel.data.interleave as interleave_module
@@ -436,3 +437,22 @@ def test_sources_with_different_vocabularies_are_refused(files: tuple[str, str])
     with pytest.raises(ConfigError, match="'token_files' and 'other' declare different vocab_size") as exc:
         build_dataset(config_of("mixture", {"sources": [source(files[0]), other]}), "train")
     assert [k for k, _ in exc.value.problems] == ["DATA.DATASET.OPTIONS.sources"]
+
+
+def test_a_model_built_for_a_mixture_reads_what_its_sources_say_alike() -> None:
+    """digits_mlp reads the dataset's levels and num_classes: a mixture of digits sources has them
+    (it crashed with AttributeError); sources that disagree are named as the reason."""
+    from linnaeus_accel.config import load_config
+    from linnaeus_accel.data import build_dataset
+    from linnaeus_accel.models import build_model
+
+    config = load_config(REPO / "configs" / "default.yaml", [])
+    digits = build_dataset(config, "train")
+    mixture = Mixture([MixtureSource("a", digits, 1), MixtureSource("b", digits, 2)])
+    alone = build_model(config, digits)
+    mixed = build_model(config, mixture)
+    assert [p.shape for p in mixed.parameters()] == [p.shape for p in alone.parameters()]
+    assert (mixture.levels, mixture.num_classes) == (digits.levels, digits.num_classes)
+    odd = Mixture([MixtureSource("a", Items("a", 3, levels=("x",)), 1), MixtureSource("b", Items("b", 3), 1)])
+    with pytest.raises(AttributeError, match="'levels': the mixture's sources do not all have it"):
+        _ = odd.levels

@@ -86,6 +86,9 @@ def _declared(sources: Sequence[MixtureSource], name: str) -> Any:
     return declared[0][1] if declared and len(declared) == len(sources) else None
 
 
+_MISSING = object()
+
+
 class Mixture(Dataset[Any]):
     """The sources' samples, mixed by weight (see the module docstring). ``len()`` is
     ``samples_per_epoch`` (default: the sources' lengths summed); items are the sources' own."""
@@ -121,6 +124,21 @@ class Mixture(Dataset[Any]):
 
     def __len__(self) -> int:
         return self.samples_per_epoch
+
+    def __getattr__(self, name: str) -> Any:
+        """What every source says alike (a classification dataset's ``levels`` and ``num_classes``,
+        which the built-in models read): a model built for the mixture sees one dataset. Called
+        only for names the mixture lacks; private names (pickling's) are never forwarded."""
+        sources = self.__dict__.get("sources")
+        if name.startswith("_") or not sources:
+            raise AttributeError(name)
+        values = [getattr(s.dataset, name, _MISSING) for s in sources]
+        if any(v is _MISSING for v in values) or any(v != values[0] for v in values[1:]):
+            raise AttributeError(
+                f"{name!r}: the mixture's sources do not all have it with one value, so a model cannot "
+                "read it from the mixture"
+            )
+        return values[0]
 
     def __getitem__(self, index: int) -> Any:
         """Sample ``index`` of the concatenated sources, as the source returns it."""
