@@ -7,14 +7,16 @@ trainer's own ``run_pass``. The passes are those of the final boundary (what the
 end of a run), so every checkpoint is measured with the same set.
 
 The run directory is read, never changed, except for the result file (by default
-``<run dir>/eval/<checkpoint name>.json``): a checkpoint is verified as resume verifies it, the bucket
-is not contacted, no tracker is started, and the run's lock is not taken (a run may go on training
-meanwhile).
+``<run dir>/eval/<checkpoint name>.json``): a checkpoint is verified as resume verifies it, a LoRA
+adapter's base (``MODEL.OPTIONS.pretrained``) is checked against the digest its checkpoint or
+``final/`` records (``check_base``), the bucket is not contacted, no tracker is started, and the
+run's lock is not taken (a run may go on training meanwhile).
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,8 +31,14 @@ from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 from . import json_files
 from .checkpoint import MARKER, MarkerError, read_marker
 from .config import Config, ConfigError
-from .run_state.frozen_weights import WRAPPER_PREFIXES  # what DDP and torch.compile put before names
-from .run_state.state_files import checkpoint_store
+from .models.lora import BASE_RECORD, recorded_base
+from .run_state.frozen_weights import STATE_KEY as FROZEN_KEY
+from .run_state.frozen_weights import (
+    WRAPPER_PREFIXES,  # what DDP and torch.compile put before names
+    base_changed,
+    base_source,
+)
+from .run_state.state_files import STATE_FILE, checkpoint_store, read_json
 from .training.validation import run_pass
 
 KEY = "--checkpoint"
@@ -98,6 +106,43 @@ def verify(weights: Weights) -> str | None:
         return (
             f"{weights.path} holds no {WEIGHTS} (a checkpoint written under FSDP or DeepSpeed keeps "
             f"the weights in their own format): evaluate the run's {FINAL_DIR}/ instead"
+        )
+    return None
+
+
+def check_base(model: nn.Module, weights: Weights, config: Config) -> str | None:
+    """A LoRA model's frozen base (built from the config) against the digest of the base that
+    ``weights`` were trained on: a checkpoint records it as resume checks it, a LoRA ``final/`` in
+    ``BASE_RECORD``. An adapter on another base measures another model, so a different digest is
+    refused; a ``final/`` written before the record existed gives the warning returned."""
+    lora = getattr(model, "linnaeus_lora", None)
+    if lora is None:
+        return None  # weights of the whole model: they do not depend on a base
+    if weights.committed:
+        state, _ = read_json(weights.path / STATE_FILE)  # verified: readable
+        saved = state.get(FROZEN_KEY) if isinstance(state, dict) else None
+        recorded = saved.get("digest") if isinstance(saved, dict) else None
+        what = f"checkpoint {weights.path.name}"
+    elif (weights.path / ADAPTER).is_file():
+        try:
+            recorded = recorded_base(weights.path)
+        except ValueError as exc:
+            raise _refused(f"{exc}: restore it, or delete it to evaluate unchecked") from None
+        if recorded is None:
+            return (
+                f"{weights.path} has no {BASE_RECORD} (written before linnaeus-accel recorded the base): "
+                f"its numbers are right only if {base_source(config)} holds the base the adapter was trained on"
+            )
+        what = f"the adapter in {weights.path}"
+    else:
+        return None  # a whole model (final/merged): load_weights judges whether it fits
+    if recorded is not None and recorded != lora.digest:
+        raise base_changed(
+            what,
+            recorded,
+            lora.digest,
+            base_source(config),
+            "Point MODEL.OPTIONS.pretrained at the base the run was trained on, or restore it",
         )
     return None
 
@@ -212,6 +257,9 @@ def evaluate(config: Config, checkpoint: str | Path, out: str | Path | None = No
     problem = broadcast_object_list([problem], from_process=0)[0]
     if problem is not None:
         raise _refused(problem)
+    warning = check_base(acc.unwrap_model(trainer.model), weights, config)
+    if warning is not None and acc.is_main_process:
+        print(f"warning: {warning}", file=sys.stderr)
     load_weights(acc.unwrap_model(trainer.model), weights.path)
     by_pass = {
         vpass.prefix: run_pass(acc, trainer.model, trainer.val_batches, trainer.task, vpass)

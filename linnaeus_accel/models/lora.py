@@ -9,7 +9,8 @@
 - Only the adapter (and, for a classifier, its new head) trains. Checkpoints hold those parameters
   and their optimizer state only, plus a digest of the frozen base weights: a resume rebuilds the
   base (from ``pretrained``, or from the seed) and refuses to go on when its digest differs.
-- ``final/`` holds the adapter as ``PeftModel.from_pretrained(base, final)`` loads it; with
+- ``final/`` holds the adapter as ``PeftModel.from_pretrained(base, final)`` loads it, and
+  ``base_weights.json``, the digest of the base it was trained on (``evaluate`` checks it); with
   ``merge: true`` also ``final/merged/``, the base with the adapter merged in, as
   ``from_pretrained`` loads any model (one more copy of the model in memory while it is written).
 - ``target_modules`` default: peft's choice for the model type (the attention projections for most
@@ -21,8 +22,10 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import warnings
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -30,8 +33,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from torch import nn
 
 from ..config import ConfigError
+from ..json_files import write_json
 
 PEFT_EXTRA = "pip install 'linnaeus-accel[peft]'"
+BASE_RECORD = "base_weights.json"  # beside a saved adapter: the digest of the base it was trained on
 
 
 class LoraOptions(BaseModel):
@@ -94,6 +99,27 @@ class LoraRun:
 
     def __init__(self, digest: str, merge: bool) -> None:
         self.digest, self.merge = digest, merge
+
+
+def write_base_record(model: Any, directory: Path) -> None:
+    """``BASE_RECORD`` beside the adapter ``model`` (a PeftModel of a run) saved in ``directory``:
+    ``evaluate`` then tells a changed base from the right one, as resume does for a checkpoint."""
+    write_json(directory / BASE_RECORD, {"version": 1, "frozen_weights_xxh3": model.linnaeus_lora.digest})
+
+
+def recorded_base(directory: Path) -> str | None:
+    """The digest ``BASE_RECORD`` in ``directory`` holds; None when there is none (an adapter saved
+    before it was written). ValueError saying what is wrong with a damaged one."""
+    file = directory / BASE_RECORD
+    if not file.exists():
+        return None
+    try:
+        digest = json.loads(file.read_bytes())["frozen_weights_xxh3"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{file} is damaged ({type(exc).__name__}: {exc})") from None
+    if not isinstance(digest, str):
+        raise ValueError(f"{file} is damaged (frozen_weights_xxh3 is {digest!r}, not a string)")
+    return digest
 
 
 def is_peft_model(model: Any) -> bool:

@@ -121,7 +121,14 @@ def load_pretrained(auto_class: Any, directory: Path, overrides: dict[str, Any],
     import transformers
     from safetensors import SafetensorError
 
-    hf_config = transformers.AutoConfig.from_pretrained(directory, local_files_only=True)
+    key = f"{options_key}.pretrained"
+    _check_config_file(transformers, directory, key)
+    try:
+        hf_config = transformers.AutoConfig.from_pretrained(directory, local_files_only=True)
+    except Exception as exc:  # its validators raise ValueError, TypeError, StrictDataclassError...
+        raise ConfigError(
+            [(key, f"transformers rejects {directory / 'config.json'}: {_one_line(exc)}")]
+        ) from None
     overrides = dict(overrides)
     model_type = overrides.pop("model_type", hf_config.model_type)
     if model_type != hf_config.model_type:
@@ -143,7 +150,10 @@ def load_pretrained(auto_class: Any, directory: Path, overrides: dict[str, Any],
                 for name in unknown
             ]
         )
-    reference = _shapes(auto_class, hf_config)
+    try:
+        reference = _shapes(auto_class, hf_config)
+    except ValueError as exc:  # no such head for this model type (a T5 as a causal LM)
+        raise ConfigError([(key, f"{directory} holds a {model_type!r} model: {_one_line(exc)}")]) from None
     refused = []
     for name, value in overrides.items():
         changed = hf_config.__class__.from_dict({**hf_config.to_dict(), name: value})
@@ -166,6 +176,7 @@ def load_pretrained(auto_class: Any, directory: Path, overrides: dict[str, Any],
                 [(f"{options_key}.dtype", f"{dtype!r} is not a torch dtype (e.g. float32, bfloat16, auto)")]
             )
         dtype = getattr(torch, dtype)
+    _check_weight_files(directory, key)
     try:
         # transformers reads a pytorch_model.bin with torch's weights-only unpickler: a pickle that
         # would run code is refused here, as any other weights it cannot load.
@@ -173,11 +184,86 @@ def load_pretrained(auto_class: Any, directory: Path, overrides: dict[str, Any],
             directory, config=hf_config, local_files_only=True, dtype=dtype, **loading
         )
     except (OSError, ValueError, RuntimeError, pickle.UnpicklingError, SafetensorError) as exc:
-        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-        reason = f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]
         raise ConfigError(
-            [(f"{options_key}.pretrained", f"transformers cannot load the weights of {directory} ({reason})")]
+            [(key, f"transformers cannot load the weights of {directory} ({_one_line(exc)})")]
         ) from None
+
+
+def _one_line(exc: BaseException) -> str:
+    """The exception's type and first line, cut short (transformers adds paragraphs of advice)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]
+
+
+def _check_config_file(transformers: Any, directory: Path, key: str) -> None:
+    """config.json is a JSON object whose model_type this transformers knows. transformers' own
+    messages name neither the line of a damaged file nor the fix, and end an unknown model_type
+    with "pip install --upgrade transformers", which does not help a misspelt or damaged one."""
+    file = directory / "config.json"
+    try:
+        fields = json.loads(file.read_bytes())
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            [
+                (
+                    key,
+                    f"{file} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}): it is "
+                    "damaged or truncated; copy it again, or write the directory again with save_pretrained",
+                )
+            ]
+        ) from None
+    except (OSError, ValueError) as exc:
+        raise ConfigError([(key, f"{file} cannot be read ({type(exc).__name__}: {exc})")]) from None
+    if not isinstance(fields, dict):
+        raise ConfigError(
+            [(key, f"{file} holds a JSON {type(fields).__name__}, not an object of config fields")]
+        )
+    model_type = fields.get("model_type")
+    if model_type is not None and model_type not in transformers.CONFIG_MAPPING:
+        custom = " (its auto_map names custom code, which is never run here)" if "auto_map" in fields else ""
+        raise ConfigError(
+            [
+                (
+                    key,
+                    f"model_type {model_type!r} in {file} is not one transformers {transformers.__version__} "
+                    f"knows{custom}: correct it (e.g. llama, gpt2, qwen2), or use a transformers release "
+                    "that has this architecture",
+                )
+            ]
+        )
+
+
+def _check_weight_files(directory: Path, key: str) -> None:
+    """Every weight file opens: a safetensors file's header is read and its length checked against
+    it, a zip-format pytorch_model.bin's directory (at its end) is read; cheap whatever their size.
+    A truncated copy is then named, where transformers reports "Invalid argument" or the like."""
+    import zipfile
+
+    from safetensors import SafetensorError, safe_open
+
+    for file in weight_files(directory):
+        try:
+            if file.suffix == ".safetensors":
+                with safe_open(str(file), framework="pt"):
+                    pass
+            elif _starts_with(file, b"PK\x03\x04"):
+                with zipfile.ZipFile(file):  # torch.save's format since torch 1.6
+                    pass
+        except (OSError, SafetensorError, zipfile.BadZipFile) as exc:
+            raise ConfigError(
+                [
+                    (
+                        key,
+                        f"{file} is truncated or unreadable ({exc}): copy it again, or write the "
+                        "directory again with save_pretrained",
+                    )
+                ]
+            ) from None
+
+
+def _starts_with(file: Path, magic: bytes) -> bool:
+    with file.open("rb") as stream:
+        return stream.read(len(magic)) == magic
 
 
 @contextlib.contextmanager

@@ -63,15 +63,12 @@ class FrozenWeights:
         state, _ = read_json(directory / STATE_FILE)
         saved = state.get(STATE_KEY) if isinstance(state, dict) else None
         if isinstance(saved, dict) and saved.get("digest") != self.digest:
-            raise ConfigError(
-                [
-                    (
-                        "MODEL.OPTIONS.pretrained",
-                        f"the frozen base weights are not those checkpoint {directory.name} was trained on "
-                        f"(digest {self.digest[:12]}, saved {str(saved.get('digest'))[:12]}): {self.source} "
-                        "changed. Restore it, or start a new run (another EXPERIMENT.NAME)",
-                    )
-                ]
+            raise base_changed(
+                f"checkpoint {directory.name}",
+                saved.get("digest"),
+                self.digest,
+                self.source,
+                "Restore it, or start a new run (another EXPERIMENT.NAME)",
             )
         if (directory / WEIGHTS).is_file():
             with safe_open(str(directory / WEIGHTS), framework="pt") as weights:
@@ -94,6 +91,28 @@ class FrozenWeights:
         """Checked before the weights were loaded (``_check_before_load``)."""
 
 
+def base_changed(what: str, recorded: Any, found: str, source: str, fix: str) -> ConfigError:
+    """The error for weights trained on a base other than the one this config builds."""
+    return ConfigError(
+        [
+            (
+                "MODEL.OPTIONS.pretrained",
+                f"the frozen base weights are not those {what} was trained on (found digest "
+                f"{found[:12]}, recorded {str(recorded)[:12]}): {source} does not hold that base (it "
+                f"changed, or is another one). {fix}",
+            )
+        ]
+    )
+
+
+def base_source(config: Config) -> str:
+    """Where ``config``'s LoRA base comes from, for messages."""
+    pretrained = config.MODEL.OPTIONS.get("pretrained")
+    if pretrained:
+        return f"the pretrained directory {pretrained}"
+    return f"the base model built from the config and seed {config.EXPERIMENT.SEED}"
+
+
 def frozen_weights_for(
     accelerator: Accelerator, config: Config, checkpointer: Checkpointer
 ) -> FrozenWeights | None:
@@ -101,7 +120,8 @@ def frozen_weights_for(
     model = accelerator.unwrap_model(accelerator._models[0]) if accelerator._models else None
     lora = getattr(model, "linnaeus_lora", None)
     if lora is None and model is not None and is_peft_model(model):  # a PeftModel given in Python
-        lora = model.linnaeus_lora = LoraRun(frozen_digest(model), merge=False)
+        lora = LoraRun(frozen_digest(model), merge=False)
+        model.linnaeus_lora = lora  # its final/ then records the base too
     if lora is None:
         return None
     if accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
@@ -113,10 +133,4 @@ def frozen_weights_for(
                 )
             ]
         )
-    pretrained = config.MODEL.OPTIONS.get("pretrained")
-    source = (
-        f"the pretrained directory {pretrained}"
-        if pretrained
-        else f"the base model built from the config and seed {config.EXPERIMENT.SEED}"
-    )
-    return FrozenWeights(accelerator, model, lora.digest, source, checkpointer)
+    return FrozenWeights(accelerator, model, lora.digest, base_source(config), checkpointer)
