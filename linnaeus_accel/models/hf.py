@@ -13,6 +13,11 @@ loaded from a local ``save_pretrained`` directory. Nothing is ever downloaded.
   a third more compute per step).
 - ``lora: {...}``: only a LoRA adapter trains (``lora.py``, through peft).
 
+A causal LM's special token ids are the data's (``special_ids``): ``eos_token_id`` its
+end-of-document id (256 for bytes), ``bos_token_id`` its tokenizer's (none for bytes), and
+``pad_token_id`` its tokenizer's where it has one; in ``config.json`` and ``generation_config.json``
+alike, so ``generate()`` stops where a document ends. An option that contradicts them is an error.
+
 Any other key is a config field; a private one (``_name_or_path``) or an argument of
 ``from_pretrained`` (``cache_dir``, ``revision``...) is an error naming the key to use, since
 transformers would keep it silently and train random weights.
@@ -26,11 +31,13 @@ transformers is imported only when such a model is built, so ``plan`` stays fast
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
 
 from ..config import Config, ConfigError
+from ..data.packing import BYTE_EOS, BYTE_VOCAB_SIZE
 from .pretrained import config_fields, load_pretrained, model_directory
 from .registry import register_model
 
@@ -46,6 +53,10 @@ MISPLACED = {
     "from_pretrained": "pretrained",
     "torch_dtype": "dtype",
 }
+# A tokenizer's beginning-of-text and padding tokens, by the names tokenizers give them (its
+# end-of-document token is the data's: tokenize's --eos-token or EOS_CANDIDATES).
+BOS_CANDIDATES = ("<s>", "<|begin_of_text|>", "<bos>", "<|startoftext|>")
+PAD_CANDIDATES = ("<pad>", "<|pad|>", "[PAD]", "<|padding|>")
 # from_pretrained's own arguments: linnaeus-accel reads local directories only.
 LOADING_ONLY = {
     "cache_dir", "force_download", "local_files_only", "token", "revision", "use_safetensors",
@@ -199,12 +210,97 @@ def _data_field(dataset: Any, attribute: str, option: str) -> dict[str, Any]:
     return {option: value}
 
 
+@dataclass(frozen=True)
+class SpecialIds:
+    """A causal LM's special token ids as the run's data has them."""
+
+    eos: int  # the data's end-of-document id
+    bos: int | None  # its tokenizer's beginning-of-text id; None: it has none (bytes have none)
+    pad: int | None  # its tokenizer's padding id; None: it has none (the model's own stays)
+    known: bool = True  # False: a tokenizer not at hand (moved, or a mixture's): the model's bos stays
+
+    def config_fields(self) -> dict[str, int | None]:
+        """The config fields the data decides."""
+        fields: dict[str, int | None] = {"eos_token_id": self.eos}
+        if self.known:
+            fields["bos_token_id"] = self.bos
+        return fields | ({"pad_token_id": self.pad} if self.pad is not None else {})
+
+
+def special_ids(dataset: Any) -> SpecialIds | None:
+    """The special ids of ``dataset``'s tokens: its ``eos_id`` and the ``tokenizer_file``'s
+    special tokens (``BOS_CANDIDATES``, ``PAD_CANDIDATES``); None for data that declares no
+    end-of-document id. The one place a run's special ids come from (the model built for the data,
+    and ``final/``)."""
+    eos = getattr(dataset, "eos_id", None)
+    if not isinstance(eos, int) or isinstance(eos, bool):
+        return None
+    path = getattr(dataset, "tokenizer_file", None)
+    if not isinstance(path, str):  # bytes (documents separated by EOS alone), or no tokenizer at hand
+        is_bytes = eos == BYTE_EOS and getattr(dataset, "vocab_size", None) == BYTE_VOCAB_SIZE
+        return SpecialIds(eos, None, None, known=is_bytes)
+    try:
+        from tokenizers import Tokenizer
+
+        special = {
+            t.content: i for i, t in Tokenizer.from_file(path).get_added_tokens_decoder().items() if t.special
+        }
+    except Exception:  # no tokenizers, or a file gone or unreadable (a bare Exception): eos alone
+        return SpecialIds(eos, None, None, known=False)
+
+    def first(names: tuple[str, ...]) -> int | None:
+        return next((special[n] for n in names if n in special), None)
+
+    return SpecialIds(eos, first(BOS_CANDIDATES), first(PAD_CANDIDATES))
+
+
+def set_special_ids(model: Any, ids: SpecialIds) -> None:
+    """``ids`` in ``model``'s config and generation config (a peft model's: its base model's)."""
+    base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
+    generation = getattr(base, "generation_config", None)
+    for target in (getattr(base, "config", None), generation):
+        if target is not None:
+            for name, value in ids.config_fields().items():
+                setattr(target, name, value)
+    if generation is not None and generation.pad_token_id is None:
+        # generate() pads the rows of a batch that have ended with pad_token_id, taking eos (with a
+        # warning) when there is none; said here, it is what generate does, without the warning.
+        # Not in config.json: there transformers makes pad_token_id the embedding's padding_idx,
+        # whose row never learns, and the end-of-document token must.
+        generation.pad_token_id = ids.eos
+
+
+def _special_id_conflicts(options: dict[str, Any], ids: SpecialIds) -> list[tuple[str, str]]:
+    said = {
+        "eos_token_id": f"the data ends its documents with {ids.eos}",
+        "bos_token_id": f"the data's tokenizer begins text with {ids.bos}"
+        if ids.bos is not None
+        else "the data's tokens have no beginning-of-text token",
+        "pad_token_id": f"the data's tokenizer pads with {ids.pad}",
+    }
+    return [
+        (f"{OPTIONS_KEY}.{name}", f"is {options[name]!r} but {said[name]}: leave it out")
+        for name, value in ids.config_fields().items()
+        if name in options and options[name] != value
+    ]
+
+
 @register_model("hf_causal_lm")
 def build_hf_causal_lm(config: Config, dataset: Any) -> nn.Module:
     options = config.MODEL.OPTIONS
     needs_vocab = "vocab_size" not in options and options.get("pretrained") is None
     defaults = _data_field(dataset, "vocab_size", "vocab_size") if needs_vocab else {}
-    return build_transformers_model(config, "AutoModelForCausalLM", defaults)
+    ids = special_ids(dataset)
+    if ids is not None:
+        conflicts = _special_id_conflicts(options, ids)
+        if conflicts:
+            raise ConfigError(conflicts)
+        if options.get("pretrained") is None:
+            defaults |= ids.config_fields()  # built with them (a pad id is the embedding's padding_idx)
+    model = build_transformers_model(config, "AutoModelForCausalLM", defaults)
+    if ids is not None:
+        set_special_ids(model, ids)  # a pretrained model's, and every generation config
+    return model
 
 
 @register_model("hf_sequence_classification")
