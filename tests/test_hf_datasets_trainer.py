@@ -57,8 +57,9 @@ class ScriptRun(TrainRun):
         return [sys.executable, str(SCRIPT), *self.args]
 
 
+# One process reading a map-style dataset in the main process is the simplest case of map-2x2 (and
+# of every single-process resume test): left out for the suite's time.
 LAYOUTS = [  # (mode, workers, processes)
-    pytest.param("map", 0, 1, id="map-1x0"),
     pytest.param("map", 2, 2, id="map-2x2"),
     pytest.param("stream", 2, 1, id="stream-1x2"),
     pytest.param("stream", 0, 2, id="stream-2x0"),
