@@ -17,9 +17,10 @@ Linux 6.18 that was ~0.9 MiB of ``RssFile`` a window, 3.7 GiB after 4,096 shuffl
 4 GB corpus, and reading was slower than ``pread``, 6 us a window against 4.)
 
 Token ids are checked against the vocabulary without reading every token at start: a file with a
-sidecar records its largest id, compared with ``vocab_size`` at construction; a file without one
-has each window checked as it is read (the maximum of ``seq_len`` tokens, next to the int64 copy
-made anyway), and a bad id stops the run naming the file and the token's position.
+sidecar records its largest id, compared with ``vocab_size`` at construction (and by the Trainer with
+the model's); and every window is checked as it is read (the maximum of its ``seq_len`` tokens, next
+to the int64 copy made anyway) against the data's ``vocab_size`` and the model's embedding rows
+(``token_vocab``): a bad id stops the run naming the file and the token's position.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from .token_format import (
     npy_layout,
     read_sidecar,
 )
+from .token_vocab import NO_LIMIT, out_of_vocab
 
 _OPEN_FILES = 64  # file descriptors kept open per process, the least recently read closed first
 
@@ -135,7 +137,7 @@ def open_token_file(path: Path, dtype: str | None) -> TokenFile:
                 "dtype",
                 f"{path} has no sidecar ({path.name}.json) to say its dtype: give dtype ({' or '.join(BIN_DTYPES)})",
             )
-        layout = bin_layout(path, chosen)
+        layout = bin_layout(path, chosen, from_sidecar=sidecar is not None)
     if sidecar is not None and sidecar.num_tokens != layout.num_tokens:
         raise TokenFileError(
             f"{path} holds {layout.num_tokens} tokens but its sidecar says {sidecar.num_tokens}: "
@@ -200,7 +202,8 @@ class TokenFiles(Dataset[dict[str, torch.Tensor]]):
 
     ``max_token_id``: the largest id the sidecars of its files recorded, and ``max_token_file`` the
     file that holds it (None when none of its files has a sidecar; files without one may hold
-    larger ids, checked as their windows are read): what a model's vocabulary must exceed.
+    larger ids): what a model's vocabulary must exceed. Every window read is checked against
+    ``vocab_size`` and what ``limit_ids`` adds (the model's vocabulary), whatever the sidecars say.
     """
 
     def __init__(
@@ -219,8 +222,10 @@ class TokenFiles(Dataset[dict[str, torch.Tensor]]):
         self.vocab_size = vocab_size
         self.eos_id = eos_id
         self._ends = np.cumsum([p.count for p in self.parts]).tolist()
-        # Windows of files without a sidecar are checked as they are read (their max id is unknown).
-        self._check_ids = [vocab_size is not None and p.file.sidecar is None for p in self.parts]
+        # Every window is checked as it is read, against the smallest vocabulary known (limit_ids).
+        self._limit, self._limit_what = NO_LIMIT, "none known"
+        if vocab_size is not None:
+            self.limit_ids(vocab_size, "the data's vocab_size")
         recorded = [(p.file.sidecar.max_token_id, p.file.path) for p in self.parts if p.file.sidecar]
         top = max(recorded, default=(-1, ""), key=lambda pair: pair[0])
         self.max_token_id: int | None = top[0] if top[0] >= 0 else None
@@ -285,10 +290,18 @@ class TokenFiles(Dataset[dict[str, torch.Tensor]]):
         data = os.pread(self._descriptor(part), size, self._offsets[part] + start * dtype.itemsize)
         if len(data) < size:
             raise self._truncated(part, start, len(data) // dtype.itemsize)
-        ids = torch.from_numpy(np.frombuffer(data, dtype=dtype).astype(np.int64))  # a copy, not a view
-        if self._check_ids[part]:
-            self._check_window(part, start, ids)
+        window = np.frombuffer(data, dtype=dtype).astype(np.int64)  # a copy, not a view
+        # One reduction a window (~1 us for 1024 tokens): unsigned, a negative id is past any limit.
+        if window.view(np.uint64).max() >= self._limit:
+            raise out_of_vocab(self.parts[part].file, start, window, self._limit, self._limit_what)
+        ids = torch.from_numpy(window)
         return {"input_ids": ids, "labels": ids.clone()}
+
+    def limit_ids(self, limit: int, what: str) -> None:
+        """Refuse windows holding an id at or past ``limit`` too (``what``: where it comes from, as
+        the error says it, e.g. the model's embedding rows); the smallest limit given holds."""
+        if limit < self._limit:
+            self._limit, self._limit_what = limit, what
 
     def _truncated(self, part: int, start: int, found: int) -> TokenFileError:
         return TokenFileError(
@@ -307,17 +320,6 @@ class TokenFiles(Dataset[dict[str, torch.Tensor]]):
         elif len(self._descriptors) > 1:
             self._descriptors.move_to_end(part)
         return descriptor
-
-    def _check_window(self, part: int, start: int, ids: torch.Tensor) -> None:
-        assert self.vocab_size is not None
-        largest = int(ids.max())
-        if largest >= self.vocab_size or int(ids.min()) < 0:
-            bad = int(torch.nonzero((ids >= self.vocab_size) | (ids < 0))[0, 0])
-            raise TokenFileError(
-                f"{self.parts[part].file.path}: token {start + bad} has id {int(ids[bad])}, outside the "
-                f"vocabulary of {self.vocab_size} (vocab_size): the file is not of this tokenizer, or "
-                "vocab_size is too small"
-            )
 
     def __getstate__(self) -> dict[str, Any]:
         # A descriptor means nothing in another process (a DataLoader worker started by spawn):

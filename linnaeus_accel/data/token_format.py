@@ -33,6 +33,21 @@ class TokenFileError(ValueError):
     """A token file, or its sidecar, that cannot be read as the options say."""
 
 
+class TokenOutOfVocab(TokenFileError):
+    """A window holding a token id outside the vocabulary (``token_vocab``): the message names the
+    file, the token's offset in it, the id and the vocabulary. The Trainer stops the run on it
+    (``RunFailed``), keeping the last checkpoint."""
+
+    def __init__(self, message: str) -> None:
+        # Raised in a DataLoader worker, it is rebuilt in the training process from its class and
+        # the worker's whole traceback ("Caught TokenOutOfVocab in DataLoader worker process 0.
+        # Original Traceback ... token_format.TokenOutOfVocab: <message>"): the message alone is kept.
+        marker = f"{__name__}.TokenOutOfVocab: "
+        if message.startswith("Caught ") and marker in message:
+            message = message.rsplit(marker, 1)[1].strip()
+        super().__init__(message)
+
+
 def sidecar_path(token_file: str | os.PathLike[str]) -> Path:
     path = Path(token_file)
     return path.with_name(path.name + ".json")
@@ -156,13 +171,15 @@ def npy_layout(path: Path) -> TokenFileLayout:
     return TokenFileLayout(str(path), dtype.newbyteorder("<").name, offset, int(shape[0]))
 
 
-def bin_layout(path: Path, dtype: str) -> TokenFileLayout:
-    """A raw ``.bin`` file of ``dtype`` tokens: its count is its length over the dtype's size."""
+def bin_layout(path: Path, dtype: str, from_sidecar: bool = False) -> TokenFileLayout:
+    """A raw ``.bin`` file of ``dtype`` tokens (``from_sidecar``: as its sidecar says): its count is
+    its length over the dtype's size."""
     itemsize = np.dtype(dtype).itemsize
     size = path.stat().st_size
     if size % itemsize:
+        said = f"; its sidecar, {sidecar_path(path)}, says {dtype}" if from_sidecar else ""
         raise TokenFileError(
-            f"{path} is {size} bytes, not a multiple of {itemsize} ({dtype} tokens): the file is truncated, "
+            f"{path} is {size} bytes, not a multiple of {itemsize} ({dtype} tokens{said}): the file is truncated, "
             f"or its dtype is not {dtype} (a uint16 file is read as uint32 only when its length happens to be even)"
         )
     return TokenFileLayout(str(path), dtype, 0, size // itemsize)

@@ -12,6 +12,7 @@ from accelerate import Accelerator
 from torch import nn
 
 from ..config import Config
+from ..data.token_format import TokenOutOfVocab
 from ..progress import TrainingProgress
 from ..run_directory.failures import NonFiniteGuard, RunFailed, collective_timeout
 from ..run_directory.first_failure import first_failure
@@ -109,13 +110,16 @@ class RunEnd:
 
     def record_exception(self, exc: Exception) -> RunFailed | None:
         """An exception only this process may have seen: ``summary.json`` records its first cause
-        (another process's error when this one only lost that process); the ``RunFailed`` to raise
-        instead when a collective timed out, else None (the exception itself goes on)."""
+        (another process's error when this one only lost that process). Returns the ``RunFailed``
+        to raise instead (a sentence, no traceback) when the cause is not this process's own, when a
+        collective timed out, or when the data is at fault and the error says it all; else None
+        (the exception itself goes on: a bug's traceback is what its author needs)."""
         stop_if_launcher_gone()  # a peer's error once the launcher was killed: a kill, not a failure
         timed_out = collective_timeout(exc, self.config.ENV.DIST_TIMEOUT_S)
-        own = timed_out or f"{type(exc).__name__}: {exc}"
+        said_in_full = isinstance(exc, TokenOutOfVocab)
+        own = timed_out or (str(exc) if said_in_full else f"{type(exc).__name__}: {exc}")
         cause = first_failure(exc, own)
         self.record_failure(cause, agreed=False)
-        if timed_out is None:
-            return None
-        return RunFailed(timed_out if cause == own else f"{cause}; this process stops too")
+        if cause != own:
+            return RunFailed(f"another process failed first ({cause}); this process stops too")
+        return RunFailed(own) if timed_out or said_in_full else None

@@ -21,10 +21,13 @@ from ..config import Config, ConfigError
 from ..data.sampling import make_dataloader
 from ..data.stream_reader import StreamError
 from ..data.streaming import StreamShard, stream_loader
+from ..data.token_format import TokenOutOfVocab
+from ..data.token_vocab import NO_LIMIT, limit_token_ids
 from ..run_directory.launcher import follow_launcher, startup_deadline
 from ..run_directory.trackers import check_log_with, log_with
 from ..schedule import ResolvedPlan, resolve_plan
 from ..schedule.steps import batches_per_process
+from ..tasks.causal_lm import VOCAB_KEY, vocabulary_shortfall
 from .backends import check_backend
 from .batches import BatchSource
 
@@ -206,6 +209,58 @@ def shared_parameters(model: nn.Module) -> list[nn.Parameter]:
     ]
 
 
+def model_vocabulary(model: nn.Module) -> tuple[int, str] | None:
+    """The token ids ``model`` takes (``[0, size)``) and, in words, what says so: the smaller of its
+    input embedding's rows and its output embedding's outputs (a transformers model's
+    ``get_input_embeddings``, ``get_output_embeddings``), else its config's ``vocab_size``; None
+    when the model tells neither."""
+    found = []
+    for getter, size_of, words in (
+        ("get_input_embeddings", "num_embeddings", "the model's input embedding rows"),
+        ("get_output_embeddings", "out_features", "the model's output embedding size"),
+    ):
+        get = getattr(model, getter, None)
+        try:
+            size = getattr(get(), size_of, None) if callable(get) else None
+        except (NotImplementedError, AttributeError):  # a transformers model without one
+            size = None
+        if isinstance(size, int) and size > 0:
+            found.append((size, words))
+    configured = getattr(getattr(model, "config", None), "vocab_size", None)
+    if not found and isinstance(configured, int) and configured > 0:
+        found.append((configured, "the model's config vocab_size"))
+    return min(found) if found else None
+
+
+def check_token_ids(config: Config, model: nn.Module, train: Loader, val: Loader | None) -> None:
+    """Token datasets (``TokenFiles``, alone or in a mixture) refuse, from now on, every window
+    holding an id the model has no row for (``TokenOutOfVocab``: the run stops on it). Refused here,
+    as ConfigErrors before anything runs: a model smaller than what the data declares (its
+    ``vocab_size``, its sidecars' ``max_token_id``), and an id outside the vocabulary in the first
+    training windows, which the task's checks read next."""
+    known = model_vocabulary(model)
+    size, words = known if known is not None else (NO_LIMIT, "")
+    tokens_in_train = False
+    for loader, data in ((train, "training data"), (val, "validation data")):
+        if loader is None or not limit_token_ids(loader.dataset, size, words):
+            continue  # only token datasets check their windows (and say which ids they hold)
+        tokens_in_train |= loader is train
+        if known is not None and (found := vocabulary_shortfall(size, loader.dataset)) is not None:
+            least, why = found
+            why = why.replace("the training data", f"the {data}")
+            if config.MODEL.OPTIONS.get("vocab_size") == size:  # as the task's check words it
+                raise ConfigError([(VOCAB_KEY, f"is {size}, but {why}; set it to at least {least}")])
+            fix = f"give it at least {least} ({VOCAB_KEY} for hf_causal_lm)"
+            raise ConfigError([("MODEL", f"{words} are {size}, but {why}; {fix}")])
+    if not tokens_in_train or isinstance(train.dataset, IterableDataset):
+        return
+    try:
+        for k in range(min(2, len(train.dataset))):  # what task_checks.first_batch reads next
+            train.dataset[k]
+    except TokenOutOfVocab as exc:
+        raise ConfigError([("DATA.DATASET", str(exc))]) from None
+
+
 class Prepared(NamedTuple):
     model: nn.Module
     optimizer: torch.optim.Optimizer
@@ -224,6 +279,7 @@ def prepare_run(
 ) -> Prepared:
     """The model, optimizer and map-style loaders through ``accelerator.prepare``; a stream loader
     shards itself, so Accelerate must not shard it again."""
+    check_token_ids(config, model, train, val)  # the model as given: its embedding is whole
     seed = config.EXPERIMENT.SEED
     if train.stream:
         model, optimizer = acc.prepare(model, optimizer)
