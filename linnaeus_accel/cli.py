@@ -281,13 +281,7 @@ def run_train(args: argparse.Namespace) -> int:
         allow_config_change=args.allow_config_change,
         unsafe_load_pickles=args.unsafe_load_pickles,
     )
-    if _is_local_main() and summary.get("already_finished"):
-        status = str(summary["status"]).replace("_", " ")
-        print(
-            f"{config.output_dir} already holds a run {status} at step {summary['global_step']}: nothing to "
-            "do (pass --overwrite to train it again from scratch, or choose another EXPERIMENT.NAME)"
-        )
-    elif _is_local_main():
+    if _is_local_main() and not summary.get("already_finished"):  # that one was said by fit()
         last = summary["last_validation"]
         shown = ", ".join(f"{k} {v:.4f}" for k, v in last.items() if k.startswith("val/"))
         tokens = f", {summary['tokens_seen']:,} tokens" if summary["tokens_seen"] else ""

@@ -774,3 +774,13 @@ def test_unknown_model_type_is_a_config_error() -> None:
 
     with pytest.raises(ConfigError, match=r"MODEL\.TYPE.*no model named 'resnet9000'.*known: .*digits_mlp"):
         build_model(validate_config({"MODEL": {"TYPE": "resnet9000"}}), dataset=None)
+
+
+def test_the_timeline_header_gives_the_curves_own_lr_range() -> None:
+    """Warmup from 0: the first update's LR is the range's minimum (column midpoints showed the
+    LR halfway through the first column instead)."""
+    text = plan_text(
+        "--dataset-size", "3200", "--opts", *T1000_OPTS,
+        "LR_SCHEDULER.NAME", "cosine", "LR_SCHEDULER.WARMUP_LR", "0", "LR_SCHEDULER.MIN_LR", "1e-5",
+    )  # fmt: skip
+    assert "Timeline: 1000 steps, one column = 15.62 steps; lr 0..0.002" in text

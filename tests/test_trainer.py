@@ -627,6 +627,15 @@ def test_rerunning_a_finished_run_does_nothing_and_exits_0(
     assert f"{out} already holds a run completed at step" in said, said
     assert "nothing to do" in said, said
     assert {p: p.read_bytes() for p in files_under(tmp_path)} == before  # untouched
+    # In Python (a notebook) too: fit() says so, and returns the finished run's summary.
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    config = load_config(CFG, opts)
+    data = build_dataset(config, "train")
+    summary = Trainer(config, build_model(config, data), data).fit()
+    assert summary["already_finished"]
+    assert summary["status"] == "completed"
+    assert f"{out} already holds a run completed at step" in capsys.readouterr().out
 
 
 def test_interrupted_output_dir_is_refused_without_auto_resume(

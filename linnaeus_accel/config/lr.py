@@ -107,8 +107,9 @@ class LRSchedulerConfig(Section):
 
     NAME: ScheduleName = Field(
         "cosine",
-        description="Shape of the curve after warmup: cosine or linear decay from the scaled BASE_LR to "
-        "MIN_LR at the last step; step (x DECAY_RATE every DECAY_* period); wsd (warmup-stable-decay: held "
+        description="Shape of the curve after warmup: cosine or linear decay from the scaled BASE_LR towards "
+        "MIN_LR, reached at step TOTAL, one past the last update (whose LR is a little above it; "
+        "docs/semantics.md gives each formula); step (x DECAY_RATE every DECAY_* period); wsd (warmup-stable-decay: held "
         "for STABLE_DURATION_FRACTION, then DECAY_TYPE decay to MIN_LR over DECAY_DURATION_FRACTION).",
     )
     BASE_LR: PositiveFloat = Field(
@@ -125,7 +126,11 @@ class LRSchedulerConfig(Section):
         0.0, description="Absolute LR at the end of decay (not scaled); must not exceed the scaled BASE_LR."
     )
     WARMUP_LR: NonNegativeFloat = Field(
-        0.0, description="Absolute LR at step 0 of warmup (not scaled); must not exceed the scaled BASE_LR."
+        0.0,
+        description="Absolute LR at step 0 of warmup (not scaled); must not exceed the scaled BASE_LR. Warmup "
+        "is the line WARMUP_LR + (B - WARMUP_LR) x k / W at step k < W (B the scaled peak, W the warmup "
+        "steps): with the default 0 the first update has LR 0. nanoGPT and torchtitan start at B / (W + 1): "
+        "set WARMUP_LR to that to match them.",
     )
     WARMUP_STEPS: NonNegativeInt | None = Field(
         None, description="Warmup length in optimizer steps (none of WARMUP_*: no warmup)."

@@ -295,6 +295,10 @@ def timeline(plan: ResolvedPlan) -> list[str]:
             if starts[c] >= a or phases[c] == "?":
                 phases[c] = phase_char[name]
     lrs = [curve(k) for k in mids]
+    # The range in the header is the curve's own: each phase is monotone, so its extremes are at
+    # phase ends (column midpoints miss a warmup's first value, or a decay's last).
+    ends = {0, t - 1} | {k for a, b in curve.phases().values() for k in (a, b) if 0 <= k < t}
+    lr_range = [curve(k) for k in ends]
 
     def marks(steps: list[int], char: str) -> str:
         row = [" "] * width
@@ -310,7 +314,7 @@ def timeline(plan: ResolvedPlan) -> list[str]:
     else:
         epochs = "?" * width  # where a stream's passes end is found as it ends
     rows = [
-        f"Timeline: {t} steps, one column = {t / width:.4g} steps; lr {min(lrs):.3g}..{max(lrs):.3g}",
+        f"Timeline: {t} steps, one column = {t / width:.4g} steps; lr {min(lr_range):.3g}..{max(lr_range):.3g}",
         f"  LR phase   |{''.join(phases)}|  w=warmup S=stable d=decay _=MIN_LR c/l/s=cosine/linear/step",
         f"  LR         |{_spark(lrs, min(lrs), max(lrs), BARS[1:])}|",
         f"  epochs     |{epochs}|",

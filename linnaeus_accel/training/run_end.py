@@ -94,6 +94,20 @@ class RunEnd:
         self.accelerator.wait_for_everyone()
         self.accelerator.end_training()
 
+    def already_finished(self, finished: dict[str, Any]) -> dict[str, Any]:
+        """``fit()`` on a finished run's directory: nothing to train, said on the main process (in a
+        notebook as on the command line), and the finished run's summary returned."""
+        self.tear_down()
+        if self.accelerator.is_local_main_process:
+            status = str(finished["status"]).replace("_", " ")
+            print(
+                f"{self.config.output_dir} already holds a run {status} at step {finished['global_step']}: "
+                "nothing to do (pass overwrite=True / --overwrite to train it again from scratch, or choose "
+                "another EXPERIMENT.NAME)",
+                flush=True,
+            )
+        return {**finished, "already_finished": True}
+
     def record_failure(self, message: str, agreed: bool) -> None:
         """``summary.json`` says ``status: failed``. ``agreed``: every process is here, so the
         process group is torn down together."""

@@ -62,7 +62,7 @@ class TrainLog:
         else:
             shown["samples/s"] = f"{metrics['perf/samples_per_s']:.0f}"
         if "perf/mfu" in metrics:
-            shown["mfu"] = f"{metrics['perf/mfu']:.1%}"
+            shown["mfu"] = f"{100 * metrics['perf/mfu']:.3g}%"  # 0.036%, not 0.0%, on a CPU
         out.advance(1, epoch, shown)
 
     def lrs(self, step: int) -> dict[str, float]:

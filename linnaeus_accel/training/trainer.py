@@ -262,9 +262,8 @@ class Trainer:
         self._check_state_is_data()  # before the output directory is claimed: nothing is written
         try:
             finished = self._start(resume_from, overwrite)
-            if finished is not None:
-                self.end.tear_down()  # every process got the same answer: all are here
-                return {**finished, "already_finished": True}
+            if finished is not None:  # every process got the same answer: all are here
+                return self.end.already_finished(finished)
             self.callbacks.start(self, self.progress.global_step, self.checkpoints.resumed_from)
             with self.preemption:  # from here on, SIGTERM/SIGUSR1 ask for a clean stop
                 stop = self._run()
