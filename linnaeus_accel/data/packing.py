@@ -5,8 +5,10 @@ predicting ``labels[t + 1]``. So a window of ``L`` tokens trains on ``L - 1`` ta
 that overlap by one token (window ``k`` starts at ``k * (L - 1)``) make every token after the first
 a target exactly once: no token is lost at a window boundary and none is counted twice.
 
-``PackedTokens`` cuts an in-memory 1-D tensor (map-style). ``PackedTokenStream`` cuts the same
-windows lazily from documents joined by an end-of-document token, in order or shuffled per epoch.
+``PackedTokens`` cuts an in-memory 1-D tensor (map-style); with ``windows=WindowDraws("random",
+seed)`` its windows start at random offsets instead, drawn with replacement (``token_windows``).
+``PackedTokenStream`` cuts the aligned windows lazily from documents joined by an end-of-document
+token, in order or shuffled per epoch.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import torch
 from torch.utils.data import Dataset, IterableDataset
 
 from .keyed_random import python_keyed_bits
+from .sampling import EpochOrderSampler
+from .token_windows import ALIGNED, RandomOffsets, WindowDraws, window_sampler
 
 BYTE_VOCAB_SIZE = 257  # the 256 byte values and BYTE_EOS
 BYTE_EOS = 256
@@ -75,9 +79,18 @@ class PackedTokens(Dataset[dict[str, torch.Tensor]]):
     ``tokens``: a 1-D integer tensor or NumPy array (a ``np.memmap`` too), kept as it is given:
     each window is converted to int64 when it is read, so a ``uint16`` corpus costs 2 bytes a token,
     not 8. For corpora on disk see ``TokenFiles``.
+
+    ``windows`` random: item ``g`` (any int >= 0, the run's draw number ``epoch_sampler`` yields)
+    is the ``seq_len`` tokens from a random offset in ``[0, len(tokens) - seq_len]``, keyed by
+    ``(windows.seed, g)``; ``len()`` is unchanged (an epoch draws as many windows as it cuts).
     """
 
-    def __init__(self, tokens: torch.Tensor | np.ndarray[Any, Any], seq_len: int) -> None:
+    windows: WindowDraws = ALIGNED  # (class defaults: a subclass that sets its own fields is aligned)
+    _random: RandomOffsets | None = None
+
+    def __init__(
+        self, tokens: torch.Tensor | np.ndarray[Any, Any], seq_len: int, *, windows: WindowDraws = ALIGNED
+    ) -> None:
         integer = (
             tokens.dtype.kind in "iu"
             if isinstance(tokens, np.ndarray)
@@ -91,11 +104,20 @@ class PackedTokens(Dataset[dict[str, torch.Tensor]]):
         self.tokens = tokens
         self.seq_len = seq_len
         self.tokens_per_sample = seq_len - 1  # targets per sample: what a tokens/s meter counts
+        self.windows = windows
+        starts = [(0, len(tokens) - seq_len + 1)]
+        self._random = RandomOffsets(starts, windows) if windows.random else None
 
     def __len__(self) -> int:
         return (len(self.tokens) - 1) // self.tokens_per_sample
 
+    def epoch_sampler(self, seed: int, shuffle: bool) -> EpochOrderSampler:
+        """The Trainer's order (``sampling.epoch_sampler``): random windows' draw numbers, else shuffled."""
+        return window_sampler(self, self.windows, seed, shuffle)
+
     def __getitem__(self, k: int) -> dict[str, torch.Tensor]:
+        if self._random is not None:
+            return window_sample(self.tokens, self._random.locate(int(k))[1], self.seq_len)
         n = len(self)
         if not -n <= k < n:
             raise IndexError(f"sample {k} out of range for {n} samples")

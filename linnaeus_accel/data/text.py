@@ -13,6 +13,9 @@ seen in training and validation both.
 - ``streaming`` (bool, default false): a ``PackedTokenStream`` (an iterable dataset whose training
   split shuffles the topics per epoch by ``EXPERIMENT.SEED``) instead of a map-style
   ``PackedTokens`` over the split's topics in a fixed order.
+- ``windows`` (``aligned``, default, or ``random``): training windows at aligned offsets, or at
+  uniform random offsets drawn with replacement (nanoGPT's), keyed by ``EXPERIMENT.SEED`` and the
+  draw's place in the run (``data.token_windows``); validation stays aligned. Map-style only.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from ..config import Config, ConfigError
 from ..schedule.steps import decimal_of, round_half_up
 from .packing import BYTE_EOS, BYTE_VOCAB_SIZE, PackedTokens, PackedTokenStream
 from .registry import Split, register_dataset
+from .token_windows import ALIGNED, WINDOWS, WindowDraws
 
 OPTIONS_KEY = "DATA.DATASET.OPTIONS"
 DEFAULT_SEQ_LEN = 128
@@ -67,11 +71,13 @@ class PythonDocs(PackedTokens):
     vocab_size = BYTE_VOCAB_SIZE
     eos_id = BYTE_EOS
 
-    def __init__(self, topics: Sequence[tuple[str, bytes]], seq_len: int) -> None:
+    def __init__(
+        self, topics: Sequence[tuple[str, bytes]], seq_len: int, windows: WindowDraws = ALIGNED
+    ) -> None:
         self.topics = tuple(name for name, _ in topics)
         eos = np.array([BYTE_EOS], dtype=np.uint16)
         pieces = [p for _, text in topics for p in (np.frombuffer(text, dtype=np.uint8), eos)]
-        super().__init__(np.concatenate(pieces).astype(np.uint16), seq_len)
+        super().__init__(np.concatenate(pieces).astype(np.uint16), seq_len, windows=windows)
 
 
 class PythonDocsStream(PackedTokenStream):
@@ -85,32 +91,46 @@ class PythonDocsStream(PackedTokenStream):
         super().__init__([text for _, text in topics], seq_len, eos_id=BYTE_EOS, seed=seed)
 
 
-def parse_options(options: dict[str, Any]) -> tuple[int, bool]:
-    """``(seq_len, streaming)``, every problem reported at once."""
+def parse_options(options: dict[str, Any]) -> tuple[int, bool, str]:
+    """``(seq_len, streaming, windows)``, every problem reported at once."""
     problems: list[tuple[str, str]] = []
-    unknown = sorted(set(options) - {"seq_len", "streaming"})
+    unknown = sorted(set(options) - {"seq_len", "streaming", "windows"})
     if unknown:
-        problems.append((OPTIONS_KEY, f"python_docs takes seq_len and streaming, not {', '.join(unknown)}"))
+        problems.append(
+            (OPTIONS_KEY, f"python_docs takes seq_len, streaming and windows, not {', '.join(unknown)}")
+        )
     seq_len = options.get("seq_len", DEFAULT_SEQ_LEN)
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 2:
         problems.append((OPTIONS_KEY, f"seq_len must be an integer of at least 2, got {seq_len!r}"))
     streaming = options.get("streaming", False)
     if not isinstance(streaming, bool):
         problems.append((OPTIONS_KEY, f"streaming must be true or false, got {streaming!r}"))
+    windows = options.get("windows", "aligned")
+    if windows not in WINDOWS:
+        problems.append((f"{OPTIONS_KEY}.windows", f"must be one of {', '.join(WINDOWS)}, got {windows!r}"))
+    elif windows == "random" and streaming is True:
+        problems.append(
+            (
+                f"{OPTIONS_KEY}.windows",
+                "random windows need random access: leave streaming out, or use aligned",
+            )
+        )
     if problems:
         raise ConfigError(problems)
-    return seq_len, streaming
+    return seq_len, streaming, windows
 
 
 @register_dataset("python_docs")
 def build_python_docs(config: Config, split: Split) -> PythonDocs | PythonDocsStream:
-    seq_len, streaming = parse_options(dict(config.DATA.DATASET.OPTIONS))
+    seq_len, streaming, windows = parse_options(dict(config.DATA.DATASET.OPTIONS))
     topics = load_topics()
     chosen = [topics[i] for i in split_topics(len(topics), config.DATA.DATASET.VAL_FRACTION)[split]]
     try:
         if streaming:
             seed = config.EXPERIMENT.SEED if split == "train" else None
             return PythonDocsStream(chosen, seq_len, seed=seed)
-        return PythonDocs(chosen, seq_len)
+        # Random windows for training only: validation reads the same aligned windows every pass.
+        draws = WindowDraws(windows, config.EXPERIMENT.SEED) if split == "train" else ALIGNED
+        return PythonDocs(chosen, seq_len, draws)
     except ValueError as exc:  # seq_len longer than the split
         raise ConfigError([(OPTIONS_KEY, f"python_docs {split} split: {exc}")]) from None

@@ -3,7 +3,8 @@
 A sample is ``seq_len`` consecutive tokens of one file; windows overlap by one token, as
 ``PackedTokens`` cuts them (window ``k`` of a file starts at token ``k * (seq_len - 1)``, so every
 token after a file's first is a target exactly once and ``tokens_per_sample = seq_len - 1``). A
-file's last tokens that do not fill a window are left out; windows never span two files.
+file's last tokens that do not fill a window are left out; windows never span two files. Or, with
+``windows: random``, windows start at offsets drawn with replacement (``token_windows``).
 
 Start-up reads no token: a file's token count comes from its length (``.npy``: its header), its
 dtype and vocabulary from the ``tokenize`` sidecar (``<file>.json``) when there is one. So a corpus
@@ -27,13 +28,11 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import glob
 import os
 import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -44,42 +43,14 @@ from ..config import Config, ConfigError
 from ..schedule.steps import decimal_of, round_half_up
 from .options import DatasetOptions
 from .registry import Split, register_dataset
-from .token_format import (
-    BIN_DTYPES,
-    TOKEN_SUFFIXES,
-    TokenFileError,
-    TokenFileLayout,
-    TokenSidecar,
-    bin_layout,
-    npy_layout,
-    read_sidecar,
-)
+from .sampling import EpochOrderSampler
+from .token_corpus import OptionConflict, corpus_vocabulary, expand_paths, open_token_file
+from .token_corpus import TokenFile as TokenFile  # where it was (token_vocab and others import it here)
+from .token_format import BIN_DTYPES, TokenFileError
 from .token_vocab import NO_LIMIT, out_of_vocab
+from .token_windows import ALIGNED, RandomOffsets, WindowDraws, file_spans, window_option, window_sampler
 
 _OPEN_FILES = 64  # file descriptors kept open per process, the least recently read closed first
-
-
-class OptionConflict(TokenFileError):
-    """A token file at odds with an option (``dtype``, ``vocab_size``): the option is what to change."""
-
-    def __init__(self, option: str, message: str) -> None:
-        super().__init__(message)
-        self.option = option
-
-
-@dataclass(frozen=True)
-class TokenFile:
-    """One file's tokens and what its sidecar (if any) says about them."""
-
-    layout: TokenFileLayout
-    sidecar: TokenSidecar | None
-
-    @property
-    def path(self) -> str:
-        return self.layout.path
-
-    def windows(self, seq_len: int) -> int:
-        return max(0, (self.layout.num_tokens - 1) // (seq_len - 1))
 
 
 @dataclass(frozen=True)
@@ -91,109 +62,12 @@ class FileWindows:
     count: int
 
 
-def expand_paths(patterns: Sequence[str]) -> list[Path]:
-    """Files and glob patterns, each pattern's matches in sorted order, in the order given. A
-    pattern matches token files only (``.bin``, ``.npy``), never their ``.json`` sidecars."""
-    paths: list[Path] = []
-    for pattern in patterns:
-        expanded = os.path.expanduser(pattern)
-        if glob.has_magic(expanded):
-            matches = sorted(m for m in glob.glob(expanded, recursive=True) if m.endswith(TOKEN_SUFFIXES))
-            if not matches:
-                raise TokenFileError(f"{pattern!r} matches no .bin or .npy file")
-            paths += [Path(m) for m in matches]
-            continue
-        path = Path(expanded)
-        if not path.is_file():
-            raise TokenFileError(f"{pattern!r} is not a file")
-        if not path.name.endswith(TOKEN_SUFFIXES):
-            raise TokenFileError(f"{pattern!r} is not a token file: expected .bin (raw) or .npy")
-        paths.append(path)
-    seen: set[Path] = set()
-    for path in paths:
-        if path.resolve() in seen:
-            raise TokenFileError(f"{path} is listed twice: each file would be trained on twice per epoch")
-        seen.add(path.resolve())
-    return paths
-
-
-def open_token_file(path: Path, dtype: str | None) -> TokenFile:
-    """A file's layout from its header and length; the dtype of a ``.bin`` from its sidecar, or
-    from ``dtype`` when it has none (given both, they must agree)."""
-    sidecar = read_sidecar(path)
-    if path.suffix == ".npy":
-        layout = npy_layout(path)
-        if sidecar is not None and sidecar.dtype != layout.dtype:
-            raise TokenFileError(f"{path} holds {layout.dtype} tokens but its sidecar says {sidecar.dtype}")
-    else:
-        if sidecar is not None and dtype is not None and sidecar.dtype != dtype:
-            raise OptionConflict(
-                "dtype",
-                f"{path}'s sidecar says its tokens are {sidecar.dtype}, but dtype is {dtype}: leave dtype out",
-            )
-        chosen = sidecar.dtype if sidecar is not None else dtype
-        if chosen is None:
-            raise OptionConflict(
-                "dtype",
-                f"{path} has no sidecar ({path.name}.json) to say its dtype: give dtype ({' or '.join(BIN_DTYPES)})",
-            )
-        layout = bin_layout(path, chosen, from_sidecar=sidecar is not None)
-    if sidecar is not None and sidecar.num_tokens != layout.num_tokens:
-        raise TokenFileError(
-            f"{path} holds {layout.num_tokens} tokens but its sidecar says {sidecar.num_tokens}: "
-            "the file was changed or truncated after tokenize wrote it"
-        )
-    return TokenFile(layout, sidecar)
-
-
-def corpus_vocabulary(files: Sequence[TokenFile], vocab_size: int | None) -> tuple[int | None, int | None]:
-    """``(vocab_size, eos_id)`` of a corpus: what the sidecars say (they must agree), or
-    ``vocab_size`` as given, which must exceed every id the sidecars recorded."""
-    described = [f for f in files if f.sidecar is not None]
-    eos_id: int | None = None
-    if described:
-        first = described[0]
-        assert first.sidecar is not None
-        for other in described[1:]:
-            assert other.sidecar is not None
-            for name in ("vocab_size", "eos_id", "tokenizer"):
-                mine, theirs = getattr(first.sidecar, name), getattr(other.sidecar, name)
-                if name == "tokenizer":  # the same tokenizer.json (by its digest), wherever it was
-                    mine, theirs = _without_path(mine), _without_path(theirs)
-                if mine != theirs:
-                    raise TokenFileError(
-                        f"{first.path} and {other.path} were tokenized differently ({name} "
-                        f"{mine!r} vs {theirs!r}): one run trains on one vocabulary"
-                    )
-        eos_id = first.sidecar.eos_id
-        largest = max(described, key=lambda f: f.sidecar.max_token_id if f.sidecar else -1)
-        assert largest.sidecar is not None
-        top = largest.sidecar.max_token_id
-        if vocab_size is not None and top >= vocab_size:
-            raise OptionConflict(
-                "vocab_size",
-                f"{largest.path} holds token id {top} (its sidecar's max_token_id), not below vocab_size "
-                f"{vocab_size}: raise vocab_size to at least {top + 1}, or leave it out to take the sidecar's",
-            )
-        if vocab_size is None and top >= first.sidecar.vocab_size:  # only a sidecar edited by hand
-            raise TokenFileError(
-                f"{largest.path}'s sidecar says it holds token id {top}, not below its vocab_size "
-                f"{first.sidecar.vocab_size}: the sidecar is damaged; tokenize the file again"
-            )
-        vocab_size = first.sidecar.vocab_size if vocab_size is None else vocab_size
-    return vocab_size, eos_id
-
-
 def _close_all(descriptors: OrderedDict[int, int]) -> None:
     """Close the files a collected ``TokenFiles`` kept open."""
     for descriptor in descriptors.values():
         with contextlib.suppress(OSError):
             os.close(descriptor)
     descriptors.clear()
-
-
-def _without_path(tokenizer: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in tokenizer.items() if k != "path"}
 
 
 class TokenFiles(Dataset[dict[str, torch.Tensor]]):
@@ -204,7 +78,12 @@ class TokenFiles(Dataset[dict[str, torch.Tensor]]):
     file that holds it (None when none of its files has a sidecar; files without one may hold
     larger ids): what a model's vocabulary must exceed. Every window read is checked against
     ``vocab_size`` and what ``limit_ids`` adds (the model's vocabulary), whatever the sidecars say.
+    ``windows`` random: item ``g`` (any int >= 0, the run's draw number ``epoch_sampler`` yields)
+    is a window at a random offset (``token_windows``).
     """
+
+    windows: WindowDraws = ALIGNED  # (class defaults: a subclass that sets its own fields is aligned)
+    _random: RandomOffsets | None = None
 
     def __init__(
         self,
@@ -213,6 +92,7 @@ class TokenFiles(Dataset[dict[str, torch.Tensor]]):
         *,
         vocab_size: int | None = None,
         eos_id: int | None = None,
+        windows: WindowDraws = ALIGNED,
     ) -> None:
         if seq_len < 2:
             raise ValueError(f"seq_len must be at least 2 (one input and one target token), got {seq_len}")
@@ -244,6 +124,8 @@ class TokenFiles(Dataset[dict[str, torch.Tensor]]):
         self._window_bytes = [seq_len * dtype.itemsize for dtype in self._dtypes]
         self._offsets = [p.file.layout.offset for p in self.parts]
         self._len = len(self)
+        self.windows = windows
+        self._random = RandomOffsets(file_spans(self.parts, seq_len), windows) if windows.random else None
 
     @classmethod
     def from_paths(
@@ -270,7 +152,9 @@ class TokenFiles(Dataset[dict[str, torch.Tensor]]):
         return len(self) * self.tokens_per_sample
 
     def locate(self, k: int) -> tuple[int, int]:
-        """``(part, token offset in its file)`` of sample ``k``."""
+        """``(part, token offset in its file)`` of sample ``k`` (random windows: of draw ``k``)."""
+        if self._random is not None:
+            return self._random.locate(k)
         n = len(self)
         if not 0 <= k < n:
             raise IndexError(f"sample {k} out of range for {n} samples")
@@ -282,10 +166,13 @@ class TokenFiles(Dataset[dict[str, torch.Tensor]]):
         # locate() inlined, and what a read needs cached per part: ~15% of a
         # window's cost (a DataLoader without workers reads every window on the training process).
         k = int(k)
-        if not 0 <= k < self._len:
+        if self._random is not None:
+            part, start = self._random.locate(k)
+        elif not 0 <= k < self._len:
             raise IndexError(f"sample {k} out of range for {self._len} samples")
-        part = bisect.bisect_right(self._ends, k)
-        start = (self.parts[part].first + k - self._starts[part]) * self.tokens_per_sample
+        else:
+            part = bisect.bisect_right(self._ends, k)
+            start = (self.parts[part].first + k - self._starts[part]) * self.tokens_per_sample
         dtype, size = self._dtypes[part], self._window_bytes[part]
         data = os.pread(self._descriptor(part), size, self._offsets[part] + start * dtype.itemsize)
         if len(data) < size:
@@ -296,6 +183,10 @@ class TokenFiles(Dataset[dict[str, torch.Tensor]]):
             raise out_of_vocab(self.parts[part].file, start, window, self._limit, self._limit_what)
         ids = torch.from_numpy(window)
         return {"input_ids": ids, "labels": ids.clone()}
+
+    def epoch_sampler(self, seed: int, shuffle: bool) -> EpochOrderSampler:
+        """The Trainer's order (``sampling.epoch_sampler``): random windows' draw numbers, else shuffled."""
+        return window_sampler(self, self.windows, seed, shuffle)
 
     def limit_ids(self, limit: int, what: str) -> None:
         """Refuse windows holding an id at or past ``limit`` too (``what``: where it comes from, as
@@ -334,7 +225,7 @@ class TokenFiles(Dataset[dict[str, torch.Tensor]]):
 
     def __repr__(self) -> str:
         files = len({p.file.path for p in self.parts})
-        return f"TokenFiles({files} files, {len(self)} windows of {self.seq_len} tokens)"
+        return f"TokenFiles({files} files, {len(self)} {self.windows.mode} windows of {self.seq_len} tokens)"
 
 
 # -- the built-in dataset ``token_files`` -----------------------------------------------------------
@@ -362,13 +253,15 @@ def build_token_files(config: Config, split: Split) -> TokenFiles:
     """``DATA.DATASET.OPTIONS``: ``paths`` (files or glob patterns), ``seq_len`` (default 1024),
     ``dtype`` (uint16 or uint32, for a ``.bin`` without sidecar), ``vocab_size`` (default the
     sidecar's; more is allowed, e.g. padded to a multiple of 64), ``val_paths`` (validation files;
-    without them, the last ``DATA.DATASET.VAL_FRACTION`` of every file's windows is held out)."""
+    without them, the last ``DATA.DATASET.VAL_FRACTION`` of every file's windows is held out),
+    ``windows`` / ``val_windows`` (aligned or random, default aligned: see ``token_windows``)."""
     options = DatasetOptions("token_files", config.DATA.DATASET.OPTIONS, OPTIONS_KEY)
     paths = options.strings("paths", required=True)
     val_paths = options.strings("val_paths")
     seq_len = options.integer("seq_len", DEFAULT_SEQ_LEN, minimum=2)
     dtype = options.text("dtype", None, BIN_DTYPES)
     vocab_size = options.integer("vocab_size", None, minimum=1)
+    windows = window_option(options, split, config.EXPERIMENT.SEED)
     options.finish()
     assert paths is not None
     chosen, key = (val_paths, "val_paths") if split == "val" and val_paths else (paths, "paths")
@@ -383,24 +276,16 @@ def build_token_files(config: Config, split: Split) -> TokenFiles:
         parts = [FileWindows(f, 0, f.windows(seq_len)) for f in files]
     else:
         parts = split_parts(files, seq_len, config.DATA.DATASET.VAL_FRACTION, split)
-    dataset = TokenFiles(parts, seq_len, vocab_size=vocab, eos_id=eos)
+    dataset = TokenFiles(parts, seq_len, vocab_size=vocab, eos_id=eos, windows=windows)
     if len(dataset) == 0:
-        where = f"{OPTIONS_KEY}.{key}"
         if split == "val" and not val_paths:
-            raise ConfigError(
-                [
-                    (
-                        "DATA.DATASET.VAL_FRACTION",
-                        f"holds out no window of {seq_len} tokens for validation: raise it, or give {OPTIONS_KEY}.val_paths",
-                    )
-                ]
+            fix = f"raise it, or give {OPTIONS_KEY}.val_paths"
+            problem = (
+                "DATA.DATASET.VAL_FRACTION",
+                f"holds out no window of {seq_len} tokens for validation: {fix}",
             )
-        raise ConfigError(
-            [
-                (
-                    where,
-                    f"token_files: the {split} files hold no window of seq_len {seq_len} tokens: add data or lower seq_len",
-                )
-            ]
-        )
+        else:
+            says = f"the {split} files hold no window of seq_len {seq_len} tokens: add data or lower seq_len"
+            problem = (f"{OPTIONS_KEY}.{key}", f"token_files: {says}")
+        raise ConfigError([problem])
     return dataset
