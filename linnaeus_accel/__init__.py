@@ -3,7 +3,8 @@
 The Python API: ``Trainer(load_config(...), model, train_data, val_data).fit()``;
 ``DistributedContext`` for rank-aware user code (both imported on first use, so that
 ``linnaeus-accel plan`` does not load torch); ``Callback`` and ``register_callback`` for code of
-your own run during training (``linnaeus_accel.callbacks``).
+your own run during training (``linnaeus_accel.callbacks``); ``register_optimizer`` for an
+``OPTIMIZER.NAME`` of your own (``linnaeus_accel.optim``).
 """
 
 from __future__ import annotations
@@ -12,13 +13,22 @@ from typing import TYPE_CHECKING, Any
 
 from .callbacks import Callback, register_callback
 from .config import load_config
+from .optim import register_optimizer
 
 if TYPE_CHECKING:
     from .distributed import DistributedContext
     from .training.trainer import Trainer
 
 __version__ = "0.1.0"
-__all__ = ["Callback", "DistributedContext", "Trainer", "__version__", "load_config", "register_callback"]
+__all__ = [
+    "Callback",
+    "DistributedContext",
+    "Trainer",
+    "__version__",
+    "load_config",
+    "register_callback",
+    "register_optimizer",
+]
 
 
 def __getattr__(name: str) -> Any:

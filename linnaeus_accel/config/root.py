@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field
 from .base import Problem, Section
 from .callbacks import CallbackConfig
 from .lr import LRSchedulerConfig
+from .optimizer import OptimizerConfig
 from .run import EnvConfig, ExperimentConfig
 from .schedule import ScheduleConfig
 from .sections import (
@@ -62,6 +63,7 @@ class Config(Section):
     TASK: TaskConfig = Field(default_factory=TaskConfig)
     LOSS: LossConfig = Field(default_factory=LossConfig)
     TRAIN: TrainConfig = Field(default_factory=TrainConfig)
+    OPTIMIZER: OptimizerConfig = Field(default_factory=OptimizerConfig)
     LR_SCHEDULER: LRSchedulerConfig = Field(default_factory=LRSchedulerConfig)
     SCHEDULE: ScheduleConfig = Field(default_factory=ScheduleConfig)
     CALLBACKS: list[CallbackConfig] = Field(

@@ -17,6 +17,7 @@ from .augmentation import MetaMasking, Mixup, combination_problems
 from .base import (
     Fraction,
     NonNegativeInt,
+    PositiveInt,
     Problem,
     Section,
     StepsOrOff,
@@ -60,8 +61,16 @@ class PartialMaskMetaValidation(Section):
 
 
 class FinalEpochValidation(Section):
-    """Extra validation passes at the last epoch boundary."""
+    """The validation at the run's last epoch boundary: what data it reads, and extra passes."""
 
+    WHOLE_SPLIT: bool = Field(
+        True,
+        description="With MAX_BATCHES: the final validation (every pass at the run's last boundary, "
+        "and evaluate's) reads the whole validation split, so the run's last val/ metrics are exact "
+        "and comparable with other frameworks' full evaluations; false: it reads the same subset as "
+        "the others. The final checkpoint is then ranked (KEEP_TOP_N, the best metric) by its "
+        "whole-split metric against the earlier checkpoints' subset metrics.",
+    )
     EXHAUSTIVE_PARTIAL_META_VALIDATION: bool = Field(
         False, description="At the final epoch, one pass per non-empty proper subset of the components."
     )
@@ -117,6 +126,18 @@ class ValidationSchedule(Section):
     )
     PARTIAL_MASK_META: PartialMaskMetaValidation = Field(default_factory=PartialMaskMetaValidation)
     FINAL_EPOCH: FinalEpochValidation = Field(default_factory=FinalEpochValidation)
+    MAX_BATCHES: PositiveInt | None = Field(
+        None,
+        description="Each validation pass reads this many batches per process (DATA.BATCH_SIZE_VAL) "
+        "instead of the whole split (null, the default): a fixed subset of MAX_BATCHES x batch x "
+        "processes samples drawn once from EXPERIMENT.SEED, the same at every validation and in "
+        "every run with that seed and number of processes (with more processes it grows to include "
+        "the smaller one's), read in index order; a split no larger is read whole. A stream "
+        "(IterableDataset), or a DataLoader given for validation, has no random access: its first "
+        "MAX_BATCHES batches per process. Early stopping and the checkpoints' ranking then use the "
+        "subset's metrics. The final validation reads the whole split unless "
+        "FINAL_EPOCH.WHOLE_SPLIT is false. nanoGPT's eval_iters, Lightning's limit_val_batches.",
+    )
     MID_EPOCH: bool = Field(
         False,
         description="Validation intervals given in steps or fractions (INTERVAL_*, MASK_META_INTERVAL_*, "

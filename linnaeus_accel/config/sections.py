@@ -261,17 +261,46 @@ class TaskConfig(Section):
         None,
         description="Model FLOPs per sample (forward + backward), for MFU, for tasks that do not count tokens.",
     )
+    MODEL_LOSS: bool = Field(
+        False,
+        description="causal_lm: the model computes its own loss, as nanoGPT's and minGPT's do: each "
+        "window of seq_len tokens is split into inputs (its first seq_len - 1) and targets (its last "
+        "seq_len - 1), the model is called as model(inputs, targets) and returns (logits, loss) (or "
+        "the loss, or an object with .loss), the loss being the mean over its targets; the step's "
+        "loss stays the mean over every target token.",
+    )
+    MODEL_IGNORE_INDEX: int = Field(
+        -100,
+        description="causal_lm with MODEL_LOSS: the target value the model's loss ignores (its "
+        "cross-entropy's ignore_index: -1 for nanoGPT and minGPT, -100 for PyTorch's default); "
+        "targets without a label (padding, even-batch repeats) are given to the model as this value.",
+    )
 
     def problems(self) -> list[Problem]:
+        problems: list[Problem] = []
         if self.FLOPS_PER_TOKEN is not None and self.FLOPS_PER_SAMPLE is not None:
-            return [
+            problems.append(
                 Problem(
                     ("FLOPS_PER_TOKEN", "FLOPS_PER_SAMPLE"),
                     "{0} and {1} are set together: MFU is counted from one of them, so keep "
                     "FLOPS_PER_TOKEN for tasks that count tokens and FLOPS_PER_SAMPLE otherwise",
                 )
-            ]
-        return []
+            )
+        if self.MODEL_LOSS and self.NAME in ("hierarchical", "classification"):
+            problems.append(
+                Problem(
+                    ("MODEL_LOSS", "NAME"), f"{{0}} is for causal_lm, and {{1}} is {self.NAME}: turn it off"
+                )
+            )
+        if self.MODEL_IGNORE_INDEX != -100 and not self.MODEL_LOSS:
+            problems.append(
+                Problem(
+                    ("MODEL_IGNORE_INDEX", "MODEL_LOSS"),
+                    "{0} is the value a model's own loss ignores, and {1} is off (the task computes the "
+                    "loss, ignoring -100): set {1} to true, or leave {0} out",
+                )
+            )
+        return problems
 
 
 class GradNormConfig(Section):

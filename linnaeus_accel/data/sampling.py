@@ -14,9 +14,10 @@ many samples of a batch are real is a pure function of host ints: no communicati
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator, Sized
+from collections.abc import Callable, Iterator, Sequence, Sized
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
@@ -25,6 +26,9 @@ from .keyed_random import python_keyed_bits
 from .permutation import KeyedPermutation
 
 RANDPERM_MAX = 2**16  # up to here an epoch's order is torch.randperm's; above, a KeyedPermutation
+# The keyed-permutation stream of the validation subset (SCHEDULE.VALIDATION.MAX_BATCHES): apart
+# from stream 0 of the training shuffle, so validating on the training data draws other samples.
+_VALIDATION_SUBSET_STREAM = 0x7661_6C73  # "vals"
 
 
 class EpochOrderSampler(Sampler[int]):
@@ -66,6 +70,19 @@ class EpochOrderSampler(Sampler[int]):
         """The epoch's indices from position ``start`` on."""
         raise NotImplementedError
 
+    def indices_at(self, positions: Sequence[int]) -> list[int]:
+        """The indices at ``positions`` (ascending) of the current epoch's order. Here by reading
+        the order up to the last of them, once; a sampler with random access does better."""
+        wanted, out = iter(positions), []
+        target = next(wanted, None)
+        for position, index in enumerate(self._order(0)):
+            if target is None:
+                break
+            if position == target:
+                out.append(index)
+                target = next(wanted, None)
+        return out
+
 
 class EpochSeededSampler(EpochOrderSampler):
     """A shuffled (or, with ``shuffle=False``, sequential) order of every sample.
@@ -89,6 +106,49 @@ class EpochSeededSampler(EpochOrderSampler):
             return iter(torch.randperm(self.size, generator=generator)[start:].tolist())
         permutation = KeyedPermutation(self.size, self.seed, self.epoch)
         return itertools.chain.from_iterable(permutation.chunks(start))
+
+    def indices_at(self, positions: Sequence[int]) -> list[int]:
+        if not self.shuffle:  # validation's order: position p is sample p
+            return list(positions)
+        return super().indices_at(positions)
+
+
+class SubsetSampler(EpochOrderSampler):
+    """A validation pass's fixed subset (SCHEDULE.VALIDATION.MAX_BATCHES): ``count`` positions of
+    ``base``'s epoch-0 order, the first ``count`` of a permutation keyed by ``seed`` alone, read in
+    ascending position order. The same at every pass (``set_epoch`` changes nothing) and in every
+    run with the seed; the subset of ``n`` samples is part of that of any ``m > n``, so runs on
+    other numbers of processes validate on nested subsets."""
+
+    def __init__(self, base: EpochOrderSampler, count: int, seed: int) -> None:
+        count = min(count, base.size)
+        super().__init__(count, seed)
+        base.set_epoch(0)
+        permutation = KeyedPermutation(base.size, seed, 0, stream=_VALIDATION_SUBSET_STREAM)
+        positions = np.sort(permutation.take(np.arange(count, dtype=np.uint64))).tolist()
+        self.positions: list[int] = positions
+        self.indices = base.indices_at(positions)
+
+    def _order(self, start: int) -> Iterator[int]:
+        return iter(self.indices[start:])
+
+
+def subset_dataloader(loader: DataLoader[Any], count: int, seed: int) -> DataLoader[Any]:
+    """``loader`` (one ``make_dataloader`` made) reading only a ``SubsetSampler`` of ``count``
+    samples of its order, with its batch size, collation, workers and memory pinning."""
+    base = loader.sampler
+    assert isinstance(base, EpochOrderSampler), "a subset of the Trainer's own loaders only"
+    return DataLoader(
+        loader.dataset,
+        collate_fn=loader.collate_fn,
+        batch_size=loader.batch_size,
+        sampler=SubsetSampler(base, count, seed),
+        drop_last=False,
+        num_workers=loader.num_workers,
+        persistent_workers=loader.persistent_workers,
+        pin_memory=loader.pin_memory,
+        generator=torch.Generator(),
+    )
 
 
 def epoch_sampler(dataset: Sized, seed: int, shuffle: bool) -> EpochOrderSampler:

@@ -45,6 +45,12 @@ FORWARD_ONLY = (
 # The split of the effective batch over processes and accumulation: elastic resume converts the
 # position when the product is the same (checked by ``resume.compatible_position``).
 ELASTIC = ("DATA.BATCH_SIZE", "TRAIN.ACCUMULATION_STEPS")
+# Applied changes whose line says more: what they do to comparisons with the steps before.
+_NOTES = {
+    "SCHEDULE.VALIDATION.MAX_BATCHES": "validations from here on read another part of the split: their "
+    "metrics, and the best metric and checkpoint ranking that compare them with earlier ones, are "
+    "not like for like",
+}
 _SAMPLED_STEPS = 20_000  # schedule values compared at most at this many past steps
 
 
@@ -110,7 +116,10 @@ def review_changes(
     changed = differing_keys(saved_config, config.model_dump(mode="json"))
     if not changed:
         return []
-    lines = [f"{key}: {old!r} -> {new!r}" for key, (old, new) in changed.items()]
+    lines = [
+        f"{key}: {old!r} -> {new!r}" + (f" ({_NOTES[key]})" if key in _NOTES else "")
+        for key, (old, new) in changed.items()
+    ]
     refused = [key for key in changed if not _forward_only(key) and key not in ELASTIC]
     problems = [
         (key, f"was {changed[key][0]!r} in the checkpoint, is {changed[key][1]!r} now") for key in refused

@@ -13,7 +13,9 @@ from ..config import Config
 from .event_steps import EVENT_KINDS, event_steps, forced_at_end, interval_of, mid_epoch_multiples
 from .lr import LRCurve
 from .ops import EventEpochs, OpsSchedule
+from .optimizer_summary import optimizer_lines
 from .plan import ResolvedPlan
+from .validation_budget import validation_budget, validation_budget_line
 
 SERIES_FULL_LIMIT = 100_000
 SERIES_SAMPLES = 10_000
@@ -89,8 +91,10 @@ def summary_text(config: Config, plan: ResolvedPlan) -> str:
             head += f" (params matching {', '.join(plan.group_patterns[i - 1])})"
         lines.append(f"{head}: peak {curve.base_lr:.4g}, min {curve.min_lr:.4g}")
         lines.append("  " + describe_lr(curve))
+    lines += optimizer_lines(config)
     lines.append("")
     lines.append(f"Validation:            {_event_text(plan, 'validation')}")
+    lines += validation_budget_line(config, plan)
     lines.append(f"Mask-meta validation:  {_event_text(plan, 'mask_meta_validation')}")
     combos = "; ".join("+".join(c) for c in plan.partial_validation_whitelist)
     partial = _event_text(plan, "partial_mask_meta_validation")
@@ -388,6 +392,7 @@ def plan_json(config: Config, plan: ResolvedPlan, with_series: bool = True) -> d
             "lr_interval": plan.lr_interval,
             "trackers": list(config.EXPERIMENT.trackers),
         },
+        "validation_budget": validation_budget(config, plan),  # null: every pass reads the whole split
         "warnings": list(plan.warnings),
     }
     if with_series:

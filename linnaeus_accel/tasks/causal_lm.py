@@ -11,6 +11,19 @@ logits ``[batch, length, vocab]``, or an object with ``.logits`` such as a trans
 A target token is a unit: the step's loss is the mean over every target token of the step, on
 every process, and ``tokens_seen`` counts them. Validation: loss and perplexity over every token.
 
+Models that compute their own loss (``TASK.MODEL_LOSS: true``), as nanoGPT's, minGPT's and many
+research models do, ``forward(idx, targets) -> (logits, loss)``: each window is split into inputs
+(its first ``length - 1`` tokens) and targets (``labels`` from the second position on), so a window
+of ``seq_len`` tokens suits a model with a context of ``seq_len - 1``; the model is called as
+``model(inputs, targets)`` and returns ``(logits, loss)`` (or the loss alone, or an object or
+mapping with ``loss``), the loss being the mean over the targets it does not ignore. Targets
+without a label (-100 in ``labels``) are given to it as ``TASK.MODEL_IGNORE_INDEX`` (nanoGPT and
+minGPT ignore -1; PyTorch's cross-entropy -100 by default). The task counts the same targets on
+the device and multiplies the model's mean by their number, so the step's loss is still the mean
+over every target token of the step, as the per-token sums make it. ``attention_mask`` is not
+passed: unlabelled (right) padding carries no target and, behind the real tokens of a causal model,
+changes none of their predictions.
+
 Before the first step the model's vocabulary is checked against the training data's: a dataset may
 declare ``vocab_size`` and ``max_token_id`` (``TokenFiles`` reads the largest id from its
 sidecars), and a model with fewer outputs is refused. ``MODEL.OPTIONS.vocab_size`` is compared
@@ -34,6 +47,7 @@ from .base import (
     IGNORE_INDEX,
     Direction,
     Task,
+    TaskContext,
     ValidationPass,
     describe_keys,
     drop_targets,
@@ -43,6 +57,10 @@ from .base import (
 )
 
 VOCAB_KEY = "MODEL.OPTIONS.vocab_size"
+MODEL_LOSS_ADVICE = (
+    "a model whose forward is (idx, targets) -> (logits, loss) computes its own loss: set TASK.MODEL_LOSS "
+    "to true (and TASK.MODEL_IGNORE_INDEX to the target value it ignores, -1 for nanoGPT)"
+)
 
 
 def vocabulary_shortfall(size: int, dataset: Any) -> tuple[int, str] | None:
@@ -64,10 +82,67 @@ def vocabulary_shortfall(size: int, dataset: Any) -> tuple[int, str] | None:
     return needed, f"{why}: the model would have no output for ids {size} to {needed - 1}"
 
 
+def model_loss_of(output: Any) -> Tensor:
+    """The loss a model computed itself: the second item of a ``(logits, loss)`` pair (nanoGPT,
+    minGPT), a mapping's ``"loss"``, an object's ``.loss``, or the output when it is one number."""
+    if isinstance(output, Tensor):
+        loss: Any = output
+    elif isinstance(output, (tuple, list)):
+        loss = output[1] if len(output) >= 2 else None
+    elif isinstance(output, Mapping):
+        loss = output.get("loss")
+    else:
+        loss = getattr(output, "loss", None)
+    if not isinstance(loss, Tensor) or loss.numel() != 1 or not loss.is_floating_point():
+        got = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, Tensor) else type(loss).__name__
+        raise TypeError(
+            f"with TASK.MODEL_LOSS the model must return its loss, one number (the mean over its targets), as "
+            f"(logits, loss), the loss alone, or an object with .loss; its loss was {got} "
+            f"(the model returned {type(output).__name__})"
+        )
+    return loss
+
+
+def model_logits_of(output: Any) -> Tensor | None:
+    """The logits beside a model's own loss, where it returns them (the vocabulary check reads them)."""
+    if isinstance(output, (tuple, list)):
+        first = output[0] if output else None
+        return first if isinstance(first, Tensor) else None
+    try:
+        return logits_of(output) if not isinstance(output, Tensor) else None
+    except TypeError:
+        return None
+
+
+def add_to_message(exc: BaseException, hint: str) -> None:
+    """``hint`` at the end of ``exc``'s message, when its message is its one string argument (the
+    exception keeps its type and traceback)."""
+    if len(exc.args) == 1 and isinstance(exc.args[0], str) and str(exc) == exc.args[0]:
+        exc.args = (f"{exc.args[0]} ({hint})",)
+
+
 class CausalLMTask(Task):
     name = "causal_lm"
     counts_tokens = True
     metric_directions: Mapping[str, Direction] = {"loss": "min", "perplexity": "min"}
+    # TASK.MODEL_LOSS and TASK.MODEL_IGNORE_INDEX, read at bind unless given to the constructor.
+    model_loss = False
+    ignore_index = IGNORE_INDEX
+
+    def __init__(self, model_loss: bool | None = None, ignore_index: int | None = None) -> None:
+        self.given = {"model_loss": model_loss, "ignore_index": ignore_index}
+        if model_loss is not None:
+            self.model_loss = model_loss
+        if ignore_index is not None:
+            self.ignore_index = ignore_index
+
+    def bind(self, context: TaskContext) -> None:
+        super().bind(context)
+        given = getattr(self, "given", {})  # a subclass's __init__ may not call this one
+        if given.get("model_loss") is None:
+            self.model_loss = context.config.TASK.MODEL_LOSS
+        if given.get("ignore_index") is None:
+            self.ignore_index = context.config.TASK.MODEL_IGNORE_INDEX
 
     def config_problems(self, config: Config) -> list[tuple[str, str]]:
         problems = linnaeus_only_problems(config, self.name)
@@ -91,10 +166,33 @@ class CausalLMTask(Task):
         shapes = {k: tuple(batch[k].shape) for k in ("input_ids", "labels", "attention_mask") if k in batch}
         if any(len(s) != 2 for s in shapes.values()) or len(set(shapes.values())) != 1:
             return f"input_ids, labels and attention_mask must all be [batch, length], got {shapes}"
+        if self.model_loss and shapes["input_ids"][1] < 2:
+            return f"with TASK.MODEL_LOSS each window needs at least 2 tokens (an input and its target), got {shapes}"
         return None
 
+    def _vocabulary_problem(self, logits: Tensor) -> str | None:
+        if getattr(self, "context", None) is None or logits.dim() < 1:
+            return None
+        size = logits.shape[-1]
+        if (found := vocabulary_shortfall(size, self.context.dataset)) is None:
+            return None
+        least, why = found
+        return (
+            f"the model's logits have {size} entries per token, but {why}; give it at least "
+            f"{least} outputs ({VOCAB_KEY} for hf_causal_lm)"
+        )
+
     def output_problem(self, output: Any, batch: Any) -> str | None:
+        if self.model_loss:
+            try:
+                model_loss_of(output)
+            except TypeError as exc:
+                return str(exc)
+            logits = model_logits_of(output)
+            return self._vocabulary_problem(logits) if logits is not None and logits.dim() == 3 else None
         problem = output_logits_problem(output)
+        if problem is not None and isinstance(output, (tuple, list)):
+            problem += f"; {MODEL_LOSS_ADVICE}"
         if problem is None:
             logits = logits_of(output)
             if logits.dim() != 3 or tuple(logits.shape[:2]) != tuple(batch["input_ids"].shape):
@@ -102,14 +200,8 @@ class CausalLMTask(Task):
                     f"the causal_lm task needs logits [batch, length, vocab] for input_ids {tuple(batch['input_ids'].shape)}, "
                     f"got {tuple(logits.shape)}"
                 )
-            elif getattr(self, "context", None) is not None:
-                size = logits.shape[-1]
-                if (found := vocabulary_shortfall(size, self.context.dataset)) is not None:
-                    least, why = found
-                    problem = (
-                        f"the model's logits have {size} entries per token, but {why}; give it at least "
-                        f"{least} outputs ({VOCAB_KEY} for hf_causal_lm)"
-                    )
+            else:
+                problem = self._vocabulary_problem(logits)
         return problem
 
     def default_flops_per_unit(self, model: nn.Module) -> float | None:
@@ -123,14 +215,56 @@ class CausalLMTask(Task):
         return {**batch, "labels": drop_targets(batch["labels"], real)}
 
     def units(self, batch: Any) -> Tensor:
-        labels: Tensor = batch["labels"]
-        return (labels[:, 1:] != IGNORE_INDEX).sum().reshape(1)
+        targets: Tensor = batch["labels"][:, 1:]
+        kept = targets != IGNORE_INDEX
+        if self.model_loss and self.ignore_index != IGNORE_INDEX:
+            kept &= targets != self.ignore_index  # what the model's own loss leaves out
+        return kept.sum().reshape(1)
+
+    def split_window(self, batch: Any) -> tuple[Tensor, Tensor]:
+        """``(inputs, targets)`` for a model with its own loss: each window's first ``length - 1``
+        tokens, and its labels from the second position on, an unlabelled one as ``ignore_index``.
+        Contiguous, since such models flatten them with ``.view``."""
+        targets: Tensor = batch["labels"][:, 1:]
+        if self.ignore_index != IGNORE_INDEX:
+            targets = targets.masked_fill(targets == IGNORE_INDEX, self.ignore_index)
+        return batch["input_ids"][:, :-1].contiguous(), targets.contiguous()
 
     def forward(self, model: nn.Module, batch: Any) -> Any:
-        mask = batch.get("attention_mask")
-        return model(batch["input_ids"]) if mask is None else model(batch["input_ids"], attention_mask=mask)
+        try:
+            if self.model_loss:
+                return model(*self.split_window(batch))
+            mask = batch.get("attention_mask")
+            return (
+                model(batch["input_ids"]) if mask is None else model(batch["input_ids"], attention_mask=mask)
+            )
+        except Exception as exc:
+            # Without gradients (the first-batch probe, validation): a model refusing the length it
+            # was given ("Cannot forward sequence of length 65") learns what seq_len counts. A
+            # training step's error, and running out of memory, are left as they are.
+            if not torch.is_grad_enabled() and not isinstance(
+                exc, (torch.cuda.OutOfMemoryError, MemoryError)
+            ):
+                add_to_message(exc, self._length_hint(batch["input_ids"].shape[-1]))
+            raise
+
+    def _length_hint(self, length: int) -> str:
+        if self.model_loss:
+            return (
+                f"causal_lm with TASK.MODEL_LOSS gave the model {length - 1} input tokens per row: seq_len ({length}) "
+                "counts the shifted target, so the inputs are seq_len - 1 tokens, and a model whose context is N "
+                "tokens takes seq_len up to N + 1"
+            )
+        return (
+            f"causal_lm gave the model {length} tokens per row, the whole window: seq_len ({length}) counts the "
+            "shifted target, and without TASK.MODEL_LOSS the model sees all seq_len tokens, so a model whose "
+            "context is N tokens takes seq_len up to N; with TASK.MODEL_LOSS, for a model that computes its own "
+            "loss from (inputs, targets), it is given seq_len - 1 and takes seq_len up to N + 1"
+        )
 
     def _summed_loss(self, model: nn.Module, batch: Any) -> Tensor:
+        if self.model_loss:
+            return self._model_summed_loss(model, batch)
         logits = logits_of(self.forward(model, batch))[:, :-1]
         return F.cross_entropy(
             logits.reshape(-1, logits.shape[-1]).float(),
@@ -138,6 +272,15 @@ class CausalLMTask(Task):
             ignore_index=IGNORE_INDEX,
             reduction="sum",
         )
+
+    def _model_summed_loss(self, model: nn.Module, batch: Any) -> Tensor:
+        """The model's mean over its targets times their number: the sum the per-token path
+        returns, so the step divides it by every target of the step as it divides that one. A
+        micro-batch without targets (all even-batch repeats) has a mean of 0/0: it adds 0, and no
+        gradient (a where, not a multiplication by 0, which would keep the nan)."""
+        loss = model_loss_of(self.forward(model, batch)).reshape(()).float()
+        count = self.units(batch)[0]
+        return torch.where(count > 0, loss * count, torch.zeros((), device=loss.device))
 
     def loss_sums(self, model: nn.Module, batch: Any) -> Tensor:
         return self._summed_loss(model, batch).reshape(1)

@@ -26,6 +26,7 @@ from ..tasks import Task, ValidationPass
 from .batches import BatchSource
 from .meter import TrainMeter
 from .validation import run_pass, validation_line
+from .validation_data import ValidationBatches
 
 
 class RunEvents:
@@ -125,6 +126,8 @@ class RunEvents:
         step = self.progress.global_step
         journal = self.checkpointer.current if self.checkpointer.current_step == step else None
         self.passes_done = done  # filled pass by pass: Trainer.dump_metrics_state() shows it
+        if isinstance(self.val_batches, ValidationBatches):  # SCHEDULE.VALIDATION.MAX_BATCHES
+            self.val_batches.select(final=point.final)
         results: dict[str, float] = {}
         for vpass in passes:
             if self.preemption.should_stop(step, now=True):

@@ -23,6 +23,8 @@ from ..data.stream_reader import StreamError
 from ..data.streaming import StreamShard, stream_loader
 from ..data.token_format import TokenOutOfVocab
 from ..data.token_vocab import NO_LIMIT, limit_token_ids
+from ..optim import build_from_config
+from ..optim.groups import parameter_kinds, unused_settings
 from ..run_directory.launcher import follow_launcher, startup_deadline
 from ..run_directory.trackers import check_log_with, log_with
 from ..schedule import ResolvedPlan, resolve_plan
@@ -30,7 +32,10 @@ from ..schedule.steps import batches_per_process
 from ..tasks.causal_lm import VOCAB_KEY, vocabulary_shortfall
 from .backends import check_backend
 from .batches import BatchSource
+from .validation_data import validation_batches
 
+# A Trainer's Python ``optimizer=``: the parameter groups (``parameter_groups`` lists their keys:
+# params, name, lr_group, weight_decay where the config decides it) -> the optimizer, at lr 0.0.
 OptimizerFactory = Callable[[list[dict[str, Any]]], torch.optim.Optimizer]
 
 
@@ -86,30 +91,73 @@ def _accelerator(config: Config, launched: int, accum: int) -> Accelerator:
     )
 
 
-def default_optimizer(param_groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(param_groups, lr=0.0, weight_decay=0.0)
+def default_optimizer(
+    param_groups: list[dict[str, Any]], config: Config | None = None
+) -> torch.optim.Optimizer:
+    """The Trainer's default: the optimizer OPTIMIZER names (AdamW, weight decay 0, torch's betas
+    and eps unless the config says otherwise), over ``param_groups`` (see ``parameter_groups``)."""
+    return build_from_config(param_groups, config if config is not None else Config())
 
 
 def parameter_groups(model: nn.Module, config: Config) -> list[dict[str, Any]]:
-    """Group 0 takes the parameters no LR_SCHEDULER.PARAMETER_GROUPS entry matches (SPEC §3)."""
+    """The optimizer's parameter groups, in an order fixed by the model and the config (so that a
+    resumed run's optimizer state fits them). Each is a dict with keys:
+
+    - ``params``: its trained parameters (frozen ones, as a LoRA base's, are in no group), in
+      ``model.named_parameters()`` order;
+    - ``name``: the label of its LR_SCHEDULER group: ``default`` for group 0, which takes the
+      parameters no LR_SCHEDULER.PARAMETER_GROUPS entry matches (SPEC §3), else the entry's LABEL;
+    - ``lr_group``: that LR group's index (0 for ``default``): the schedule sets the group's ``lr``
+      from its curve before every step;
+    - ``weight_decay``: where the config decides it: 0.0 on the groups of OPTIMIZER.NO_DECAY's
+      parameters, OPTIMIZER.WEIGHT_DECAY on the others when it is not 0 (else the optimizer's own
+      default applies: a Python factory's, or OPTIMIZER.WEIGHT_DECAY's 0 for a built-in one).
+
+    Groups 0..N are the N+1 LR groups (as before OPTIMIZER existed); with OPTIMIZER.NO_DECAY, each
+    LR group's parameters of those kinds follow as a group of their own, in LR-group order (an LR
+    group without any forms none)."""
     groups = config.LR_SCHEDULER.PARAMETER_GROUPS
+    rule = set(config.OPTIMIZER.NO_DECAY)
+    kinds = parameter_kinds(model) if rule else {}
     members: list[list[nn.Parameter]] = [[] for _ in range(len(groups) + 1)]
+    exempt: list[list[nn.Parameter]] = [[] for _ in range(len(groups) + 1)]
     for name, param in model.named_parameters():
         if param.requires_grad:
             index = next((i + 1 for i, g in enumerate(groups) if any(fnmatch(name, p) for p in g.MATCH)), 0)
-            members[index].append(param)
-    empty = [g.LABEL for g, params in zip(groups, members[1:], strict=True) if not params]
+            (exempt if rule & kinds.get(id(param), set()) else members)[index].append(param)
+    empty = [
+        g.LABEL for g, params, more in zip(groups, members[1:], exempt[1:], strict=True) if not params + more
+    ]
     if empty:
         raise ConfigError(
             [("LR_SCHEDULER.PARAMETER_GROUPS", f"no parameter matches group(s) {', '.join(empty)}")]
         )
     labels = ["default", *(g.LABEL for g in groups)]
-    return [{"params": params, "name": label} for label, params in zip(labels, members, strict=True)]
+    decay = config.OPTIMIZER.WEIGHT_DECAY
+    rate = {"weight_decay": decay} if decay else {}
+    out = [
+        {"params": params, "name": label, "lr_group": i, **rate}
+        for i, (label, params) in enumerate(zip(labels, members, strict=True))
+    ]
+    out += [
+        {"params": params, "name": label, "lr_group": i, "weight_decay": 0.0}
+        for i, (label, params) in enumerate(zip(labels, exempt, strict=True))
+        if params
+    ]
+    return out
 
 
 def build_optimizer(
     optimizer: OptimizerFactory | torch.optim.Optimizer, model: nn.Module, config: Config
 ) -> torch.optim.Optimizer:
+    """The run's optimizer: built from OPTIMIZER (the Trainer's default, ``default_optimizer``), by
+    the factory given from ``parameter_groups``, or the optimizer given. OPTIMIZER settings that
+    the one given would not read are ConfigErrors (``optim.groups.unused_settings``)."""
+    if optimizer is default_optimizer:
+        return default_optimizer(parameter_groups(model, config), config)
+    given = isinstance(optimizer, torch.optim.Optimizer)
+    if unused := unused_settings(config, built=given):
+        raise ConfigError(unused)
     expected = 1 + len(config.LR_SCHEDULER.PARAMETER_GROUPS)
     if isinstance(optimizer, torch.optim.Optimizer):
         if len(optimizer.param_groups) != expected:
@@ -291,10 +339,8 @@ def prepare_run(
         acc, train_loader, train.size, train.batch_size, stream=train.stream, seed=seed,
         sampler=train.sampler, drop_last=config.DATA.DROP_LAST,
     )  # fmt: skip
-    val_batches = None if val is None else BatchSource(
-        acc, val.loader if val.stream else acc.prepare(val.loader), val.size, val.batch_size,
-        stream=val.stream, seed=seed,
-    )  # fmt: skip
+    # SCHEDULE.VALIDATION.MAX_BATCHES: a fixed budget of the validation split (validation_data)
+    val_batches = None if val is None else validation_batches(acc, config, val)
     return Prepared(model, optimizer, train_batches, val_batches, per_epoch)
 
 

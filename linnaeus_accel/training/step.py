@@ -105,8 +105,11 @@ class OptimizerStep:
         """Global step ``k`` (0-based): prepare, count, forward/backward, clip, step."""
         task, acc = self.task, self.accelerator
         # Before any backward: under DeepSpeed the optimizer steps inside the last one.
+        # A group's LR curve is its lr_group's (parameter_groups; OPTIMIZER.NO_DECAY's groups follow
+        # the N+1 LR groups); an optimizer given built, or restored from an older checkpoint, has
+        # exactly the N+1 LR groups, in order.
         for i, group in enumerate(self.stepped.param_groups):
-            group["lr"] = self.plan.lr(k, i)
+            group["lr"] = self.plan.lr(k, group.get("lr_group", i))
         batches, units = [], []
         for mb in window:
             batch = task.prepare(mb.data, k, epoch, mb.position, mb.real)

@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..callbacks import Callback, build_callbacks, callback_name
 from ..config import Config, ConfigError
+from ..optim.groups import optimizer_line
 from ..progress import TrainingConsistencyChecker, TrainingProgress
 from ..run_directory.failures import NonFiniteGuard, RunFailed
 from ..run_directory.faults import fault_point
@@ -87,8 +88,8 @@ class Trainer:
         """``train_data``/``val_data``: map-style datasets (batched with DATA.BATCH_SIZE by a
         sampler seeded by (seed, epoch)), ``IterableDataset`` streams (sharded across processes
         and DataLoader workers), or ready DataLoaders. ``task``: a ``Task`` (default: built from
-        TASK.NAME). ``optimizer``: a factory taking the parameter groups of
-        LR_SCHEDULER.PARAMETER_GROUPS (group 0 first), or a built optimizer with that many groups.
+        TASK.NAME). ``optimizer``: default: built from OPTIMIZER; a factory taking the parameter
+        groups (``setup.parameter_groups`` says their keys), or a built one with a group per LR group.
         ``collate_fn``: how samples of the datasets given become a batch (e.g. padding sequences
         of different lengths; default: torch's ``default_collate``).
         ``remote``: a ``linnaeus_accel.checkpoint.remote.RemoteCheckpoints`` (default:
@@ -105,7 +106,9 @@ class Trainer:
             as_loader(config, val_data, False, rank, world, collate_fn, pin) if val_data is not None else None
         )
         self.train_size = train.size
-        prepared = prepare_run(acc, config, model, build_optimizer(optimizer, model, config), train, val)
+        built = build_optimizer(optimizer, model, config)
+        self.optimizer_line = optimizer_line(built)  # before prepare: whole parameters, as built
+        prepared = prepare_run(acc, config, model, built, train, val)
         self.model, self.optimizer, self.train_batches, self.val_batches = prepared[:4]
         # The config's callbacks, then those given here; the plan says when each one runs.
         all_callbacks = [*build_callbacks(config), *callbacks]
@@ -389,7 +392,8 @@ class Trainer:
         )
         text = summary_text(config, self.plan)
         self.out.write_assets(config, text, self.plan)
-        self.out.say("\n".join(filter(None, [text, model_line(self.end.run_info)])))  # and what trains
+        trains = [model_line(self.end.run_info), self.optimizer_line]  # what trains, and how
+        self.out.say("\n".join(filter(None, [text, *trains])))
         init_trackers(acc, config, self.checkpoints.wandb_run_id, self.progress.global_step)
         self.out.start_progress(self.progress.global_step, self.progress.current_epoch)  # after the summary
         self.model.train()
