@@ -101,7 +101,7 @@ def test_python_docs_streaming_len_is_what_iterating_gives() -> None:
 @pytest.mark.parametrize(
     ("options", "match"),
     [
-        ({"seq_lenght": 64}, "takes seq_len and streaming, not seq_lenght"),
+        ({"seq_lenght": 64}, "takes seq_len, streaming and windows, not seq_lenght"),
         ({"seq_len": 1}, "seq_len must be an integer of at least 2"),
         ({"seq_len": True}, "seq_len must be an integer"),
         ({"seq_len": "64"}, "seq_len must be an integer"),

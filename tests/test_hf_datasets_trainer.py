@@ -62,8 +62,9 @@ class ScriptRun(TrainRun):
 LAYOUTS = [  # (mode, workers, processes)
     pytest.param("map", 2, 2, id="map-2x2"),
     pytest.param("stream", 2, 1, id="stream-1x2"),
-    pytest.param("stream", 0, 2, id="stream-2x0"),
-]  # 2 x 2 streaming: test_data_at_scale (hf_dataset, killed inside a pass's tail), test_sharded_streams
+]  # 2 processes streaming (2 workers each): test_data_at_scale (hf_dataset, killed inside a pass's
+# tail), test_sharded_streams; a stream's position held by the main process (no workers) on 2
+# processes: test_streaming's resume tests, and stream-1x2 here for hf_dataset's own state
 
 
 @pytest.mark.parametrize(("mode", "workers", "processes"), LAYOUTS)

@@ -25,6 +25,7 @@ LAYERS: dict[str, float] = {
     "schedule": 2,
     "data": 3,
     "models": 3,
+    "optim": 3,  # beside models: the optimizer built for them (a registry, the parameter groups)
     "distributed": 3,
     "tasks": 4,
     "run_directory": 5.0,
