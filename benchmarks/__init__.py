@@ -9,6 +9,7 @@ seconds-long run the test suite makes so that no benchmark rots.
 # In the order ``python -m benchmarks`` runs them.
 MODULES = (
     "step_overhead",
+    "nanogpt_step",
     "hf_trainer",
     "resume",
     "checkpoint",

@@ -19,6 +19,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 MODULES = (
     "step_overhead",
+    "nanogpt_step",
     "hf_trainer",
     "resume",
     "checkpoint",
