@@ -56,15 +56,3 @@ def fresh_accelerate_state() -> Iterator[None]:
     reset_accelerate()
     yield
     reset_accelerate()
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Modules with end-to-end (``slow``) tests first, each module's tests kept together and in
-    order (module fixtures such as a shared reference run are then set up once per worker): under
-    ``pytest -n 2`` the long runs start early and the many short tests fill in around them, instead
-    of one long run starting last and keeping a worker busy after the other has finished."""
-    slow_modules = {item.module.__name__ for item in items if item.get_closest_marker("slow") and item.module}
-    order = {id(item): i for i, item in enumerate(items)}
-    items.sort(
-        key=lambda item: (item.module is None or item.module.__name__ not in slow_modules, order[id(item)])
-    )
