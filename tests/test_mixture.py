@@ -456,3 +456,12 @@ def test_a_model_built_for_a_mixture_reads_what_its_sources_say_alike() -> None:
     odd = Mixture([MixtureSource("a", Items("a", 3, levels=("x",)), 1), MixtureSource("b", Items("b", 3), 1)])
     with pytest.raises(AttributeError, match="'levels': the mixture's sources do not all have it"):
         _ = odd.levels
+
+
+def test_a_source_drawing_random_windows_is_refused(files: tuple[str, str]) -> None:
+    """A mixture reads a source by index, cycle after cycle: random windows would repeat, not be
+    drawn afresh, so the option is refused there rather than quietly weakened."""
+    drawing = source(files[0])
+    drawing["options"] = {**drawing["options"], "windows": "random"}
+    with pytest.raises(ConfigError, match=r"draws random windows \(windows: random\).*use aligned"):
+        build_dataset(config_of("mixture", {"sources": [drawing, source(files[1], label="b")]}), "train")

@@ -71,6 +71,10 @@ def source_problem(dataset: Any) -> str | None:
         return f"is a {type(dataset).__name__}, not a map-style dataset (len() and indexing)"
     if len(dataset) == 0:
         return "is empty"
+    if getattr(getattr(dataset, "windows", None), "random", False):
+        # A mixture reads a source by index cycle after cycle: its random windows would be the same
+        # set every cycle, not fresh draws, while the option promises draws with replacement.
+        return "draws random windows (windows: random), which a mixture cannot keep fresh: use aligned"
     return None
 
 
