@@ -25,9 +25,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import REPO, run_cli
+from test_trainer_tasks import Sequences  # sequences of 2 to 19 tokens, ids 1..15 (0 pads)
 from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.data import Dataset
 
 from linnaeus_accel import Trainer, load_config
 from linnaeus_accel.config import ConfigError
@@ -60,21 +60,6 @@ def tiny_gpt(seed: int = 0) -> nn.Module:
         EXAMPLE.GPTConfig(vocab_size=16, block_size=24, n_layer=1, n_head=2, n_embd=16)
     )
     return model
-
-
-class Sequences(Dataset[dict[str, Tensor]]):
-    """Sequences of 2 to 19 tokens (ids 1..15), padded per batch by ``pad``."""
-
-    def __init__(self, n: int, seed: int) -> None:
-        gen = torch.Generator().manual_seed(seed)
-        lengths = torch.randint(2, 20, (n,), generator=gen)
-        self.items = [torch.randint(1, 16, (int(length),), generator=gen) for length in lengths]
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __getitem__(self, i: int) -> dict[str, Tensor]:
-        return {"input_ids": self.items[i]}
 
 
 def pad(items: list[dict[str, Tensor]]) -> dict[str, Tensor]:
