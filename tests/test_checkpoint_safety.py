@@ -357,6 +357,89 @@ def test_a_dcp_metadata_pickle_that_runs_code_is_refused(tmp_path: Path) -> None
     assert not marker.exists()
 
 
+def deepspeed_names(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """Classes pickled under the names DeepSpeed's ZeRO files refer to (DeepSpeed is not installed
+    here; the GPU check's sharded part reads real ZeRO-3 checkpoints the same way)."""
+    import dataclasses
+    import enum
+    import sys
+    import types
+
+    import accelerate.utils  # noqa: F401 (before the names below: it looks for an installed DeepSpeed)
+
+    class LossScaler:
+        def __init__(self) -> None:
+            self.cur_scale = 1.0
+
+    class ZeroStageEnum(enum.IntEnum):
+        weights = 3
+
+    @dataclasses.dataclass
+    class fragment_address:  # DeepSpeed's name
+        numel: int
+        start: int
+
+    class DeepSpeedEngine:  # a DeepSpeed class that is not checkpoint data
+        pass
+
+    classes = {
+        "deepspeed.runtime.engine": [DeepSpeedEngine],
+        "deepspeed.runtime.fp16.loss_scaler": [LossScaler],
+        "deepspeed.runtime.zero.config": [ZeroStageEnum],
+        "deepspeed.utils.tensor_fragment": [fragment_address],
+    }
+    for name in (
+        "deepspeed",
+        "deepspeed.runtime",
+        "deepspeed.runtime.fp16",
+        "deepspeed.runtime.zero",
+        "deepspeed.utils",
+        *classes,
+    ):
+        module = types.ModuleType(name)
+        for cls in classes.get(name, []):
+            cls.__module__, cls.__qualname__ = name, cls.__name__
+            setattr(module, cls.__name__, cls)
+        monkeypatch.setitem(sys.modules, name, module)
+    return {cls.__name__: cls for found in classes.values() for cls in found}
+
+
+def test_deepspeed_files_are_opened_as_data_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """DeepSpeed unpickles its pytorch_model/*.pt with weights_only=False: they are read as data
+    first, with the few DeepSpeed classes its ZeRO files hold; a pickle that runs code, or refers to
+    any other DeepSpeed class, is refused naming the file."""
+    names = deepspeed_names(monkeypatch)
+    checkpoint = tmp_path / "step_00000001"
+    files = checkpoint / "pytorch_model"
+    files.mkdir(parents=True)
+    optim = files / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    torch.save(
+        {
+            "zero_stage": names["ZeroStageEnum"].weights,
+            "loss_scaler": names["LossScaler"](),
+            "param_slice_mappings": [{"w": names["fragment_address"](4, 0)}],
+            "fp32_flat_groups": [torch.zeros(4)],
+        },
+        optim,
+    )
+    torch.save(
+        {"module": None, "param_shapes": [{"w": torch.Size([2, 2])}]},
+        files / "zero_pp_rank_0_mp_rank_00_model_states.pt",
+    )
+    assert content_problem(checkpoint, {}) is None  # what DeepSpeed writes loads as data
+
+    marker = tmp_path / "code-ran"
+    torch.save({"loss_scaler": RunsCode(marker)}, optim)
+    problem = content_problem(checkpoint, {})
+    assert problem == (
+        f"pytorch_model/{optim.name}: not loadable as data (UnpicklingError: Unsupported global: GLOBAL posix.system)"
+    )
+    assert not marker.exists()
+
+    torch.save({"engine": names["DeepSpeedEngine"]()}, optim)
+    assert "GLOBAL deepspeed.runtime.engine.DeepSpeedEngine" in str(content_problem(checkpoint, {}))
+
+
 def test_the_signature_covers_the_whole_marker() -> None:
     marker = {"version": 1, "step": 5, "files": [{"path": "a", "size": 1, "xxh3_128": "00"}], "info": {}}
     key = b"key"
@@ -469,8 +552,8 @@ def test_state_a_checkpoint_cannot_hold_is_refused_before_the_first_step(tmp_pat
 
 
 def test_pickled_globals_are_read_without_loading(tmp_path: Path) -> None:
-    """What the GPU check reports of DeepSpeed's files (which this version does not open as data
-    first): the globals a torch-saved pickle refers to, read without running it."""
+    """What the GPU check reports of DeepSpeed's files (to learn which globals a new DeepSpeed
+    version's checkpoints hold): the globals a torch-saved pickle refers to, read without running it."""
     from linnaeus_accel.run_state.checkpoint_content import pickled_globals
 
     marker = tmp_path / "code-ran"

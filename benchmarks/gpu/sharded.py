@@ -8,6 +8,8 @@ commits, then resumed by the same command, ending with the uninterrupted run's w
 tolerance; whether bitwise is reported); the newest checkpoint's sharded files in its manifest;
 ``final/`` loaded by ``AutoModelForCausalLM.from_pretrained`` with every tensor; and the refusals
 of the ``ema`` callback and of a LoRA adapter, which exit before the first step naming the key.
+DeepSpeed's own files (which DeepSpeed unpickles with ``weights_only=False``) must open as data,
+and a copy of the checkpoint whose optimizer file is a pickle that runs a command is refused.
 
 Accelerate selects FSDP and DeepSpeed only on accelerators, so on a machine without CUDA the part
 is not run; DeepSpeed's cases are not run where the ``deepspeed`` package is missing.
@@ -17,6 +19,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import shutil
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -130,8 +134,8 @@ def check_backend(part: Part, file: str, done: dict[str, Any], root: Path, steps
             + ("" if message in refused.output else f"\n{tail(refused.output, 20)}"),
         )
     if kind == "DEEPSPEED" and checkpoints:
-        # DeepSpeed unpickles its own files with weights_only=False (docs/security.md): what they
-        # refer to, so that a later version can open them as data first with these allowed.
+        check_deepspeed_files(part, label, checkpoints[-1], done.get("tampered"))
+        # What DeepSpeed's files refer to: a new DeepSpeed version's classes show up here first.
         from linnaeus_accel.run_state.checkpoint_content import pickled_globals
 
         names: set[str] = set()
@@ -150,6 +154,58 @@ def check_backend(part: Part, file: str, done: dict[str, Any], root: Path, steps
             "resumed": round(resumed.seconds, 1),
         },
     }
+
+
+class RunsCode:
+    """A pickle that runs a shell command when it is loaded (what an attacker writes)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def tamper(ref_run: Path, copy: Path) -> tuple[Path, str, Path]:
+    """A copy of ``ref_run`` whose newest checkpoint's DeepSpeed optimizer file is a pickle that runs
+    a command, its manifest rewritten to match (whoever writes the files can write the manifest):
+    (the checkpoint, the file's path in it, the file the command would create)."""
+    import torch
+
+    from linnaeus_accel.checkpoint import MARKER, file_digest
+
+    shutil.copytree(ref_run, copy)
+    checkpoint = sorted((copy / "checkpoints").glob("step_*"))[-1]
+    target = next((checkpoint / "pytorch_model").glob("*optim_states.pt"))
+    marker = copy.parent / "code-ran"
+    torch.save(RunsCode(marker), target)
+    manifest = json.loads((checkpoint / MARKER).read_text(encoding="utf-8"))
+    for entry in manifest["files"]:
+        data = (checkpoint / entry["path"]).read_bytes()
+        entry.update(size=len(data), **dict([file_digest(data)]))
+    (checkpoint / MARKER).write_text(json.dumps(manifest), encoding="utf-8")
+    return checkpoint, target.relative_to(checkpoint).as_posix(), marker
+
+
+def check_deepspeed_files(part: Part, label: str, checkpoint: Path, tampered: Any) -> None:
+    """DeepSpeed unpickles its files with weights_only=False: the resume opens them as data first
+    (checkpoint_content), which must pass on DeepSpeed's real files and refuse a planted pickle."""
+    from linnaeus_accel.run_state.checkpoint_content import content_problem
+
+    state = json.loads((checkpoint / "trainer_state.json").read_text(encoding="utf-8"))
+    problem = content_problem(checkpoint, state)
+    part.check(f"{label}: DeepSpeed's checkpoint files open as data", problem is None, problem or "")
+    if tampered is None:
+        part.check(f"{label}: a planted pickle is refused, no code run", False, "not run")
+        return
+    done, name, marker = tampered
+    refused = done.returncode == 2 and f"{name}: not loadable as data" in done.output
+    part.check(
+        f"{label}: a planted pickle is refused, no code run",
+        refused and not marker.exists(),
+        f"exit {done.returncode}, code ran: {marker.exists()}"
+        + ("" if refused else f"\n{tail(done.output, 20)}"),
+    )
 
 
 def run_part(ctx: Context) -> Part:
@@ -183,6 +239,15 @@ def run_part(ctx: Context) -> Part:
     with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
         futures = {key: pool.submit(job) for key, job in jobs.items()}
         results = {key: future.result() for key, future in futures.items()}
+    if "deepspeed_zero3.yaml" in files and (ctx.work / NAME / "deepspeed_zero3" / "ref" / "run").is_dir():
+        root = ctx.work / NAME / "deepspeed_zero3"
+        checkpoint, name, marker = tamper(root / "ref" / "run", root / "tampered" / "run")
+        ctx.say("sharded: deepspeed_zero3: resuming from a tampered checkpoint")
+        command = launch_command(
+            ACCELERATE_CONFIGS / "deepspeed_zero3.yaml", 1, CFG, opts(ctx, root / "tampered" / "run", [])
+        )
+        refused = run([*command, "--resume", str(checkpoint)], env, root / "log_tampered.txt", 300)
+        results["deepspeed_zero3.yaml", "tampered"] = (refused, name, marker)
     for file in files:
         done = {case: result for (f, case), result in results.items() if f == file}
         check_backend(part, file, done, ctx.work / NAME / file.removesuffix(".yaml"), steps)

@@ -20,10 +20,12 @@ data only, before anything is loaded:
   someone else, and the checkpoint is refused.
 - The registered tensors file (safetensors) must hold every tensor ``trainer_state.json`` names.
 
-DeepSpeed's own checkpoint directory (``pytorch_model/``) is loaded by DeepSpeed, which unpickles
-its files with ``weights_only=False`` and whose classes this check does not know: under DeepSpeed,
-only a checkpoint key (``LINNAEUS_CHECKPOINT_KEY``, see ``checkpoint.marker``) keeps a writer of the
-checkpoints from running code (docs/security.md).
+- DeepSpeed's own files (``pytorch_model/*.pt``), which DeepSpeed unpickles with
+  ``weights_only=False``: torch's weights-only unpickler as above, plus the few DeepSpeed classes
+  its ZeRO checkpoints hold (read off real ZeRO-3 checkpoints on an H100, and DeepSpeed's
+  ``state_dict`` code for ZeRO-1/2 and fp16). Those are built as plain stand-ins, so the check
+  needs no DeepSpeed and runs none of its code; a file referring to anything else is refused.
+  DeepSpeed then reads the same bytes: a pickle holding only these globals can call nothing else.
 """
 
 from __future__ import annotations
@@ -58,8 +60,6 @@ def content_problem(path: Path, state: dict[str, Any]) -> str | None:
     for file in sorted(p for p in path.rglob("*") if p.is_file()):
         rel = file.relative_to(path).as_posix()
         top = rel.split("/", 1)[0]
-        if top == DEEPSPEED_DIR and "/" in rel:
-            continue  # DeepSpeed's own files (see the module docstring)
         if LEGACY_PICKLE.fullmatch(rel):
             if new_layout:
                 return (
@@ -69,6 +69,8 @@ def content_problem(path: Path, state: dict[str, Any]) -> str | None:
             continue  # the previous layout's: the resume asks its owner (UNSAFE_FLAG)
         if file.name == DCP_METADATA:
             problem = _dcp_metadata_problem(file)
+        elif top == DEEPSPEED_DIR and "/" in rel and file.suffix in PICKLE_SUFFIXES:
+            problem = _torch_data_problem(file, DEEPSPEED_STAND_INS)
         elif file.suffix in PICKLE_SUFFIXES:
             problem = _torch_data_problem(file)
         else:
@@ -78,18 +80,42 @@ def content_problem(path: Path, state: dict[str, Any]) -> str | None:
     return _tensors_problem(path, state) if new_layout else None
 
 
-def load_as_data(file: Path, mmap: bool = False) -> Any:
+def load_as_data(file: Path, mmap: bool = False, extra_globals: tuple[Any, ...] = ()) -> Any:
     """``file`` (torch-saved) through torch's weights-only unpickler with the globals Accelerate
     allows (its RNG states hold numpy arrays): as Accelerate's loader reads it, minus any code."""
     from accelerate.utils.other import TORCH_SAFE_GLOBALS
 
-    with torch.serialization.safe_globals(TORCH_SAFE_GLOBALS):
+    with torch.serialization.safe_globals([*TORCH_SAFE_GLOBALS, *extra_globals]):
         return torch.load(file, map_location="cpu", weights_only=True, mmap=mmap)
 
 
-def _torch_data_problem(file: Path) -> str | None:
+class _DeepSpeedRecord:
+    """Stands in for a DeepSpeed class whose instances are attribute bags (a loss scaler, a
+    fragment address): built with ``__new__`` and given its saved attributes, nothing run."""
+
+    def __setstate__(self, state: Any) -> None:
+        self.state = state
+
+
+def _deepspeed_enum(value: Any) -> Any:
+    """Stands in for ``ZeroStageEnum(value)``: the enum's value, as saved."""
+    return value
+
+
+# The globals of DeepSpeed's ZeRO checkpoint files beyond torch's tensors and containers.
+# ZeRO-3 (bf16, seen on an H100): LossScaler and ZeroStageEnum. ZeRO-1/2: fragment_address in the
+# parameter slice mappings. fp16: DynamicLossScaler.
+DEEPSPEED_STAND_INS: tuple[tuple[Any, str], ...] = (
+    (_DeepSpeedRecord, "deepspeed.runtime.fp16.loss_scaler.LossScaler"),
+    (_DeepSpeedRecord, "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler"),
+    (_DeepSpeedRecord, "deepspeed.utils.tensor_fragment.fragment_address"),
+    (_deepspeed_enum, "deepspeed.runtime.zero.config.ZeroStageEnum"),
+)
+
+
+def _torch_data_problem(file: Path, extra_globals: tuple[Any, ...] = ()) -> str | None:
     try:
-        load_as_data(file, mmap=True)  # the tensors are mapped, not read
+        load_as_data(file, mmap=True, extra_globals=extra_globals)  # the tensors are mapped, not read
     except Exception as exc:
         return f"not loadable as data ({first_line(exc)})"
     return None
@@ -103,8 +129,15 @@ def first_line(exc: BaseException) -> str:
     """An exception in one line: its type and first line (torch's weights-only refusal: the line
     naming the global it met, a few lines down, which is the finding)."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    named = next((line for line in lines if line.startswith("Unsupported global")), None)
-    return f"{type(exc).__name__}: {named or (lines[0] if lines else '')}"[:300]
+    named = next((m.group(1) for line in lines if (m := _UNSUPPORTED_GLOBAL.search(line))), None)
+    if named is not None:
+        return f"{type(exc).__name__}: Unsupported global: GLOBAL {named}"
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]
+
+
+# torch's refusals: "Unsupported global: GLOBAL x.y was not an allowed global by default" and
+# "Trying to load unsupported GLOBAL posix.system whose module posix is blocked".
+_UNSUPPORTED_GLOBAL = re.compile(r"[Uu]nsupported (?:global: )?GLOBAL (\S+)")
 
 
 _DCP_CLASSES = {
