@@ -166,18 +166,19 @@ class RunsCode:
         return (os.system, (f"touch {self.marker}",))
 
 
-def tamper(ref_run: Path, copy: Path) -> tuple[Path, str, Path]:
-    """A copy of ``ref_run`` whose newest checkpoint's DeepSpeed optimizer file is a pickle that runs
-    a command, its manifest rewritten to match (whoever writes the files can write the manifest):
-    (the checkpoint, the file's path in it, the file the command would create)."""
+def tamper(ref_run: Path, dest: Path) -> tuple[Path, str, Path]:
+    """A copy in ``dest`` of ``ref_run``'s newest checkpoint whose DeepSpeed optimizer file is a
+    pickle that runs a command, its manifest rewritten to match (whoever writes the files can write
+    the manifest): (the checkpoint, the file's path in it, the file the command would create)."""
     import torch
 
     from linnaeus_accel.checkpoint import MARKER, file_digest
 
-    shutil.copytree(ref_run, copy)
-    checkpoint = sorted((copy / "checkpoints").glob("step_*"))[-1]
+    newest = sorted((ref_run / "checkpoints").glob("step_*"))[-1]
+    checkpoint = dest / newest.name
+    shutil.copytree(newest, checkpoint)
     target = next((checkpoint / "pytorch_model").glob("*optim_states.pt"))
-    marker = copy.parent / "code-ran"
+    marker = dest / "code-ran"
     torch.save(RunsCode(marker), target)
     manifest = json.loads((checkpoint / MARKER).read_text(encoding="utf-8"))
     for entry in manifest["files"]:
@@ -199,7 +200,8 @@ def check_deepspeed_files(part: Part, label: str, checkpoint: Path, tampered: An
         part.check(f"{label}: a planted pickle is refused, no code run", False, "not run")
         return
     done, name, marker = tampered
-    refused = done.returncode == 2 and f"{name}: not loadable as data" in done.output
+    # The worker exits 2 naming the file; the launcher then exits 1 reporting it.
+    refused = done.returncode != 0 and f"{name}: not loadable as data" in done.output
     part.check(
         f"{label}: a planted pickle is refused, no code run",
         refused and not marker.exists(),
@@ -241,7 +243,7 @@ def run_part(ctx: Context) -> Part:
         results = {key: future.result() for key, future in futures.items()}
     if "deepspeed_zero3.yaml" in files and (ctx.work / NAME / "deepspeed_zero3" / "ref" / "run").is_dir():
         root = ctx.work / NAME / "deepspeed_zero3"
-        checkpoint, name, marker = tamper(root / "ref" / "run", root / "tampered" / "run")
+        checkpoint, name, marker = tamper(root / "ref" / "run", root / "tampered" / "checkpoint")
         ctx.say("sharded: deepspeed_zero3: resuming from a tampered checkpoint")
         command = launch_command(
             ACCELERATE_CONFIGS / "deepspeed_zero3.yaml", 1, CFG, opts(ctx, root / "tampered" / "run", [])
