@@ -157,12 +157,17 @@ def test_a_pickle_in_any_file_of_a_checkpoint_runs_no_code(
         target = run.dir / "checkpoints" / STEP_12
         torch.save(RunsCode(marker), target / name)
         reseal(target)
-        explicit = run_kind(run, kind, args=["--resume", str(target)])
+        # The first file's checkpoint is resumed into a new run (a colleague's checkpoint), which
+        # must be left empty; the others into their own run.
+        into = new_run(tmp_path / f"new{i}", run.opts, run.cfg) if i == 0 else run
+        explicit = run_kind(into, kind, args=["--resume", str(target)])
         assert explicit.returncode == 2, explicit.tail()
         assert f"{name}: not loadable as data" in explicit.output, explicit.tail()
         assert "Traceback" not in explicit.output
         assert not marker.exists(), f"loading {name} ran code"
         assert (target / MARKER).is_file()  # the user's own path: reported, never moved
+        if into is not run:
+            assert [f.name for f in into.dir.rglob("*") if f.is_file()] == [".lock"]
         if i > 0:
             continue  # a rerun's fallback does not depend on which file failed: once a kind
         auto = run_kind(run, kind)

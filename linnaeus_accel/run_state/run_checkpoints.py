@@ -47,6 +47,7 @@ class RunCheckpoints:
         self.resumed_from: Path | None = None
         self.boundary: dict[str, Any] | None = None  # the event point it was taken at
         self.wandb_run_id: str | None = None
+        self._verified: tuple[Path | None, list[str]] | None = None  # an explicit --resume, checked
         frozen = frozen_weights_for(accelerator, config, checkpointer)  # a LoRA model's base
         if frozen is not None:
             registry.register(FROZEN_KEY, frozen)
@@ -79,6 +80,12 @@ class RunCheckpoints:
         for tell in self.after_save:
             tell(step)
 
+    def verify_explicit(self, resume_from: str | Path | None) -> None:
+        """An explicit ``--resume`` verified (digests, content) before the output directory is
+        written to: a refused checkpoint leaves the run's files as they were (collective)."""
+        if resume_from is not None:
+            self._verified = self.checkpointer.find_everywhere(resume_from)
+
     def resume(
         self,
         resume_from: str | Path | None,
@@ -93,7 +100,9 @@ class RunCheckpoints:
         resuming on its own, it is moved to ``rejected/`` and the previous one is tried."""
         acc, checkpointer = self.accelerator, self.checkpointer
         while True:
-            path, skipped = checkpointer.find_everywhere(resume_from)  # a refusal stops every process
+            # A refusal stops every process. An explicit --resume was verified already.
+            path, skipped = self._verified or checkpointer.find_everywhere(resume_from)
+            self._verified = None
             for message in skipped:
                 out.say(f"skipping checkpoint {message}")
             resume_step = checkpointer.store.step_of(path) if path is not None else 0

@@ -376,6 +376,7 @@ class Trainer:
         if finished is not None:
             return finished  # type: ignore[no-any-return]
         check_shared_output(acc, config.output_dir)  # every machine sees the directory, or all stop
+        self.checkpoints.verify_explicit(resume_from)  # a refusal writes nothing
         if acc.is_main_process:
             self.checkpointer.store.remove_stale_staging()
         self.out = self.events.out = self.train_log.out = self.end.out = run_outputs(
