@@ -321,3 +321,68 @@ def test_train_builds_it_counts_what_decays_and_refuses_a_changed_one_on_resume(
     )  # fmt: skip
     assert rc == 2, out + err
     assert "OPTIMIZER.WEIGHT_DECAY: was 0.1 in the checkpoint, is 0.2 now" in err
+
+    # With --allow-config-change the new weight decay is what trains (torch's load_state_dict
+    # would have put the checkpoint's 0.1 back into the groups), the moments are the checkpoint's.
+    reset_accelerate()
+    rc, out, err = run_cli(
+        "train", "--cfg", str(DEFAULT_CONFIG), "--resume", str(checkpoint), "--allow-config-change",
+        "--opts", *opts, "EXPERIMENT.NAME", "resumed", "OPTIMIZER.WEIGHT_DECAY", "0.2", "TRAIN.STEPS", "3",
+    )  # fmt: skip
+    assert rc == 0, out + err
+    assert "config changed since the checkpoint, applied: OPTIMIZER.WEIGHT_DECAY: 0.1 -> 0.2" in out
+    assert [g[:4] for g in OptimizerRecorder.groups] == [
+        ("default", 0, 0.2, True),
+        ("heads", 1, 0.2, True),
+        ("default", 0, 0.0, True),
+        ("heads", 1, 0.0, True),
+    ]
+
+    # Another NO_DECAY regroups the parameters: the saved state cannot follow, flag or not.
+    reset_accelerate()
+    rc, out, err = run_cli(
+        "train", "--cfg", str(DEFAULT_CONFIG), "--resume", str(checkpoint), "--allow-config-change",
+        "--opts", *opts, "EXPERIMENT.NAME", "regrouped", "OPTIMIZER.NO_DECAY", "[bias, ndim<2]",
+        "OPTIMIZER.WEIGHT_DECAY", "0.1",
+    )  # fmt: skip
+    assert rc == 2, out + err
+    assert "OPTIMIZER.NO_DECAY: was ['bias'] in the checkpoint, is ['bias', 'ndim<2'] now" in err
+    assert "kept per parameter group, in order, and cannot follow" in err
+
+
+HEADS = {"LABEL": "heads", "MATCH": ["heads.*"], "LR_MULTIPLIER": 10}
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "group_keys", "regrouped"),
+    [
+        # a hyperparameter: put back into every group after loading
+        ({"WEIGHT_DECAY": 0.1}, {"WEIGHT_DECAY": 0.2}, ["weight_decay"], []),
+        ({}, {"BETAS": [0.9, 0.95]}, ["betas"], []),
+        ({}, {"IMPLEMENTATION": "fused"}, ["foreach", "fused"], []),
+        # an option of the optimizer's own: its group key
+        ({}, {"OPTIONS": {"amsgrad": True}}, ["amsgrad"], []),
+        # unchanged: nothing put back (an optimizer's learned group values resume as saved)
+        ({"WEIGHT_DECAY": 0.1}, {"WEIGHT_DECAY": 0.1}, [], []),
+        # other parameters in other groups: cannot resume
+        ({}, {"NO_DECAY": ["bias"]}, [], ["OPTIMIZER.NO_DECAY"]),
+        ({}, {"NAME": "sgd"}, [], ["OPTIMIZER.NAME"]),
+    ],
+)
+def test_what_a_resume_puts_back_or_refuses(
+    before: dict[str, Any], after: dict[str, Any], group_keys: list[str], regrouped: list[str]
+) -> None:
+    from linnaeus_accel.run_state.optimizer_resume import changed_group_keys, regrouping_problems
+
+    saved = config(before).model_dump(mode="json")
+    assert changed_group_keys(saved, config(after)) == group_keys
+    assert [key for key, _ in regrouping_problems(saved, config(after))] == regrouped
+
+
+def test_lr_groups_regroup_when_they_match_other_parameters() -> None:
+    from linnaeus_accel.run_state.optimizer_resume import regrouping_problems
+
+    saved = config(groups=[HEADS]).model_dump(mode="json")
+    assert regrouping_problems(saved, config(groups=[{**HEADS, "LR_MULTIPLIER": 5}])) == []  # same members
+    moved = regrouping_problems(saved, config(groups=[{**HEADS, "MATCH": ["heads.0.*"]}]))
+    assert [key for key, _ in moved] == ["LR_SCHEDULER.PARAMETER_GROUPS"]

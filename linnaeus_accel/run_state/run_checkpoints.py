@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
 from accelerate import Accelerator
 from accelerate.utils import gather_object
 
@@ -23,6 +24,7 @@ from .config_changes import review_changes
 from .elastic import check_resume, compatible_position, own_rank_state, plan_identity
 from .frozen_weights import STATE_KEY as FROZEN_KEY
 from .frozen_weights import frozen_weights_for
+from .optimizer_resume import changed_group_keys, group_settings, put_back, regrouping_problems
 from .resume_point import ResumeRefused
 from .saver import Checkpointer, CheckpointLoadError
 
@@ -38,8 +40,11 @@ class RunCheckpoints:
         progress: TrainingProgress,
         nonfinite: NonFiniteGuard,
         take_tokens: Callable[[], int],
+        optimizer: torch.optim.Optimizer,
     ) -> None:
         self.accelerator, self.config, self.plan = accelerator, config, plan
+        # Its groups as built: what a resume whose OPTIMIZER changed puts back after loading.
+        self.optimizer, self.built_groups = optimizer, group_settings(optimizer)
         self.checkpointer, self.registry, self.progress = checkpointer, registry, progress
         self.nonfinite, self.take_tokens = nonfinite, take_tokens
         self.after_save: list[Callable[[int], None]] = []  # told the step of each checkpoint saved
@@ -162,6 +167,8 @@ class RunCheckpoints:
             same_length=saved.get("config") is None,
         )
         done = int(saved["progress"]["global_step"])
+        if regrouped := regrouping_problems(saved.get("config"), self.config):  # flag or not
+            raise ConfigError(regrouped, source="resume")
         changes = review_changes(
             saved.get("config"), saved.get("plan"), self.config, self.plan, done, allow_config_change
         )
@@ -175,6 +182,8 @@ class RunCheckpoints:
             return str(exc)
         finally:
             acc._custom_objects.clear()
+        # load_state_dict took the groups' settings from the checkpoint: the changed ones are this run's.
+        put_back(self.optimizer, self.built_groups, changed_group_keys(saved.get("config"), self.config))
         state = {**state, **{name: c.state for name, c in zip(names, collected, strict=True)}}
         return state, changes, batches_seen
 

@@ -150,7 +150,8 @@ class Trainer:
         self.resumed_data_state: dict[str, Any] | None = None  # where the resumed epoch's data stands
         state.register("data", save=self._data_state, load=self._hold_data_state, per_rank=True)
         self.checkpoints = RunCheckpoints(
-            acc, config, self.plan, self.checkpointer, state, self.progress, self.nonfinite, self.meter.take_tokens
+            acc, config, self.plan, self.checkpointer, state, self.progress, self.nonfinite, self.meter.take_tokens,
+            self.optimizer,
         )  # fmt: skip
         self.checkpoints.after_save.append(self.callbacks.checkpoint_saved)
         self.events = RunEvents(
