@@ -249,3 +249,36 @@ def test_window_longer_than_the_block_says_what_seq_len_counts(tmp_path: Path) -
     assert rc == 2
     assert "a sequence of 65 tokens is longer than block_size 64" in err
     assert "seq_len (65) counts the shifted target, and without TASK.MODEL_LOSS the model sees all" in err
+
+
+# examples/nanogpt_model.py's own entry point, as `python examples/nanogpt_model.py train ...` runs it.
+RUN_EXAMPLE = (
+    "import runpy, sys\n"
+    f"runpy.run_path({str(REPO / 'examples' / 'nanogpt_model.py')!r}, run_name='nanogpt_model')\n"
+    "from linnaeus_accel.cli import main\n"
+    "sys.exit(main(sys.argv[1:]))\n"
+)
+
+
+def test_nanogpt_recipe_killed_then_resumed_ends_byte_identical(tmp_path: Path) -> None:
+    """The whole recipe (random windows, the model's own loss, AdamW with decay on 2-D weights only,
+    validation on a seeded subset of 2 batches) killed with SIGKILL between checkpoints, then rerun
+    by the same command: the same weights and the same metrics, to the byte, as without the kill."""
+    from test_resume import TrainRun, assert_resumed_from, assert_same_run
+
+    opts = [
+        *("TRAIN.STEPS", "12", "DATA.BATCH_SIZE", "8", "LR_SCHEDULER.WARMUP_STEPS", "2"),
+        *("MODEL.OPTIONS.n_layer", "1", "MODEL.OPTIONS.n_embd", "32", "MODEL.OPTIONS.n_head", "2"),
+        *("SCHEDULE.VALIDATION.INTERVAL_STEPS", "4", "SCHEDULE.VALIDATION.MAX_BATCHES", "2"),
+        *("SCHEDULE.CHECKPOINT.INTERVAL_STEPS", "4", "SCHEDULE.CHECKPOINT.KEEP_LAST_N", "2"),
+        *("SCHEDULE.METRICS.STEP_INTERVAL", "1", "ENV.PROGRESS_BAR", "false"),
+    ]
+    cfg = str(EXAMPLE_CONFIG)
+    (tmp_path / "ref").mkdir()
+    (tmp_path / "killed").mkdir()
+    reference = TrainRun(tmp_path / "ref", opts, cfg=cfg).run(python_code=RUN_EXAMPLE).check_ok()
+    run = TrainRun(tmp_path / "killed", opts, cfg=cfg)
+    run.run(kill_at="optimizer_step:10", python_code=RUN_EXAMPLE).check_killed()
+    resumed = run.run(python_code=RUN_EXAMPLE)
+    assert_resumed_from(resumed.output, 8)
+    assert_same_run(resumed, reference)
