@@ -63,6 +63,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="target tokens in every training sample (packed fixed-length sequences); lets "
         "--dataset-size resolve TRAIN.TARGET_TOKENS without building the dataset",
     )
+    plan.add_argument(
+        "--resume",
+        metavar="CHECKPOINT",
+        default=None,
+        help="say what resuming from this checkpoint changes (default: the newest one in the output directory)",
+    )
     plan.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
     plan.add_argument("--no-series", action="store_true", help="with --json: leave out the per-step series")
     plan.add_argument(
@@ -249,6 +255,10 @@ def run_plan(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         sys.stdout.write(summary_text(config, plan))
+        from .run_state.resume_preview import resume_preview
+
+        if preview := resume_preview(config, plan, args.resume):
+            sys.stdout.write("\nResume:   " + "\n          ".join(preview) + "\n")
     if args.plot is not None:
         from .schedule.plot import plot_for_cli
 

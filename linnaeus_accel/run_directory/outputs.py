@@ -205,15 +205,20 @@ def clear_run(out: Path) -> None:
 FINISHED = ("completed", "early_stopped")
 
 
-def output_problem(config: Config, resume_from: str | Path | None) -> tuple[str, str] | None:
-    """A finished run is never overwritten; an unfinished one is resumed only when asked to."""
+def output_problem(
+    config: Config, resume_from: str | Path | None, total_steps: int | None = None
+) -> tuple[str, str] | None:
+    """A finished run is never overwritten, but trained on when ``total_steps`` (this config's)
+    lies beyond its end; an unfinished one is resumed only when asked to."""
     if (unusable := output_dir_problem(config)) is not None:  # a file in the way, not writable
         return unusable
     out = config.output_dir
     summary = _read_summary(out / "summary.json")
     if (
-        summary is not None and summary["status"] in FINISHED
-    ):  # preempted or failed (e.g. a full disk): resumable
+        summary is not None  # preempted or failed (e.g. a full disk): resumable
+        and summary["status"] in FINISHED
+        and not (extends(summary, total_steps))
+    ):
         return (
             "EXPERIMENT.NAME",
             f"{out} already holds a finished run: choose another EXPERIMENT.NAME or ENV.OUTPUT.BASE_DIR",
@@ -265,19 +270,43 @@ def finished_run(out: Path) -> dict[str, Any] | None:
     return summary if summary is not None and summary["status"] in FINISHED else None
 
 
+def extends(summary: dict[str, Any], total_steps: int | None) -> bool:
+    """Whether a finished run's summary ends before ``total_steps``: a completed run trained longer
+    (one that stopped early would stop again)."""
+    return (
+        summary["status"] == "completed" and total_steps is not None and total_steps > summary["global_step"]
+    )
+
+
+def shorter_than_trained(config: Config, done: int, total_steps: int) -> tuple[str, str]:
+    """The problem of a config that ends before the steps its run has trained."""
+    return (
+        config.TRAIN.length_key,
+        f"this config ends the run at step {total_steps}, but {config.output_dir} has trained {done} steps "
+        "already: a run cannot be shortened (ask for at least as many steps, or start a new run: another "
+        "EXPERIMENT.NAME or --overwrite)",
+    )
+
+
 def claim_output_dir(
-    config: Config, lock: RunLock, resume_from: str | Path | None, overwrite: bool
+    config: Config, lock: RunLock, resume_from: str | Path | None, overwrite: bool, total_steps: int
 ) -> tuple[tuple[str, str] | None, dict[str, Any] | None]:
     """Main process: take the directory's lock (held until the run ends), then clear it for
-    ``overwrite``, or find a finished run there, or check that it may be resumed. Returns (the
-    problem, the finished run's summary); never raises: the other processes wait for the answer."""
+    ``overwrite``, or find a finished run there, or check that it may be resumed. A run completed
+    before the ``total_steps`` this config asks for is not finished: it resumes and trains on to
+    the new end. Returns (the problem, the finished run's summary); never raises: the other
+    processes wait for the answer."""
     try:
         lock.acquire()
         if overwrite:
             clear_run(config.output_dir)
         elif resume_from is None and (finished := finished_run(config.output_dir)) is not None:
+            if extends(finished, total_steps):
+                return output_problem(config, resume_from, total_steps), None  # trained on: resumes
+            if total_steps < int(finished["global_step"]):
+                return shorter_than_trained(config, int(finished["global_step"]), total_steps), None
             return None, finished
-        return output_problem(config, resume_from), None
+        return output_problem(config, resume_from, total_steps), None
     except RunLocked as locked:
         return ("EXPERIMENT.NAME", str(locked)), None
     except OSError as e:

@@ -135,7 +135,47 @@ def review_changes(
             "these change the steps already trained: resume with the checkpoint's values, start a new run "
             "(EXPERIMENT.NAME or --overwrite), or pass --allow-config-change to resume anyway"
         )
+        if saved_plan is not None and int(saved_plan.get("total_steps") or 0) < plan.total_steps:
+            hint = (
+                f"to train this run on to step {plan.total_steps} (it was to end at step "
+                f"{saved_plan['total_steps']}), pass --allow-config-change: the schedules are resolved again for "
+                "the new length, and the steps from here on follow them (a schedule given in steps, such as "
+                "wsd with LR_SCHEDULER.DECAY_STEPS, is extended without changing the steps already trained)"
+            )
         raise ConfigError([*problems, ("--allow-config-change", hint)], source="resume")
+    return lines
+
+
+def resume_notes(
+    saved_config: Mapping[str, Any] | None,
+    saved_plan: Mapping[str, int] | None,
+    plan: ResolvedPlan,
+    done: int,
+) -> list[str]:
+    """What changes at the resume step ``done`` when this run's length is not the checkpoint's (a
+    finished run trained longer): its new end, each group's LR for the next step under the
+    checkpoint's schedule and this one, the next validation and checkpoint. Empty otherwise."""
+    if saved_plan is None or saved_config is None or saved_plan.get("total_steps") == plan.total_steps:
+        return []
+    lines = [
+        f"the run now ends at step {plan.total_steps} ({plan.length_key}), not {saved_plan['total_steps']}"
+    ]
+    before = _saved_plan(saved_config, saved_plan, plan) if "batches_per_epoch" in saved_plan else None
+    if before is not None and len(before.lr_curves) == len(plan.lr_curves):
+        for i, curve in enumerate(plan.lr_curves):
+            old, new = before.lr(done, i), plan.lr(done, i)
+            lines.append(
+                f"LR of group {curve.label} at step {done + 1}: {new:.6g} ({old:.6g} under the checkpoint's schedule)"
+            )
+    from ..schedule.event_steps import next_event_step
+
+    upcoming = [
+        f"{name} at step {step}"
+        for name, kind in (("validation", "validation"), ("checkpoint", "checkpoint"))
+        if (step := next_event_step(plan, kind, done)) is not None
+    ]
+    if upcoming:
+        lines.append("next " + ", ".join(upcoming))
     return lines
 
 

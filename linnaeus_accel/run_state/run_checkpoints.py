@@ -20,13 +20,15 @@ from ..schedule import ResolvedPlan
 from . import tensor_state
 from .checkpoint_content import LAYOUT, LAYOUT_KEY, legacy_pickles
 from .components import REGISTERED, StateRegistry
-from .config_changes import review_changes
+from .config_changes import resume_notes, review_changes
 from .elastic import check_resume, compatible_position, own_rank_state, plan_identity
 from .frozen_weights import STATE_KEY as FROZEN_KEY
 from .frozen_weights import frozen_weights_for
 from .optimizer_resume import changed_group_keys, group_settings, put_back, regrouping_problems
 from .resume_point import ResumeRefused
 from .saver import Checkpointer, CheckpointLoadError
+
+RESUME_NOTE = "at the resume step: "  # what a new run length changes there (config_changes.resume_notes)
 
 
 class RunCheckpoints:
@@ -149,7 +151,12 @@ class RunCheckpoints:
         out.truncate_metrics(after_step=step)
         out.say(f"resumed from {path} (global step {step}, epoch {progress.current_epoch})")
         for line in changes:
-            out.say(f"config changed since the checkpoint, applied: {line}")
+            note = line.startswith(RESUME_NOTE)
+            out.say(
+                line.removeprefix(RESUME_NOTE)
+                if note
+                else f"config changed since the checkpoint, applied: {line}"
+            )
         for line in notes:
             out.say(line)
 
@@ -167,6 +174,17 @@ class RunCheckpoints:
             same_length=saved.get("config") is None,
         )
         done = int(saved["progress"]["global_step"])
+        if done > self.plan.total_steps:  # flag or not: the steps trained cannot be undone
+            raise ConfigError(
+                [
+                    (
+                        self.config.TRAIN.length_key,
+                        f"this config ends the run at step {self.plan.total_steps}, but {path.name} has trained "
+                        f"{done} steps: a run cannot be shortened (ask for at least {done} steps, or start a new run)",
+                    )
+                ],
+                source="resume",
+            )
         if regrouped := regrouping_problems(saved.get("config"), self.config):  # flag or not
             raise ConfigError(regrouped, source="resume")
         changes = review_changes(
@@ -185,6 +203,10 @@ class RunCheckpoints:
         # load_state_dict took the groups' settings from the checkpoint: the changed ones are this run's.
         put_back(self.optimizer, self.built_groups, changed_group_keys(saved.get("config"), self.config))
         state = {**state, **{name: c.state for name, c in zip(names, collected, strict=True)}}
+        changes += [
+            f"{RESUME_NOTE}{line}"
+            for line in resume_notes(saved.get("config"), saved.get("plan"), self.plan, done)
+        ]
         return state, changes, batches_seen
 
     def _pickled_state_names(self, path: Path, count: int) -> list[str]:

@@ -91,3 +91,24 @@ def _boundary_steps(plan: ResolvedPlan, kind: str, columns: int) -> list[int]:
 
 def _either(a: EventEpochs, b: EventEpochs) -> Callable[[int], int | None]:
     return lambda e: min((x for x in (a.after(e), b.after(e)) if x is not None), default=None)
+
+
+def next_event_step(plan: ResolvedPlan, kind: str, done: int) -> int | None:
+    """The first step after ``done`` at which ``kind``'s event happens (``EVENT_KINDS``), or None:
+    what a run resumed at step ``done`` does next (its last boundary counts when it is forced)."""
+    t = plan.total_steps
+    found: list[int] = []
+    if plan.known_epochs and (ope := plan.optimizer_steps_per_epoch):
+        events = OpsSchedule(plan).events()
+        after: Callable[[int], int | None] = events[kind].after
+        if kind == "partial_mask_meta_validation":
+            after = _either(events[kind], events["exhaustive_validation"])
+        epoch = after(done // ope + 1)
+        if epoch is not None:
+            found.append(plan.boundary_step(epoch))
+    if forced_at_end(plan, kind):
+        found.append(t)
+    every = mid_epoch_multiples(plan, kind)
+    if every is not None:
+        found.append((done // every + 1) * every)
+    return min((step for step in found if done < step <= t), default=None)

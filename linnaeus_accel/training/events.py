@@ -100,14 +100,19 @@ class RunEvents:
         """The event point a checkpoint recorded (before mid-epoch events, only epoch and final)."""
         epoch, final = int(record["epoch"]), bool(record["final"])
         if "step" in record:
-            return EventPoint(
+            point = EventPoint(
                 epoch,
                 int(record["step"]),
                 int(record["previous_step"]),
                 final,
                 bool(record.get("mid", False)),
             )
-        return self.ops.boundary(epoch, final)
+        else:
+            point = self.ops.boundary(epoch, final)
+        if point.final and point.step < self.ops.plan.total_steps:
+            # A finished run trained longer: its last boundary is not this run's last.
+            point = dataclasses.replace(point, final=False)
+        return point
 
     # -- what happens there --------------------------------------------------------------------
     def _run(self, point: EventPoint, passes: list[ValidationPass], checkpoint: bool) -> StopDecision | None:

@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..callbacks import Callback, build_callbacks, callback_name
 from ..config import Config, ConfigError
+from ..models.init_from import load_init_from
 from ..optim.groups import optimizer_line
 from ..progress import TrainingConsistencyChecker, TrainingProgress
 from ..run_directory.failures import NonFiniteGuard, RunFailed
@@ -106,6 +107,7 @@ class Trainer:
             as_loader(config, val_data, False, rank, world, collate_fn, pin) if val_data is not None else None
         )
         self.train_size = train.size
+        self.init_from = load_init_from(config, model)  # MODEL.INIT_FROM: before the optimizer and prepare
         built = build_optimizer(optimizer, model, config)
         self.optimizer_line = optimizer_line(built)  # before prepare: whole parameters, as built
         prepared = prepare_run(acc, config, model, built, train, val)
@@ -370,7 +372,8 @@ class Trainer:
         config, acc = self.config, self.accelerator
         # Decided on the main process and shared, so that every process stops with the same error
         # instead of waiting at a barrier for a process that has exited.
-        claim = claim_output_dir(config, self.lock, resume_from, overwrite) if acc.is_main_process else None
+        main, total = acc.is_main_process, self.plan.total_steps  # a finished run asked for more trains on
+        claim = claim_output_dir(config, self.lock, resume_from, overwrite, total) if main else None
         problem, finished = broadcast_object_list([claim or (None, None)], from_process=0)[0]
         if problem is not None:
             raise ConfigError([problem])
@@ -384,7 +387,8 @@ class Trainer:
             acc, config, self.plan.total_steps
         )
         if acc.is_main_process:
-            self.end.run_info = run_info(acc, model=acc.unwrap_model(self.model))
+            init = self.init_from.info() if self.init_from is not None else None
+            self.end.run_info = run_info(acc, model=acc.unwrap_model(self.model), init_from=init)
             self.out.write_json("assets/run_info.json", self.end.run_info)
         self.checkpoints.resume(
             resume_from,
