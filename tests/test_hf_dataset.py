@@ -9,7 +9,12 @@ tokenized on the fly and packed into windows, as a user meets them.
   file's documents alone; a shard resumed from its state after any window continues with exactly
   the windows that followed (json, text, parquet; shuffled too); a shuffle buffer draws another
   order each epoch, the same every time; a shard reads whole in any DataLoader worker.
-- Refusals: every bad option is a ``ConfigError`` keyed by the option to change.
+- Random windows (map-style): draw ``g`` is ``seq_len`` tokens of the joined documents from an
+  offset keyed by ``(EXPERIMENT.SEED, g)`` (training's stream, or validation's with
+  ``val_windows``), whatever start fits; the sampler yields the run's draw numbers; aligned windows
+  and their order are as before.
+- Refusals: every bad option is a ``ConfigError`` keyed by the option to change (random windows
+  with streaming too).
 """
 
 from __future__ import annotations
@@ -40,6 +45,14 @@ from linnaeus_accel.data.packing import (
     PackedTokens,
     PackedTokenStream,
     encode_bytes,
+)
+from linnaeus_accel.data.sampling import EpochSeededSampler, epoch_sampler
+from linnaeus_accel.data.token_windows import (
+    TRAIN_STREAM,
+    VAL_STREAM,
+    DrawSampler,
+    RandomOffsets,
+    WindowDraws,
 )
 
 OPTIONS = "DATA.DATASET.OPTIONS"
@@ -109,8 +122,12 @@ def packed(
     texts: Sequence[str], seq_len: int, encode: Encode = encode_bytes, eos: int = BYTE_EOS
 ) -> list[list[int]]:
     """``PackedTokens``' windows of the documents joined, each followed by ``eos``."""
-    joined = [token for text in texts if text for token in (*encode(text), eos)]
-    return windows(PackedTokens(torch.tensor(joined), seq_len))
+    return windows(PackedTokens(torch.tensor(joined(texts, encode, eos)), seq_len))
+
+
+def joined(texts: Sequence[str], encode: Encode = encode_bytes, eos: int = BYTE_EOS) -> list[int]:
+    """The documents' tokens, each followed by ``eos``, one after the other."""
+    return [token for text in texts if text for token in (*encode(text), eos)]
 
 
 def streamed(texts: Sequence[str], seq_len: int) -> list[list[int]]:
@@ -199,6 +216,124 @@ def test_it_pickles_as_its_cache_files_not_its_tokens(corpus: dict[str, list[str
     restored = pickle.loads(blob)
     assert restored.documents.cache_files == dataset.documents.cache_files
     assert windows(restored) == windows(dataset)
+
+
+# -- random windows ----------------------------------------------------------------------------------
+
+
+def map_style(options: dict[str, Any], split: str = "train", seed: int = 0) -> HFPackedDocuments:
+    dataset = build_dataset(config_of(options, seed=seed), split)  # type: ignore[arg-type]
+    assert isinstance(dataset, HFPackedDocuments)
+    return dataset
+
+
+def drawn_offsets(total: int, seq_len: int, seed: int, stream: int, draws: range) -> list[int]:
+    """The offsets ``token_windows`` draws over every start of ``total`` tokens: the reference."""
+    offsets = RandomOffsets([(0, total - seq_len + 1)], WindowDraws("random", seed, stream))
+    return [offsets.locate(g)[1] for g in draws]
+
+
+def test_random_windows_read_the_joined_documents_at_keyed_offsets(tmp_path: Path) -> None:
+    texts = ["a" * 30, "b" * 20, *"cdefghijklmnopqrstuv"]  # 31, 21, then 20 x 2 tokens: 92
+    path = write(tmp_path / "docs", "json", texts)
+    options = {"format": "json", "data_files": path, "val_files": path, "seq_len": 9}
+    tokens = joined(texts)
+    aligned = map_style(options)
+    dataset = map_style({**options, "windows": "random"}, seed=3)
+    assert (dataset.windows.mode, dataset.windows.seed, dataset.windows.stream) == ("random", 3, TRAIN_STREAM)
+    assert len(dataset) == len(aligned) == 11  # an epoch draws as many windows as aligned cuts
+    draws = range(2000)
+    starts = drawn_offsets(len(tokens), 9, 3, TRAIN_STREAM, draws)
+    read = [ids(dataset[g]) for g in draws]
+    assert read == [tokens[s : s + 9] for s in starts]
+    # Every start at which 9 tokens fit: unaligned ones, across documents, and the last (83: the
+    # tokens after the last aligned window, which ends at token 88).
+    assert set(starts) == set(range(len(tokens) - 9 + 1))
+    assert any(window[:-1].count(BYTE_EOS) for window in read)  # a window crossing a document's end
+    [far] = drawn_offsets(len(tokens), 9, 3, TRAIN_STREAM, range(10**12, 10**12 + 1))
+    assert ids(dataset[10**12]) == tokens[far : far + 9]  # any draw >= 0: a draw of a late epoch
+    with pytest.raises(IndexError):
+        dataset[-1]
+
+
+def test_random_offsets_are_a_function_of_the_seed_and_the_draw(corpus: dict[str, list[str]]) -> None:
+    *train_files, val_file = corpus
+    options = {"format": "json", "data_files": train_files, "val_files": val_file, "seq_len": 17}
+    random_windows = {**options, "windows": "random"}
+    first, again = map_style(random_windows, seed=5), map_style(random_windows, seed=5)
+    other_seed = map_style(random_windows, seed=6)
+    copy = pickle.loads(pickle.dumps(first))  # as a DataLoader worker started by spawn has it
+    draws = [0, 1, 2, 17, 500, 10**6, 10**12]
+    read = [ids(first[g]) for g in draws]
+    assert [ids(again[g]) for g in draws] == read == [ids(copy[g]) for g in draws]
+    assert [ids(other_seed[g]) for g in draws] != read
+    tokens = joined([text for path in train_files for text in corpus[path]])
+    starts = drawn_offsets(len(tokens), 17, 5, TRAIN_STREAM, range(200))
+    assert [ids(first[g]) for g in range(200)] == [tokens[s : s + 17] for s in starts]
+    assert any(s % 16 for s in starts)  # not only the aligned starts
+    assert len(first) == len(map_style(options)) == (len(tokens) - 1) // 16
+
+
+def test_random_windows_are_sampled_by_draw_number(corpus: dict[str, list[str]]) -> None:
+    *train_files, val_file = corpus
+    options = {"format": "json", "data_files": train_files, "val_files": val_file, "seq_len": 33}
+    dataset = map_style({**options, "windows": "random"})
+    sampler = epoch_sampler(dataset, seed=0, shuffle=True)
+    assert isinstance(sampler, DrawSampler)
+    n = len(dataset)
+    for epoch in (0, 2):
+        sampler.set_epoch(epoch)
+        assert list(sampler) == list(range(epoch * n, (epoch + 1) * n))  # the run's draw numbers
+    assert sampler.indices_at([0, 3, n - 1]) == [2 * n, 2 * n + 3, 3 * n - 1]
+
+
+def test_aligned_windows_and_their_order_are_as_before(corpus: dict[str, list[str]]) -> None:
+    *train_files, val_file = corpus
+    options = {"format": "json", "data_files": train_files, "val_files": val_file, "seq_len": 33}
+    default, aligned = map_style(options), map_style({**options, "windows": "aligned"})
+    texts = [text for path in train_files for text in corpus[path]]
+    assert default.windows.mode == aligned.windows.mode == "aligned"
+    assert windows(default) == windows(aligned) == packed(texts, 33)
+    sampler = epoch_sampler(default, seed=4, shuffle=True)
+    assert type(sampler) is EpochSeededSampler
+    assert list(sampler) == list(EpochSeededSampler(default, 4, shuffle=True))
+    assert list(sampler) != list(range(len(default)))  # shuffled, as before
+    with pytest.raises(IndexError):
+        default[len(default)]
+    with pytest.raises(IndexError):
+        default[-1]
+
+
+def test_validation_is_aligned_unless_val_windows_is_random(corpus: dict[str, list[str]]) -> None:
+    *train_files, val_file = corpus
+    options = {"format": "json", "data_files": train_files, "val_files": val_file, "seq_len": 9}
+    tokens = joined(corpus[val_file])
+    val = map_style({**options, "windows": "random"}, "val", seed=2)
+    assert val.windows.mode == "aligned"
+    assert windows(val) == packed(corpus[val_file], 9)
+    assert type(epoch_sampler(val, seed=2, shuffle=False)) is EpochSeededSampler
+    random_val = map_style({**options, "val_windows": "random"}, "val", seed=2)
+    assert (random_val.windows.mode, random_val.windows.stream) == ("random", VAL_STREAM)
+    assert map_style({**options, "val_windows": "random"}, seed=2).windows.mode == "aligned"  # training
+    assert len(random_val) == len(val)
+    draws = range(len(random_val))  # a pass: epoch 0 of validation's own stream
+    starts = drawn_offsets(len(tokens), 9, 2, VAL_STREAM, draws)
+    assert [ids(random_val[g]) for g in draws] == [tokens[s : s + 9] for s in starts]
+    assert starts != drawn_offsets(len(tokens), 9, 2, TRAIN_STREAM, draws)  # not training's draws
+    assert isinstance(epoch_sampler(random_val, seed=2, shuffle=False), DrawSampler)
+
+
+def test_random_windows_with_streaming_are_refused_naming_the_key(corpus: dict[str, list[str]]) -> None:
+    *train_files, val_file = corpus
+    options = {"format": "json", "data_files": train_files, "val_files": val_file, "streaming": True}
+    for key in ("windows", "val_windows"):
+        for split in ("train", "val"):
+            with pytest.raises(ConfigError) as refused:
+                build_dataset(config_of({**options, key: "random"}), split)  # type: ignore[arg-type]
+            [(named, message)] = refused.value.problems
+            assert named == f"{OPTIONS}.{key}"
+            assert "a stream is read in order: it cannot draw random offsets" in message
+    assert isinstance(build_dataset(config_of({**options, "windows": "aligned"}), "train"), HFPackedStream)
 
 
 # -- streaming ---------------------------------------------------------------------------------------
@@ -336,6 +471,9 @@ REFUSALS: list[tuple[dict[str, Any], list[str]]] = [
     ({"tokenizer": "missing/tokenizer.json"}, [f"{OPTIONS}.tokenizer"]),
     ({"eos_token": "</s>"}, [f"{OPTIONS}.eos_token"]),
     ({"shuffle_buffer": 10}, [f"{OPTIONS}.shuffle_buffer"]),
+    ({"windows": "shuffled", "val_windows": 1}, [f"{OPTIONS}.windows", f"{OPTIONS}.val_windows"]),
+    ({"streaming": True, "windows": "random"}, [f"{OPTIONS}.windows"]),
+    ({"streaming": True, "val_windows": "random"}, [f"{OPTIONS}.val_windows"]),
     ({"streaming": True, "val_files": None}, [f"{OPTIONS}.data_files"]),
     ({"seq_len": 1, "colour": "red"}, [f"{OPTIONS}.seq_len", OPTIONS]),
     ({"seq_len": 10_000}, [f"{OPTIONS}.data_files"]),

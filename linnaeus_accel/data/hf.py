@@ -8,8 +8,9 @@ a target exactly once). An empty text is no document.
 
 - Map-style (default): the documents are tokenized once with ``Dataset.map`` (cached by
   ``datasets`` in its cache directory, so the next run starts in seconds) and sample ``k`` is window
-  ``k`` of all documents joined, in file order (``HFPackedDocuments``); no token is held in memory
-  but the window being read.
+  ``k`` of all documents joined, in file order (``HFPackedDocuments``, in ``hf_packed``); no token
+  is held in memory but the window being read. ``windows: random`` starts the windows at random
+  offsets instead, drawn with replacement (nanoGPT's, ``token_windows``).
 - Streaming (``streaming: true``): documents are read and tokenized as training goes, and packed
   within each file (``HFPackedStream``); the trainer splits the files among its processes and
   DataLoader workers and resumes a file where it stopped. A file's last tokens that fill no window
@@ -33,6 +34,9 @@ a target exactly once). An empty text is no document.
           streaming: false          # true: read as training goes
           shuffle_buffer: 10000     # streaming only, optional: documents shuffled within a file
                                     # through a buffer this large, per epoch (EXPERIMENT.SEED)
+          windows: aligned          # or random (map-style only): offsets drawn with replacement,
+                                    # keyed by EXPERIMENT.SEED and the draw (token_windows)
+          val_windows: aligned      # validation's windows: aligned or random, as windows
 
 Validation without ``val_files``: map-style holds out the last ``VAL_FRACTION`` of the documents (in
 file order, the same for every seed); streaming holds out the last ``VAL_FRACTION`` of the files.
@@ -50,16 +54,16 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 from numpy.typing import NDArray
-from torch.utils.data import Dataset
 
 from ..config import Config, ConfigError
 from ..schedule.steps import decimal_of, round_half_up
+from .hf_packed import INPUT_IDS
+from .hf_packed import HFPackedDocuments as HFPackedDocuments  # re-exported: its old home
 from .hf_stream import DocumentError, HFPackedStream, document_text
 from .options import DatasetOptions
-from .packing import window_sample
 from .registry import Split, register_dataset
+from .token_windows import WindowDraws, window_option
 from .tokenize import TokenizerSpec, load_tokenizer, tokenizer_spec
 from .tokenize_inputs import DATA_EXTRA
 
@@ -69,7 +73,6 @@ if TYPE_CHECKING:
 OPTIONS_KEY = "DATA.DATASET.OPTIONS"
 FORMATS = ("json", "text", "parquet")
 DEFAULT_SEQ_LEN = 1024
-INPUT_IDS = "input_ids"  # the tokenized documents' column
 DOCUMENTS_PER_PROCESS = 20_000  # fewer rows than this a process would tokenize in less than it starts
 _ARGUMENT_OPTIONS = {"--tokenizer": "tokenizer", "--eos-token": "eos_token"}
 
@@ -112,67 +115,6 @@ class TokenizeRows:
         return {INPUT_IDS: [np.concatenate([ids, eos]) for ids in self.encoder.encode_batch(texts)]}
 
 
-class HFPackedDocuments(Dataset[dict[str, torch.Tensor]]):
-    """Map-style windows of tokenized documents: rows ``rows`` of ``documents`` (a ``datasets.Dataset``
-    as ``TokenizeRows`` makes it, in table order), joined, cut as ``PackedTokens`` cuts them.
-
-    The join is never made: the cumulative token counts (8 bytes a document) locate window ``k``'s
-    documents by binary search, and only those are read from the memory-mapped Arrow table. It
-    pickles as ``datasets`` pickles a dataset on disk (its files' paths), for DataLoader workers.
-    """
-
-    tokenizer_file: str | None = None  # the tokenizer.json of the tokens (None: bytes)
-
-    def __init__(
-        self, documents: Any, seq_len: int, *, vocab_size: int, eos_id: int, rows: range | None = None
-    ) -> None:
-        if seq_len < 2:
-            raise ValueError(f"seq_len must be at least 2 (one input and one target token), got {seq_len}")
-        self.documents = documents
-        self.rows = range(len(documents)) if rows is None else rows
-        self.seq_len, self.tokens_per_sample = seq_len, seq_len - 1
-        self.vocab_size, self.eos_id = vocab_size, eos_id
-        chunks = self._column(0, len(self.rows)).chunks
-        lengths = np.concatenate(
-            [np.zeros(0, dtype=np.int64), *(c.value_lengths().to_numpy() for c in chunks)]
-        )
-        self._ends: NDArray[np.int64] = np.cumsum(lengths, dtype=np.int64)
-
-    @property
-    def num_documents(self) -> int:
-        return len(self.rows)
-
-    @property
-    def total_tokens(self) -> int:
-        return int(self._ends[-1]) if len(self._ends) else 0
-
-    def __len__(self) -> int:
-        return max(0, (self.total_tokens - 1) // self.tokens_per_sample)
-
-    def _column(self, first: int, count: int) -> Any:
-        """Documents ``first .. first + count - 1`` of this dataset's rows, as an Arrow list column."""
-        return self.documents.data.column(INPUT_IDS).slice(self.rows.start + first, count)
-
-    def __getitem__(self, k: int) -> dict[str, torch.Tensor]:
-        n = len(self)
-        if not 0 <= k < n:
-            raise IndexError(f"sample {k} out of range for {n} samples")
-        start = int(k) * self.tokens_per_sample
-        first = int(np.searchsorted(self._ends, start, side="right"))
-        last = int(np.searchsorted(self._ends, start + self.seq_len - 1, side="right"))
-        tokens = np.concatenate(
-            [chunk.flatten().to_numpy() for chunk in self._column(first, last - first + 1).chunks]
-        )
-        offset = start - (int(self._ends[first - 1]) if first else 0)
-        return window_sample(tokens, offset, self.seq_len)
-
-    def __repr__(self) -> str:
-        return (
-            f"HFPackedDocuments({self.num_documents} documents, {self.total_tokens} tokens, "
-            f"{len(self)} windows of {self.seq_len})"
-        )
-
-
 @dataclass(frozen=True)
 class HFOptions:
     format: str
@@ -184,10 +126,12 @@ class HFOptions:
     seq_len: int
     streaming: bool
     shuffle_buffer: int | None
+    windows: WindowDraws  # the split's (windows for training, val_windows for validation)
 
 
-def parse_options(raw: dict[str, Any]) -> HFOptions:
-    """The options, every problem reported at once (one ``ConfigError``)."""
+def parse_options(raw: dict[str, Any], split: Split = "train", seed: int = 0) -> HFOptions:
+    """The options of ``split``, every problem reported at once (one ``ConfigError``); ``seed``
+    (``EXPERIMENT.SEED``) keys random windows."""
     options = DatasetOptions("hf_dataset", raw, OPTIONS_KEY)
     parsed = HFOptions(
         format=options.text("format", None, FORMATS),
@@ -199,6 +143,7 @@ def parse_options(raw: dict[str, Any]) -> HFOptions:
         seq_len=options.integer("seq_len", DEFAULT_SEQ_LEN, minimum=2),
         streaming=options.boolean("streaming", False),
         shuffle_buffer=options.integer("shuffle_buffer", None, minimum=1),
+        windows=window_option(options, split, seed),
     )
     if raw.get("format") is None:
         options.problem("format", f"is required: one of {', '.join(FORMATS)}")
@@ -206,6 +151,13 @@ def parse_options(raw: dict[str, Any]) -> HFOptions:
         options.problem(
             "shuffle_buffer", "applies with streaming: true only (map-style samples are shuffled whole)"
         )
+    for key in ("windows", "val_windows"):
+        if parsed.streaming and raw.get(key) == "random":
+            options.problem(
+                key,
+                "random windows need random access, and a stream is read in order: it cannot draw "
+                "random offsets; leave streaming out, or use aligned",
+            )
     options.finish()
     return parsed
 
@@ -333,7 +285,12 @@ def packed_documents(
         cut = len(rows) - held_out(len(rows), fraction)
         rows = rows[cut:] if split == "val" else rows[:cut]
     dataset = HFPackedDocuments(
-        tokenized, options.seq_len, vocab_size=spec.vocab_size, eos_id=spec.eos_id, rows=rows
+        tokenized,
+        options.seq_len,
+        vocab_size=spec.vocab_size,
+        eos_id=spec.eos_id,
+        rows=rows,
+        windows=options.windows,
     )
     if len(dataset) == 0:
         held = split == "val" and options.val_files is None
@@ -373,7 +330,7 @@ def packed_stream(
 @register_dataset("hf_dataset")
 def build_hf_dataset(config: Config, split: Split) -> HFPackedDocuments | HFPackedStream:
     """Windows of tokenized documents from local files (see the module docstring for the options)."""
-    options = parse_options(dict(config.DATA.DATASET.OPTIONS))
+    options = parse_options(dict(config.DATA.DATASET.OPTIONS), split, config.EXPERIMENT.SEED)
     datasets = import_datasets()
     spec = tokenizer_of(options)
     files = resolve_files(options)

@@ -1,4 +1,5 @@
-"""Where a token window starts: ``OPTIONS.windows`` of ``token_files`` (and ``PackedTokens``).
+"""Where a token window starts: ``OPTIONS.windows`` of ``token_files``, ``python_docs`` and
+``hf_dataset`` (map-style), and of ``PackedTokens``.
 
 - ``aligned`` (the default): window ``k`` starts at token ``k * (seq_len - 1)`` (of its file), so an
   epoch makes every token after a file's first a target exactly once; the sampler shuffles the
