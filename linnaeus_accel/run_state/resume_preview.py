@@ -16,8 +16,8 @@ from .state_files import STATE_FILE, checkpoint_store, read_json
 
 
 def resume_preview(config: Config, plan: ResolvedPlan, explicit: str | Path | None) -> list[str]:
-    """Lines for ``plan``: where this config's run resumes and what changes there (empty: it
-    starts from step 0, or its state cannot be read)."""
+    """Lines for ``plan``: where this config's run resumes and what a new run length changes there
+    (empty: it starts from step 0, or resumes on the plan it was trained on)."""
     if explicit is not None:
         path: Path | None = Path(explicit)
     else:
@@ -34,4 +34,4 @@ def resume_preview(config: Config, plan: ResolvedPlan, explicit: str | Path | No
         notes = [
             f"this config ends the run at step {plan.total_steps}, before the {done} steps trained: train refuses it"
         ]
-    return [f"resumes at step {done} from {path}", *notes]
+    return [f"resumes at step {done} from {path}", *notes] if notes else []  # said when it changes something
