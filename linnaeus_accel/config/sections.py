@@ -226,6 +226,44 @@ class ModelConfig(Section):
     OPTIONS: dict[str, Any] = Field(
         default_factory=dict, description="Extra keyword arguments for the model builder."
     )
+    INIT_FROM: str | None = Field(
+        None,
+        description="Start from these weights (any model): a checkpoint directory "
+        "(<run>/checkpoints/step_N), a final/ or save_pretrained directory, or a .safetensors file; "
+        "read as safetensors only. Loaded into the built model before the first step, strictly (every "
+        "key of the model and of the file, with the same shapes, unless INIT_IGNORE names it); the "
+        "optimizer, LR schedule and data order start afresh. A resumed run takes the checkpoint's "
+        "weights instead.",
+    )
+    INIT_IGNORE: list[str] = Field(
+        default_factory=list,
+        description="With INIT_FROM: fnmatch patterns on parameter and buffer names (model.state_dict() "
+        "keys): the model's keys they match are left as built (a new head), the file's are not read.",
+    )
+
+    def problems(self) -> list[Problem]:
+        problems: list[Problem] = []
+        if self.INIT_FROM is not None and self.OPTIONS.get("pretrained") is not None:
+            problems.append(
+                Problem(
+                    ("INIT_FROM", "OPTIONS.pretrained"),
+                    "{0} and {1} are set together: two sources of the same weights; keep {1} to take "
+                    "the directory's architecture and weights, or {0} to load weights into the model "
+                    "MODEL.OPTIONS builds",
+                )
+            )
+        if self.INIT_FROM is not None and not self.INIT_FROM.strip():
+            problems.append(Problem(("INIT_FROM",), "{0} is empty: give a path, or null to start as built"))
+        if self.INIT_IGNORE and self.INIT_FROM is None:
+            problems.append(
+                Problem(
+                    ("INIT_IGNORE", "INIT_FROM"),
+                    "{0} names weights not to load, and {1} is not set: nothing is loaded; leave {0} out",
+                )
+            )
+        if any(not pattern.strip() for pattern in self.INIT_IGNORE):
+            problems.append(Problem(("INIT_IGNORE",), "{0} holds an empty pattern"))
+        return problems
 
 
 @accepts("number in [0, 1)")

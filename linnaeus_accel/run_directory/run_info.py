@@ -17,12 +17,13 @@ from typing import Any
 from accelerate import Accelerator
 from torch import nn
 
+from ..models.init_from import init_line
 from ..models.pretrained import weight_files, weights_digest
 
 
-def model_info(model: nn.Module) -> dict[str, Any]:
+def model_info(model: nn.Module, init_from: dict[str, Any] | None = None) -> dict[str, Any]:
     """Parameter counts, and where a transformers model was loaded from (a local directory: its
-    path and ``weights_digest``)."""
+    path and ``weights_digest``), or what MODEL.INIT_FROM loaded into it (``init_from``)."""
     parameters = list(model.parameters())
     info: dict[str, Any] = {
         "class": type(model).__name__,
@@ -33,12 +34,18 @@ def model_info(model: nn.Module) -> dict[str, Any]:
     if loaded_from and Path(loaded_from).is_dir() and weight_files(Path(loaded_from)):
         info["pretrained"] = loaded_from
         info["pretrained_weights_xxh3"] = weights_digest(Path(loaded_from))
+    if init_from is not None:
+        info["init_from"] = init_from
     return info
 
 
 def run_info(
-    accelerator: Accelerator, cwd: Path | None = None, model: nn.Module | None = None
+    accelerator: Accelerator,
+    cwd: Path | None = None,
+    model: nn.Module | None = None,
+    init_from: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """``init_from``: what MODEL.INIT_FROM loaded into the model (``InitFrom.info()``), if anything."""
     state = accelerator.state
     local = int(os.environ.get("LOCAL_WORLD_SIZE", accelerator.num_processes))
     backend = getattr(getattr(state, "dynamo_plugin", None), "backend", None)
@@ -54,7 +61,7 @@ def run_info(
         },
         "python": platform.python_version(),
         "git": git_state(cwd or Path.cwd()),
-        **({"model": model_info(model)} if model is not None else {}),
+        **({"model": model_info(model, init_from)} if model is not None else {}),
     }
 
 
@@ -97,4 +104,5 @@ def model_line(info: dict[str, Any]) -> str:
     total, trained = model["parameters"], model["trainable_parameters"]
     share = f" ({trained / total:.2%})" if total and trained != total else ""
     source = f" from {model['pretrained']}" if "pretrained" in model else ""
-    return f"Model:    {model['class']}{source}: {total:,} parameters, {trained:,} trained{share}"
+    line = f"Model:    {model['class']}{source}: {total:,} parameters, {trained:,} trained{share}"
+    return line + (f"\n{init_line(model['init_from'])}" if "init_from" in model else "")

@@ -41,6 +41,8 @@ FORWARD_ONLY = (
     "TASK.FLOPS_PER_TOKEN",
     "TASK.FLOPS_PER_SAMPLE",
     "CALLBACKS",  # a callback acts on the steps to come; one new since the checkpoint starts fresh
+    "MODEL.INIT_FROM",  # the weights a run starts from: a resumed run's are its checkpoint's
+    "MODEL.INIT_IGNORE",
 )
 # The split of the effective batch over processes and accumulation: elastic resume converts the
 # position when the product is the same (checked by ``resume.compatible_position``).
