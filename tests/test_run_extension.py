@@ -6,6 +6,7 @@ The run: digits, 6 steps an epoch, a checkpoint at every epoch; 2 epochs (12 ste
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -83,3 +84,20 @@ def test_without_the_flag_it_says_how_and_a_shorter_run_is_refused(
     assert "Resume:   resumes at step 12 from " in out
     assert "the run now ends at step 18 (TRAIN.EPOCHS), not 12" in out
     assert "next validation at step 18, checkpoint at step 18" in out
+
+
+@pytest.mark.usefixtures("fresh_accelerate_state")
+def test_a_finished_run_without_its_last_checkpoint_is_not_started_over(
+    finished: TrainRun, tmp_path: Path
+) -> None:
+    """Trained longer, a run with no checkpoint of its last step would start from step 0 over
+    its finished outputs: refused, pointing to a warm start from its final/."""
+    run = finished.clone(tmp_path / "run")
+    shutil.rmtree(run.dir / "checkpoints" / "step_00000012")
+    before = (run.dir / "metrics.jsonl").read_bytes()
+    common = ["ENV.OUTPUT.BASE_DIR", str(run.base), "EXPERIMENT.NAME", run.dir.name, *OPTS, *LONGER]
+    rc, _, err = run_cli("train", "--cfg", CFG, "--allow-config-change", "--opts", *common)
+    assert rc == 2, err
+    assert "which has no checkpoint of step 12 to continue from" in err
+    assert "MODEL.INIT_FROM" in err
+    assert (run.dir / "metrics.jsonl").read_bytes() == before

@@ -17,6 +17,7 @@ import yaml
 from accelerate import Accelerator
 
 from .. import json_files
+from ..checkpoint import MARKER
 from ..config import Config, output_dir_problem
 from ..schedule.plan import ResolvedPlan
 from ..schedule.plot import write_schedule_plot
@@ -278,6 +279,16 @@ def extends(summary: dict[str, Any], total_steps: int | None) -> bool:
     )
 
 
+def no_last_checkpoint(config: Config, done: int) -> tuple[str, str]:
+    """The problem of training on a finished run that kept no checkpoint of its last step."""
+    return (
+        config.TRAIN.length_key,
+        f"asks for more steps than the {done} of the run completed in {config.output_dir}, which has no "
+        f"checkpoint of step {done} to continue from: start a new run from its final/ (MODEL.INIT_FROM) "
+        "under another EXPERIMENT.NAME",
+    )
+
+
 def shorter_than_trained(config: Config, done: int, total_steps: int) -> tuple[str, str]:
     """The problem of a config that ends before the steps its run has trained."""
     return (
@@ -302,6 +313,10 @@ def claim_output_dir(
             clear_run(config.output_dir)
         elif resume_from is None and (finished := finished_run(config.output_dir)) is not None:
             if extends(finished, total_steps):
+                if not (
+                    config.output_dir / "checkpoints" / f"step_{finished['global_step']:08d}" / MARKER
+                ).is_file():
+                    return no_last_checkpoint(config, int(finished["global_step"])), None
                 return output_problem(config, resume_from, total_steps), None  # trained on: resumes
             if total_steps < int(finished["global_step"]):
                 return shorter_than_trained(config, int(finished["global_step"]), total_steps), None
