@@ -344,6 +344,58 @@ def test_reject_moves_a_checkpoint_aside_intact_and_says_why(tmp_path: Path) -> 
     assert store.step_dirs() == []
 
 
+class Killed(BaseException):
+    """A kill -9 at that instant: nothing after it runs."""
+
+
+def test_a_reject_killed_before_its_move_leaves_the_reason_and_the_next_start_finishes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = CheckpointStore(tmp_path / "checkpoints")
+    save(store, 100)
+    corrupt = save(store, 200)
+    _flip_byte(corrupt)
+    real_replace = os.replace
+
+    def killed_at_the_move(src: Any, dst: Any) -> None:
+        if Path(src) == corrupt:  # the directory's move; the note's own rename goes through
+            raise Killed
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", killed_at_the_move)
+    with pytest.raises(Killed):
+        store.reject(corrupt, "optimizer.bin: checksum mismatch")
+    monkeypatch.setattr(os, "replace", real_replace)
+    # Still in checkpoints/, with the reason in it (durably: the note is fsynced before the move).
+    assert (
+        "because it failed verification: optimizer.bin: checksum mismatch"
+        in (corrupt / "REJECTED.txt").read_text()
+    )
+    assert not (corrupt / ".REJECTED.txt.tmp").exists()
+    # Never resumed from, and what verification says of it is the reason it was rejected for.
+    reason = "REJECTED.txt: rejected before, because optimizer.bin: checksum mismatch"
+    assert store.verify(corrupt, deep=False) == reason
+    assert store.newest_valid() == (store.final_path(100), [f"step_00000200: {reason}; using step_00000100"])
+    # The next start finishes the move, the first reason kept (not "REJECTED.txt: not in ...").
+    assert store.remove_stale_staging() == [corrupt]
+    moved = store.rejected_root / "step_00000200"
+    assert store.rejected_checkpoints() == [moved]
+    note = (moved / "REJECTED.txt").read_text()
+    assert note.count("because it failed verification:") == 1
+    assert "because it failed verification: optimizer.bin: checksum mismatch\n" in note
+    assert store.step_dirs() == [(100, store.final_path(100))]
+    assert store.remove_stale_staging() == []  # nothing more to finish
+
+
+def test_a_note_cut_short_while_being_written_is_removed_at_start(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path / "checkpoints")
+    final = save(store, 100)
+    (final / ".REJECTED.txt.tmp").write_text("step_00000100 was rej")  # killed mid-write: no note yet
+    assert store.verify(final) is not None
+    assert store.remove_stale_staging() == []
+    assert store.verify(final) is None  # its own problem (none here) is found again, and said then
+
+
 def test_retention_moves_a_checkpoint_that_fails_verification_aside(tmp_path: Path) -> None:
     store = CheckpointStore(tmp_path / "checkpoints")
     for step in (100, 200, 300):

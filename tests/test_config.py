@@ -823,7 +823,7 @@ def test_base_chain_and_several_bases(tmp_path: Path, default_config_path: Path)
     config = load_config(child)
     assert config.TRAIN.EPOCHS == 4  # a later base overrides an earlier one
     assert config.DATA.BATCH_SIZE == 8  # from a.yaml
-    assert config.LR_SCHEDULER.BASE_LR == 0.032  # from the default config, two levels down
+    assert config.LR_SCHEDULER.BASE_LR == 0.002  # from the default config, two levels down
     assert config.output_dir == Path("outputs/child")
 
 
@@ -889,7 +889,10 @@ def test_no_config_at_all_is_the_built_in_defaults() -> None:
             lambda c: c.SCHEDULE.VALIDATION.PARTIAL_MASK_META.WHITELIST == [["ROWS"], ["COLS", "MOMENTS"]],
         ),
         (["SCHEDULE.MIXUP.PROB.ENABLED", "false"], lambda c: c.SCHEDULE.MIXUP.PROB.ENABLED is False),  # bool
-        (["TRAIN.EARLY_STOP.ACTIVE", "true"], lambda c: c.TRAIN.EARLY_STOP.ACTIVE is True),  # bool
+        (  # a bool (early stopping needs a condition too)
+            ["TRAIN.EARLY_STOP.ACTIVE", "true", "TRAIN.EARLY_STOP.PATIENCE_STEPS", "300"],
+            lambda c: c.TRAIN.EARLY_STOP.ACTIVE is True,
+        ),
         (["LR_SCHEDULER.NAME", "cosine"], lambda c: c.LR_SCHEDULER.NAME == "cosine"),  # a string
         (["EXPERIMENT.NAME", "run2"], lambda c: c.output_dir == Path("outputs/run2")),  # moves the output
         (  # several pairs, the last one of a key wins
@@ -1069,10 +1072,11 @@ WARNING_KINDS = {
     "mixed units": lambda w: "mix" in w and "epochs" in w and "steps" in w and "quarter" not in w,
     "no validation": lambda w: w.startswith(VAL) and "never validated" in w,
     "no checkpoint": lambda w: w.startswith(CKPT) and "final epoch" in w and "quarter" not in w,
-    "reference bs": lambda w: "REFERENCE_BS" in w and "not linnaeus' 512" in w,
     "lr scale": lambda w: w.startswith("LR_SCHEDULER.REFERENCE_BS: the peak LR is"),
     "wsd over 1": lambda w: "STABLE_DURATION_FRACTION" in w and "DECAY_DURATION_FRACTION" in w,
+    "early stop off": lambda w: w.startswith("TRAIN.EARLY_STOP.") and "ACTIVE is false, so" in w,
 }
+EARLY = "TRAIN.EARLY_STOP"
 
 
 @pytest.mark.parametrize(
@@ -1102,7 +1106,8 @@ WARNING_KINDS = {
         ([*NO_VAL_EPOCHS, f"{VAL}.INTERVAL_FRACTION", "0"], {"no validation"}),  # fraction 0 disables it
         ([f"{CKPT}.INTERVAL_EPOCHS", "null"], {"no checkpoint"}),  # only the final checkpoint
         ([*NO_VAL_EPOCHS, f"{CKPT}.INTERVAL_EPOCHS", "null"], {"no validation", "no checkpoint"}),  # both
-        (["LR_SCHEDULER.REFERENCE_BS", "256"], {"reference bs"}),  # not linnaeus' 512
+        (["LR_SCHEDULER.REFERENCE_BS", "256"], set()),  # not linnaeus' 512: a choice, scale 1/2
+        (["LR_SCHEDULER.REFERENCE_BS", "128"], set()),  # BASE_LR written at the run's batch: scale 1
         (["LR_SCHEDULER.REFERENCE_BS", "512"], set()),  # 512 given explicitly
         (["LR_SCHEDULER.REFERENCE_BS", "null"], set()),  # scaling off
         (["DATA.BATCH_SIZE", "127"], {"lr scale"}),  # the LR scaled by just under 1/4
@@ -1113,6 +1118,10 @@ WARNING_KINDS = {
         (lr_phases("wsd", "0.8", "0.3"), {"wsd over 1"}),  # wsd stable + decay > 1: decay cut off
         (lr_phases("wsd", "0.8", "0.2"), set()),  # exactly 1
         (lr_phases("cosine", "0.8", "0.3"), set()),  # the wsd fractions do not matter for cosine
+        ([f"{EARLY}.MAX_STEPS", "500"], {"early stop off"}),  # a condition while ACTIVE is false
+        ([f"{EARLY}.MAX_LOSS", "9", f"{EARLY}.MIN_LR", "0"], {"early stop off"}),  # one warning for both
+        ([f"{EARLY}.ACTIVE", "true", f"{EARLY}.MAX_STEPS", "500"], set()),  # checked: nothing to say
+        ([f"{EARLY}.METRIC", "val/acc", f"{EARLY}.MIN_DELTA", "0.1"], set()),  # not conditions
     ],
 )
 def test_sanity_warnings(opts: list[str], expected: set[str]) -> None:
@@ -1123,11 +1132,27 @@ def test_sanity_warnings(opts: list[str], expected: set[str]) -> None:
     assert len(warnings) == len(expected), warnings  # nothing else, nothing twice
 
 
+def test_a_condition_set_while_early_stopping_is_off_is_warned_of_naming_both_keys() -> None:
+    def warnings(*opts: str) -> tuple[str, ...]:
+        config = validate_config(apply_opts(WARNING_BASE, list(opts)))
+        return resolve_plan(config, BATCHES, world_size=1).warnings
+
+    assert warnings(f"{EARLY}.MAX_STEPS", "500") == (
+        "TRAIN.EARLY_STOP.MAX_STEPS is set but TRAIN.EARLY_STOP.ACTIVE is false, so it is never checked: set "
+        "TRAIN.EARLY_STOP.ACTIVE: true to stop on it, or leave it out",
+    )
+    assert warnings(f"{EARLY}.PATIENCE_STEPS", "300", f"{EARLY}.MAX_GRAD_NORM", "10") == (
+        "TRAIN.EARLY_STOP.PATIENCE_STEPS and TRAIN.EARLY_STOP.MAX_GRAD_NORM are set but TRAIN.EARLY_STOP.ACTIVE "
+        "is false, so they are never checked: set TRAIN.EARLY_STOP.ACTIVE: true to stop on them, or leave them out",
+    )
+
+
 def test_train_prints_the_lr_scale_warning_and_records_it_in_summary_json(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, default_config_path: Path
 ) -> None:
-    """A transformers user's BASE_LR 1e-3 at an effective batch of 8 trains at 1.56e-5: said at the
-    start of the run, and kept in summary.json's warnings."""
+    """A transformers user's BASE_LR 1e-3 at an effective batch of 8 trains at 1.56e-5 (under the
+    default REFERENCE_BS 512): said at the start of the run, and kept in summary.json's warnings; as
+    is a MAX_STEPS that early stopping, off, never checks."""
     import json
 
     from conftest import reset_accelerate
@@ -1141,6 +1166,10 @@ def test_train_prints_the_lr_scale_warning_and_records_it_in_summary_json(
         "8",
         "LR_SCHEDULER.BASE_LR",
         "1e-3",
+        "LR_SCHEDULER.REFERENCE_BS",
+        "512",  # the default: the config file's 32 is its own BASE_LR's
+        "TRAIN.EARLY_STOP.MAX_STEPS",
+        "10",
     ]
     reset_accelerate()
     try:
@@ -1157,6 +1186,10 @@ def test_train_prints_the_lr_scale_warning_and_records_it_in_summary_json(
     )  # before training
     summary = json.loads((tmp_path / "digits_default" / "summary.json").read_text())
     assert warning in summary["warnings"]
+    ignored = "TRAIN.EARLY_STOP.MAX_STEPS is set but TRAIN.EARLY_STOP.ACTIVE is false, so it is never checked"
+    assert out.index("Warnings:") < out.index(f"  - {ignored}") < out.index("epoch 1 step")
+    assert any(w.startswith(ignored) for w in summary["warnings"])
+    assert summary["global_step"] > 10  # never checked, indeed
 
 
 def test_cli_prints_warnings_and_still_succeeds(

@@ -23,6 +23,8 @@ from linnaeus_accel.config import Config, ConfigError, validate_config
 from linnaeus_accel.data import build_dataset, register_dataset
 from linnaeus_accel.data.interleave import Interleave
 from linnaeus_accel.data.mixture import Mixture, MixtureSource
+from linnaeus_accel.data.mixture_sources import parse_sources
+from linnaeus_accel.data.options import DatasetOptions
 from linnaeus_accel.data.registry import Split
 from linnaeus_accel.data.sampling import epoch_sampler
 
@@ -371,8 +373,7 @@ MISSING = object()  # an entry's key left out
         ([{"weight": MISSING}], ["sources.0.weight"]),
         ([{"weight": None}], ["sources.0.weight"]),
         ([{"weight": "0.5"}], ["sources.0.weight"]),
-        ([{}, {}], ["sources.1.label"]),  # both labelled by their name, token_files
-        ([{"label": "x"}, {"label": "x"}], ["sources.1.label"]),
+        ([{"label": "x"}, {"label": "x"}], ["sources.1.label"]),  # a real clash: labels given alike
         ([{"weights": 2}], ["sources.0"]),
         ([{"name": "test_mixture_stream", "options": {}}], ["sources.0.name"]),
         ([{}, {"name": "no_such_data", "options": {}}], ["sources.1.name"]),
@@ -398,6 +399,43 @@ def test_builder_names_the_key_of_each_problem(
             assert "give each source a distinct label" in message
         if key.endswith(".options.paths"):  # a source's own message names the key where it now is
             assert message.startswith("token_files: 'x.bin' is not a file")
+
+
+@pytest.mark.parametrize(
+    ("paths", "labels", "expected"),
+    [
+        (["data/train_a.bin", "data/train_b.bin"], [None, None], ["train_a", "train_b"]),  # the stems
+        (["a/train.bin", "b/train.bin"], [None, None], ["train_0", "train_1"]),  # stems alike: + index
+        (["web/*.bin", "code/part-*.bin"], [None, None], ["web", "part"]),  # patterns
+        (["web.bin", "code.bin"], ["token_files", None], ["token_files", "code"]),  # given vs default
+        (
+            ["x.bin", "web.bin", "code.bin"],
+            ["code", None, None],
+            ["code", "web", "code_2"],
+        ),  # a default label never clashes with a given one: + index
+        (["web.bin", "code.bin"], [None, "c"], ["token_files", "c"]),  # a name no other shares: kept
+    ],
+)
+def test_unlabelled_sources_that_share_a_name_are_told_apart(
+    paths: list[str], labels: list[str | None], expected: list[str]
+) -> None:
+    raw = [
+        {
+            "name": "token_files",
+            "weight": 1,
+            "options": {"paths": p},
+            **({} if label is None else {"label": label}),
+        }
+        for p, label in zip(paths, labels, strict=True)
+    ]
+    options = DatasetOptions("mixture", {"sources": raw}, "DATA.DATASET.OPTIONS")
+    assert [entry.label for entry in parse_sources(options)] == expected
+    assert options.problems == []
+
+
+def test_a_mixture_of_two_unlabelled_token_files_builds(files: tuple[str, str]) -> None:
+    train = build_dataset(config_of("mixture", {"sources": [source(files[0]), source(files[1])]}), "train")
+    assert [s.label for s in train.sources] == ["web", "code"]  # tmp/web.bin and tmp/code.bin
 
 
 def test_the_stream_and_unknown_source_messages_say_why(files: tuple[str, str]) -> None:

@@ -43,10 +43,13 @@ def plan(config: Config) -> Any:
 
 
 NULL_MEANS: list[tuple[str, Callable[[Config], bool]]] = [
-    # null = off, where the default is on: no LR scaling (scale 1, not 32/512 from the default 512)
+    # null = off, where the default is on: no LR scaling (scale 1 on 2 processes, not 64/32 from the file's 32)
     (
         "LR_SCHEDULER.REFERENCE_BS",
-        lambda c: plan(c).lr_scale == 1.0 and plan(c).lr_curves[0].base_lr == 0.032,
+        lambda c: (
+            (p := resolve_plan(c, BATCHES_PER_EPOCH, world_size=2)).lr_scale == 1.0
+            and p.lr_curves[0].base_lr == 0.002
+        ),
     ),
     # null = off, where the default is on: no gradient clipping (the default and the file say 5.0)
     ("TRAIN.CLIP_GRAD", lambda c: c.TRAIN.CLIP_GRAD is None),
@@ -56,7 +59,7 @@ NULL_MEANS: list[tuple[str, Callable[[Config], bool]]] = [
     ("LR_SCHEDULER.WARMUP_FRACTION", lambda c: plan(c).warmup_steps == 0),
     # null = the run's length falls back to its default: 10 epochs instead of the file's 20
     ("TRAIN.EPOCHS", lambda c: plan(c).epochs == 10),
-    # null = a condition off: the file's patience of 300 steps is gone
+    # null = a condition off (the file sets none: it would be warned about while ACTIVE is false)
     ("TRAIN.EARLY_STOP.PATIENCE_STEPS", lambda c: c.TRAIN.EARLY_STOP.PATIENCE_STEPS is None),
     # null = automatic: the direction follows the metric's name (val/loss: lower is better)
     ("TRAIN.EARLY_STOP.MODE", lambda c: c.TRAIN.EARLY_STOP.mode == "min"),

@@ -121,13 +121,9 @@ def test_default_json_fields(default_json: dict[str, Any]) -> None:
     assert d["optimizer_steps_per_epoch"] == 45  # accumulation 1
     assert d["total_steps"] == 45 * 20 == 900  # 20 epochs
     assert d["effective_batch_size"] == 32
-    assert d["lr_scale"] == pytest.approx(32 / 512)  # REFERENCE_BS 512
+    assert d["lr_scale"] == 1.0  # REFERENCE_BS 32: BASE_LR is written at the default's own batch
     assert d["warmup_steps"] == 45  # WARMUP_FRACTION 0.05 of 900
-    # linnaeus' rule takes the LR 16x below BASE_LR: said, with the way out, and nothing else.
-    assert d["warnings"] == [
-        "LR_SCHEDULER.REFERENCE_BS: the peak LR is 0.002, not BASE_LR 0.032: BASE_LR is scaled by effective "
-        "batch 32 / REFERENCE_BS 512 = 0.0625; set LR_SCHEDULER.REFERENCE_BS: null to train at BASE_LR as written"
-    ]
+    assert d["warnings"] == []  # a shipped config runs clean (tests/test_shipped_configs.py: all of them)
 
 
 def test_default_json_events_are_completed_epoch_lists(default_json: dict[str, Any]) -> None:
@@ -158,7 +154,7 @@ def test_world_size_two_halves_the_batches() -> None:
     assert d["optimizer_steps_per_epoch"] == 23
     assert d["total_steps"] == 23 * 20
     assert d["effective_batch_size"] == 64
-    assert d["lr_scale"] == pytest.approx(64 / 512)
+    assert d["lr_scale"] == pytest.approx(64 / 32)
     assert d["warmup_steps"] == round_half_up(Decimal("0.05") * 460)  # 23
 
 
@@ -179,7 +175,7 @@ def test_series_values_match_the_seed_examples_at_t1000() -> None:
     s = d["series"]
     assert s["step"] == list(range(1000))
     lr, meta, partial, mixup = s["lr"], s["meta_mask_prob"], s["partial_mask_prob"], s["mixup_prob"]
-    peak = 0.032 * 32 / 512  # BASE_LR x scale
+    peak = 0.002 * 32 / 32  # BASE_LR x scale
     # wsd: warmup 0..49 from WARMUP_LR, stable 50..809 at the peak, decay 810..999 to MIN_LR.
     assert lr[0] == pytest.approx(1e-5)
     assert lr[25] == pytest.approx(1e-5 + (peak - 1e-5) * 25 / 50)
@@ -436,7 +432,7 @@ def test_total_steps_formula(n: int, bs: int, world: int, accum: int, epochs: in
     assert d["optimizer_steps_per_epoch"] == math.ceil(batches / a)
     assert d["total_steps"] == epochs * math.ceil(batches / a)
     assert d["effective_batch_size"] == bs * world * a
-    assert d["lr_scale"] == pytest.approx(bs * world * a / 512)
+    assert d["lr_scale"] == pytest.approx(bs * world * a / 32)
 
 
 @pytest.mark.parametrize(
@@ -539,6 +535,39 @@ def test_human_summary_default_config() -> None:
     assert rows["checkpoint"].count("C") == 4  # epochs 5, 10, 15, 20
 
 
+@pytest.mark.parametrize(
+    ("cfg", "opts", "rows"),
+    [
+        # a causal LM: no metadata masking, mixup or mask-meta passes, so no rows for them
+        ("lm_tiny.yaml", [], ["LR phase", "LR", "epochs", "validation", "checkpoint"]),
+        (  # linnaeus' task with mixup alone: mixup still drawn, the rest left out
+            "default.yaml",
+            [
+                "SCHEDULE.META_MASKING.ENABLED", "false",
+                "SCHEDULE.META_MASKING.PARTIAL.ENABLED", "false",
+                "SCHEDULE.VALIDATION.MASK_META_INTERVAL_EPOCHS", "null",
+                "SCHEDULE.VALIDATION.PARTIAL_MASK_META.ENABLED", "false",
+                "SCHEDULE.VALIDATION.FINAL_EPOCH.EXHAUSTIVE_PARTIAL_META_VALIDATION", "false",
+            ],
+            ["LR phase", "LR", "epochs", "validation", "checkpoint", "mixup"],
+        ),
+        (  # every row, in order: two of them are labelled "partial" (the passes, the ramp)
+            "default.yaml",
+            [],
+            ["LR phase", "LR", "epochs", "validation", "mask-meta", "partial", "checkpoint", "meta mask", "partial", "mixup"],
+        ),
+    ],
+)  # fmt: skip
+def test_the_timeline_draws_only_the_rows_the_run_uses(cfg: str, opts: list[str], rows: list[str]) -> None:
+    opts = ["--opts", *opts] if opts else []
+    rc, text, err = run_cli("plan", "--cfg", str(REPO / "configs" / cfg), *opts)
+    assert rc == 0, err
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("Timeline"))
+    timeline = itertools.takewhile(lambda line: line.startswith("  ") and "|" in line, lines[start + 1 :])
+    assert [line.split("|")[0].strip() for line in timeline] == rows
+
+
 def test_human_summary_small_run_timeline_width() -> None:
     # T = 20 < 64: one column per step
     text = plan_text("--dataset-size", "20", "--opts", "DATA.BATCH_SIZE", "1", "TRAIN.EPOCHS", "1")
@@ -582,7 +611,7 @@ def test_no_warnings_no_stderr() -> None:
         "--opts",
         "DATA.BATCH_SIZE",
         "128",
-    )  # an effective batch of 128: the LR is scaled by 1/4, no more
+    )  # an effective batch of 128: the LR is scaled by 4 (128 / REFERENCE_BS 32), no more
     assert rc == 0
     assert err == ""
 
@@ -590,10 +619,11 @@ def test_no_warnings_no_stderr() -> None:
 @pytest.mark.parametrize(
     ("opts", "scale"),
     [
-        (["DATA.BATCH_SIZE", "8"], "8 / REFERENCE_BS 512 = 0.015625"),  # 64x below BASE_LR
+        (["DATA.BATCH_SIZE", "4"], "4 / REFERENCE_BS 32 = 0.125"),  # 8x below BASE_LR
+        (["DATA.BATCH_SIZE", "8", "LR_SCHEDULER.REFERENCE_BS", "512"], "8 / REFERENCE_BS 512 = 0.015625"),
         (
-            ["DATA.BATCH_SIZE", "512", "TRAIN.ACCUMULATION_STEPS", "8"],
-            "4096 / REFERENCE_BS 512 = 8",
+            ["DATA.BATCH_SIZE", "32", "TRAIN.ACCUMULATION_STEPS", "8"],
+            "256 / REFERENCE_BS 32 = 8",
         ),  # 8x above
     ],
 )

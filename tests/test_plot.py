@@ -96,7 +96,7 @@ def test_figure_holds_the_default_plan() -> None:
     assert xs(lr) == steps
     assert list(lr.get_ydata()) == [plan.lr(k) for k in steps]
     assert lr.get_ydata()[0] == pytest.approx(1e-5)
-    assert max(lr.get_ydata()) == pytest.approx(0.032 * 32 / 512)
+    assert max(lr.get_ydata()) == pytest.approx(0.002 * 32 / 32)
     for gid, ramp in (
         ("prob:meta_mask", plan.meta_mask),
         ("prob:partial_mask", plan.partial_mask),
@@ -143,6 +143,28 @@ def test_one_lr_line_per_parameter_group_with_its_own_curve() -> None:
     assert lines[0].get_ydata()[45] == pytest.approx(2 * lines[1].get_ydata()[180])
     spans = {p.get_gid() for p in axes(fig, "lr").patches}
     assert spans == {"phase:warmup", "phase:cosine"}  # group 0's phases
+
+
+def row_labels(fig: Figure) -> tuple[list[str], list[str]]:
+    """The event rows, top to bottom, and the probability lines (none without their axes)."""
+    events = [t.get_text() for t in axes(fig, "events").get_yticklabels()][::-1]
+    probabilities = [ax for ax in fig.axes if ax.get_label() == "probabilities"]
+    return events, [ln.get_gid() for ax in probabilities for ln in ax.get_lines()]
+
+
+def test_a_causal_lm_plot_draws_no_masking_or_mixup_rows() -> None:
+    config = load_config(REPO / "configs" / "lm_tiny.yaml")
+    fig = schedule_figure(config, plan_for(config, 1, 3146, 128))
+    assert row_labels(fig) == (["validation", "checkpoint"], [])  # no probabilities panel at all
+    assert not any(str(ln.get_gid()).startswith("prob:") for ax in fig.axes for ln in ax.get_lines())
+
+
+def test_a_plot_draws_the_ramps_the_run_enables_and_only_those() -> None:
+    mixup_only = ["SCHEDULE.META_MASKING.ENABLED", "false", "SCHEDULE.META_MASKING.PARTIAL.ENABLED", "false"]
+    assert row_labels(figure_for(mixup_only)[0])[1] == ["prob:mixup"]
+    events, ramps = row_labels(figure_for([])[0])
+    assert ramps == ["prob:meta_mask", "prob:partial_mask", "prob:mixup"]
+    assert events == ["validation", "mask-meta val.", "partial-mask val.\n(last: exhaustive)", "checkpoint"]
 
 
 def test_long_run_is_drawn_from_a_sample_that_keeps_every_kink() -> None:

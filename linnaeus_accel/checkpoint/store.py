@@ -7,7 +7,7 @@ Layout under ``root = <output_dir>/checkpoints``::
     step_00001234/            published; complete only once COMMITTED.json exists and verifies
         COMMITTED.json        {"version": 1, "step": 1234, "files": [{path, size, xxh3_128}], "info": {}}
     rejected/step_00001100/   failed verification (or never got its marker): moved aside, never
-        REJECTED.txt          deleted by us; says why and when
+        REJECTED.txt          deleted by us; says why and when (written before the move: ``rejection``)
 
 Named by global step, never by a save counter (accelerate issues #1601, #3306: counters restart
 or collide on resume). Commit: hash and fsync every staged file, rename staging to the final name,
@@ -20,12 +20,10 @@ see ``digests``.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import shutil
-import time
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -43,12 +41,11 @@ from .marker import (
     signature,
     signature_problem,
 )
+from .rejection import NOTE_TMP, REJECTED_DIR, note_problem, write_note
 from .retention import Mode, retained
 
 _STAGING_PREFIX = ".staging-"
 _TRASH_PREFIX = ".deleting-"  # a checkpoint being deleted: renamed out of the way, then removed
-REJECTED_DIR = "rejected"
-REJECTED_NOTE = "REJECTED.txt"
 _NAME = re.compile(r"step_(\d{8,})")
 
 
@@ -217,7 +214,9 @@ class CheckpointStore:
 
     def reject(self, path: Path, reason: str) -> Path:
         """Move the checkpoint directory ``path`` (under ``root``) to ``rejected/``, with a
-        ``REJECTED.txt`` saying why and when; where it now is. Nothing in it is changed or lost."""
+        ``REJECTED.txt`` saying why and when, written (durably) before the move; where it now is.
+        Nothing else in it is changed or lost."""
+        write_note(path, self.root, reason)
         self.rejected_root.mkdir(exist_ok=True)
         target = self.rejected_root / path.name
         n = 1
@@ -227,14 +226,6 @@ class CheckpointStore:
         os.replace(path, target)
         fsync_directory(self.root)
         fsync_directory(self.rejected_root)
-        note = (
-            f"{path.name} was moved here from {self.root} on {time.strftime('%Y-%m-%d %H:%M:%S %z')}\n"
-            f"because it failed verification: {reason}\n\n"
-            "linnaeus-accel never resumes from it and never deletes it (--overwrite does). To use it\n"
-            f"again, repair what is wrong, delete this {REJECTED_NOTE} and pass the directory to --resume.\n"
-        )
-        with contextlib.suppress(OSError):  # the move is what matters; a full disk may refuse the note
-            (target / REJECTED_NOTE).write_text(note, encoding="utf-8")
         return target
 
     def rejected_checkpoints(self) -> list[Path]:
@@ -245,8 +236,10 @@ class CheckpointStore:
         return sorted(p for p in self.rejected_root.iterdir() if p.is_dir() and (p / MARKER).is_file())
 
     def remove_stale_staging(self) -> list[Path]:
-        """Delete the staging (and half-deleted) directories a crash left; call at start, on the
-        main process, before any process saves. Returns what was removed."""
+        """Delete the staging (and half-deleted) directories a crash left, and finish the
+        rejections it cut short (a checkpoint holding its ``REJECTED.txt`` is moved to ``rejected/``;
+        a note it was still writing is removed); call at start, on the main process, before any
+        process saves. Returns what was removed from ``root``."""
         if not self.root.is_dir():
             return []
         stale = sorted(p for p in self.root.iterdir() if p.name.startswith((_STAGING_PREFIX, _TRASH_PREFIX)))
@@ -255,6 +248,11 @@ class CheckpointStore:
                 shutil.rmtree(path)
             else:
                 path.unlink()
+        for _, path in self._step_dirs():
+            (path / NOTE_TMP).unlink(missing_ok=True)
+            if (problem := note_problem(path)) is not None:
+                self.reject(path, problem)  # keeps the note, and its reason
+                stale.append(path)
         return stale
 
     def remove_incomplete(self, before: int | None = None) -> list[Path]:
@@ -319,6 +317,8 @@ class CheckpointStore:
         exists with its size and, with ``deep`` (reads everything), its digest; no other file is
         there but the journal; and the owner's ``check`` passes."""
         path = Path(path)
+        if (rejected := note_problem(path)) is not None:
+            return rejected  # a rejection cut short before its move; or a rejected copy, not repaired
         try:
             marker = read_marker(path)
         except MarkerError as e:

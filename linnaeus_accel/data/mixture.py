@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import bisect
 import itertools
-import math
 import re
 from collections.abc import Iterator, Sequence, Sized
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from torch.utils.data import Dataset, IterableDataset
 from ..config import Config, ConfigError
 from .interleave import IntArray, Interleave, parse_weight
 from .mixture_overlap import dataset_reads, overlap_warnings
+from .mixture_sources import OPTIONS_KEY, SourceEntry, parse_sources
 from .options import DatasetOptions
 from .permutation import KeyedPermutation, growing_chunks
 from .registry import Split, get_dataset_builder, register_dataset
@@ -247,83 +247,8 @@ class MixtureSampler(EpochOrderSampler):
             yield self.mixture.indices(epoch, positions, self.seed, self.shuffle).tolist()
 
 
-# -- the built-in dataset ``mixture`` -------------------------------------------------------------
-OPTIONS_KEY = "DATA.DATASET.OPTIONS"
-_ENTRY_KEYS = ("name", "options", "weight", "label")
-_WEIGHT_FIX = (
-    "the source's share of the samples relative to the others' weights (e.g. 0.7 and 0.3, or 7 and 3)"
-)
-
-
-@dataclass(frozen=True)
-class _Entry:
-    """One parsed ``sources`` item; ``index`` is its place in the list, for error keys."""
-
-    index: int
-    name: str
-    options: dict[str, Any]
-    weight: float
-    label: str
-
-
-def _parse_entry(options: DatasetOptions, index: int, entry: Any) -> _Entry | None:
-    """The ``index``-th source, or None after recording its problems in ``options``."""
-    key = f"sources.{index}"
-    if not isinstance(entry, dict):
-        options.problem(key, f"a source is a mapping of {', '.join(_ENTRY_KEYS)}, got {entry!r}")
-        return None
-    found = len(options.problems)
-    unknown = sorted(set(entry) - set(_ENTRY_KEYS))
-    if unknown:
-        options.problem(key, f"a source takes {', '.join(_ENTRY_KEYS)}; not {', '.join(map(str, unknown))}")
-    name: Any = entry.get("name")
-    if not isinstance(name, str) or not name:
-        options.problem(f"{key}.name", f"must name a registered dataset (e.g. token_files), got {name!r}")
-    source_options: Any = {} if entry.get("options") is None else entry["options"]
-    if not isinstance(source_options, dict):
-        options.problem(f"{key}.options", f"must be a mapping (the source's OPTIONS), got {source_options!r}")
-    weight: Any = entry.get("weight")
-    if weight is None:
-        options.problem(f"{key}.weight", f"is required: a number > 0, {_WEIGHT_FIX}")
-    elif (
-        isinstance(weight, bool)
-        or not isinstance(weight, int | float)
-        or not math.isfinite(weight)
-        or weight <= 0
-    ):
-        options.problem(f"{key}.weight", f"must be a number > 0, {_WEIGHT_FIX}; got {weight!r}")
-    label: Any = entry.get("label", name)
-    if "label" in entry and (not isinstance(label, str) or not label):
-        options.problem(f"{key}.label", f"must be a non-empty string, got {label!r}")
-    if len(options.problems) > found:
-        return None
-    return _Entry(index, name, dict(source_options), weight, label)
-
-
-def _parse_sources(options: DatasetOptions) -> list[_Entry]:
-    """The well-formed ``sources``; the problems of the others (and duplicate labels) go to ``options``."""
-    raw = options.raw("sources", required=True)
-    if raw is None:
-        return []
-    if not isinstance(raw, list) or not raw:
-        options.problem(
-            "sources", f"must be a non-empty list of sources (name, weight, options, label), got {raw!r}"
-        )
-        return []
-    entries = [e for i, item in enumerate(raw) if (e := _parse_entry(options, i, item)) is not None]
-    first: dict[str, int] = {}
-    for entry in entries:
-        if entry.label in first:
-            options.problem(
-                f"sources.{entry.index}.label",
-                f"{entry.label!r} already labels source {first[entry.label]}: give each source a distinct "
-                "label (it names the source in logs and plan; it defaults to the source's name)",
-            )
-        first.setdefault(entry.label, entry.index)
-    return entries
-
-
-def _source_config(config: Config, entry: _Entry) -> Config:
+# -- the built-in dataset ``mixture`` (its sources' entries: ``mixture_sources``) ------------------
+def _source_config(config: Config, entry: SourceEntry) -> Config:
     """``config`` with the source's dataset in place of the mixture (the config is frozen)."""
     dataset = config.DATA.DATASET.model_copy(update={"NAME": entry.name, "OPTIONS": entry.options})
     return config.model_copy(update={"DATA": config.DATA.model_copy(update={"DATASET": dataset})})
@@ -336,7 +261,7 @@ def _rekeyed(text: str, index: int) -> str:
     return re.sub(r"\bDATA\.DATASET\.NAME\b", f"{prefix}.name", text)
 
 
-def _build_source(config: Config, split: Split, entry: _Entry, problems: list[tuple[str, str]]) -> Any:
+def _build_source(config: Config, split: Split, entry: SourceEntry, problems: list[tuple[str, str]]) -> Any:
     """The source's dataset for ``split``, or None after recording why it cannot be one."""
     try:
         dataset = get_dataset_builder(entry.name)(_source_config(config, entry), split)
@@ -368,7 +293,9 @@ def build_mixture(config: Config, split: Split) -> Mixture:
 
     Each source is ``name`` (any registered map-style dataset), its ``options`` (that dataset's
     ``OPTIONS``, default none), a ``weight`` > 0 (shares are the weights over their sum, read as
-    written: 0.7 and 0.3 are exactly 7:3) and a ``label`` (default: ``name``; labels must differ).
+    written: 0.7 and 0.3 are exactly 7:3) and a ``label`` (default: ``name``; where sources share a
+    name, the stem of the first path, ``train_a`` for ``data/train_a.bin``: ``mixture_sources``;
+    labels given alike are an error).
 
     Every ``samples_per_epoch`` samples, source ``s`` is drawn ``weight_s / sum of weights`` of the
     time, evenly spread: in any run of ``n`` consecutive samples, less than 2 from its share of
@@ -388,7 +315,7 @@ def build_mixture(config: Config, split: Split) -> Mixture:
     """
     options = DatasetOptions("mixture", config.DATA.DATASET.OPTIONS, OPTIONS_KEY)
     samples_per_epoch = options.integer("samples_per_epoch", None, minimum=1)
-    entries = _parse_sources(options)
+    entries = parse_sources(options)
     datasets = [_build_source(config, split, entry, options.problems) for entry in entries]
     options.finish()
     sources = [

@@ -2,9 +2,10 @@
 
 Every value drawn is read from the resolved plan, the same calls ``plan --json`` makes: the LR of
 each parameter group, the meta-mask, partial-mask and mixup probabilities, the epoch boundaries and
-the validation and checkpoint events. Long runs are drawn from a sample of their steps (plus the
-steps either side of every kink: phase edges, ramp ends), so a plot of 10**9 steps costs what one of
-a thousand does, and its shape is still exact where it bends.
+the validation and checkpoint events; only what the run uses (``timeline.drawn``): a causal LM's
+plot has no masking or mixup panel and no mask-meta rows. Long runs are drawn from a sample of their
+steps (plus the steps either side of every kink: phase edges, ramp ends), so a plot of 10**9 steps
+costs what one of a thousand does, and its shape is still exact where it bends.
 
 matplotlib is the ``plot`` extra and is imported only here, on first use, on its Agg canvas (no
 pyplot state: a notebook's own backend is left alone).
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING
 from ..config import Config, ConfigError
 from .event_steps import event_steps
 from .plan import ResolvedPlan
+from .timeline import drawn, drawn_ramps
 
 if TYPE_CHECKING:
     from matplotlib.artist import Artist
@@ -99,33 +101,31 @@ def schedule_figure(config: Config, plan: ResolvedPlan) -> Figure:
     Artists carry a ``gid`` for whoever reads the figure back: ``lr:<group label>``,
     ``prob:meta_mask`` / ``prob:partial_mask`` / ``prob:mixup``, ``event:<events key>`` (x = the
     global step at which the event happens), ``phase:<LR phase>`` (spans of group 0's phases);
-    the axes are labelled ``lr``, ``probabilities``, ``events`` and ``epochs`` (the top axis,
-    ticks at epoch boundaries)."""
+    the axes are labelled ``lr``, ``probabilities`` (only when a ramp is enabled: only those are
+    drawn), ``events`` and ``epochs`` (the top axis, ticks at epoch boundaries)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import FuncFormatter
 
     t = plan.total_steps
     steps = plot_steps(plan)
-    rows = [
-        row
-        for row in EVENT_ROWS
-        if row[0] in ("validation", "checkpoint") or event_steps(plan, row[0], MARKER_COLUMNS)
-    ]
+    rows = [row for row in EVENT_ROWS if drawn(plan, row[0])]
     rows += [(f"callback:{c.label}", f"callback {c.label}", "*", "#7f6000") for c in plan.callbacks]
-    any_probability = plan.meta_mask.enabled or plan.partial_mask.enabled or plan.mixup.enabled
+    ramps = drawn_ramps(plan)
     fig = Figure(figsize=(12, 7.5), dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
-    heights = [3, 2 if any_probability else 0.8, 0.35 * len(rows) + 0.3]
-    lr_ax, prob_ax, event_ax = fig.subplots(3, 1, sharex=True, height_ratios=heights)
-    for ax, label in ((lr_ax, "lr"), (prob_ax, "probabilities"), (event_ax, "events")):
+    heights = [3, *([2] if ramps else []), 0.35 * len(rows) + 0.3]
+    lr_ax, *prob_axes, event_ax = fig.subplots(len(heights), 1, sharex=True, height_ratios=heights)
+    for ax, label in ((lr_ax, "lr"), *((ax, "probabilities") for ax in prob_axes), (event_ax, "events")):
         ax.set_label(label)
-    phase_handles = _draw_phases(plan, (lr_ax, prob_ax, event_ax))
+    below = (*prob_axes, event_ax)
+    phase_handles = _draw_phases(plan, (lr_ax, *below))
     _draw_lr(lr_ax, plan, steps, phase_handles)
-    _draw_probabilities(prob_ax, plan, steps, any_probability)
+    for prob_ax in prob_axes:
+        _draw_probabilities(prob_ax, steps, ramps)
     _draw_events(event_ax, plan, rows)
     if plan.max_steps is not None and plan.max_steps < t:
-        for ax in (lr_ax, prob_ax, event_ax):
+        for ax in (lr_ax, *below):
             ax.axvline(plan.max_steps, color="black", linestyle="--", linewidth=1, gid="max_steps")
         lr_ax.annotate(
             "MAX_STEPS",
@@ -139,7 +139,7 @@ def schedule_figure(config: Config, plan: ResolvedPlan) -> Figure:
     lr_ax.set_xlim(-0.01 * t, 1.015 * t)
     event_ax.set_xlabel("global step (optimizer updates)")
     event_ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:,.0f}"))
-    _epoch_axis(lr_ax, (prob_ax, event_ax), plan)
+    _epoch_axis(lr_ax, below, plan)
     fig.suptitle(_title(config, plan), fontsize=10)
     return fig
 
@@ -187,27 +187,15 @@ def _draw_lr(ax: Axes, plan: ResolvedPlan, steps: list[int], phase_handles: list
     )
 
 
-def _draw_probabilities(ax: Axes, plan: ResolvedPlan, steps: list[int], any_on: bool) -> None:
-    ramps: dict[str, tuple[Callable[[int], float], bool]] = {
-        "meta_mask": (plan.meta_mask, plan.meta_mask.enabled),
-        "partial_mask": (plan.partial_mask, plan.partial_mask.enabled),
-        "mixup": (plan.mixup, plan.mixup.enabled),
-    }
-    for key, label, color in PROBABILITIES:
-        fn, on = ramps[key]
-        ax.plot(
-            steps,
-            [fn(k) for k in steps],
-            color=color,
-            gid=f"prob:{key}",
-            label=label if on else f"{label} (off)",
-            linestyle="-" if on else ":",
-        )
+def _draw_probabilities(ax: Axes, steps: list[int], ramps: list[tuple[str, Callable[[int], float]]]) -> None:
+    """The enabled ramps (``timeline.drawn_ramps``): a ramp that is off has no line."""
+    styles = {key: (label, color) for key, label, color in PROBABILITIES}
+    for key, fn in ramps:
+        label, color = styles[key]
+        ax.plot(steps, [fn(k) for k in steps], color=color, gid=f"prob:{key}", label=label)
     ax.set_ylim(-0.03, 1.03)
     ax.set_ylabel("probability")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
-    if not any_on:
-        ax.text(0.5, 0.5, "metadata masking and mixup: off", transform=ax.transAxes, ha="center", va="center")
 
 
 def _draw_events(ax: Axes, plan: ResolvedPlan, rows: list[tuple[str, str, str, str]]) -> None:

@@ -14,6 +14,8 @@ if TYPE_CHECKING:
     from .plan import ResolvedPlan
 
 LR_SCALE_WARNING = 4.0  # a scale beyond 4x either way is warned about
+# TRAIN.EARLY_STOP's stopping conditions (the rule that ACTIVE needs one is config's)
+EARLY_STOP_CONDITIONS = ("PATIENCE_STEPS", "MAX_STEPS", "MAX_LOSS", "MIN_LR", "MAX_GRAD_NORM")
 
 
 def sanity_warnings(config: Config, plan: ResolvedPlan) -> list[str]:
@@ -65,17 +67,14 @@ def sanity_warnings(config: Config, plan: ResolvedPlan) -> list[str]:
         out.append("SCHEDULE.CHECKPOINT: no INTERVAL_* is set, so only the final epoch is checkpointed")
     # linnaeus' rule scales BASE_LR by the effective batch; far from REFERENCE_BS that is a different
     # LR than the config says (transformers' learning_rate is never scaled): say so, with the way out.
+    # A REFERENCE_BS other than linnaeus' 512 is a choice, not a mistake (the shipped digits configs
+    # write their BASE_LR at their own batch of 32): the plan's Batch line shows the scale anyway.
     if lrc.REFERENCE_BS is not None and not 1 / LR_SCALE_WARNING <= plan.lr_scale <= LR_SCALE_WARNING:
         peak = lrc.BASE_LR * plan.lr_scale
         out.append(
             f"LR_SCHEDULER.REFERENCE_BS: the peak LR is {peak:.3g}, not BASE_LR {lrc.BASE_LR:g}: BASE_LR is scaled by "
             f"effective batch {plan.effective_batch_size} / REFERENCE_BS {lrc.REFERENCE_BS} = {plan.lr_scale:g}; "
             "set LR_SCHEDULER.REFERENCE_BS: null to train at BASE_LR as written"
-        )
-    elif lrc.REFERENCE_BS is not None and lrc.REFERENCE_BS != 512:  # (the one above says the scale too)
-        out.append(
-            f"LR_SCHEDULER.REFERENCE_BS is {lrc.REFERENCE_BS}, not linnaeus' 512: BASE_LR is scaled by "
-            f"effective batch / {lrc.REFERENCE_BS} = {plan.lr_scale:g}"
         )
     if lrc.NAME == "wsd" and lrc.STABLE_DURATION_FRACTION + lrc.DECAY_DURATION_FRACTION > 1:
         out.append(
@@ -94,6 +93,7 @@ def sanity_warnings(config: Config, plan: ResolvedPlan) -> list[str]:
         )
     ranking = sched.CHECKPOINT.METRIC
     early = config.TRAIN.EARLY_STOP
+    out += _inactive_early_stop(config)
     if early.ACTIVE and early.PATIENCE_STEPS is not None and plan.validation is None:
         out.append(
             "TRAIN.EARLY_STOP.PATIENCE_STEPS is set but validation never runs, so patience is never checked"
@@ -101,6 +101,21 @@ def sanity_warnings(config: Config, plan: ResolvedPlan) -> list[str]:
     if ranking is not None and (sched.CHECKPOINT.KEEP_TOP_N > 0) and plan.validation is None:
         out.append("SCHEDULE.CHECKPOINT.KEEP_TOP_N ranks by a validation metric but validation never runs")
     return out
+
+
+def _inactive_early_stop(config: Config) -> list[str]:
+    """A stopping condition set while early stopping is off is never checked (MAX_STEPS included):
+    silently ignored, it would read as a run that should have stopped and did not."""
+    early = config.TRAIN.EARLY_STOP
+    keys = [f"TRAIN.EARLY_STOP.{c}" for c in EARLY_STOP_CONDITIONS if getattr(early, c) is not None]
+    if early.ACTIVE or not keys:
+        return []
+    one = len(keys) == 1
+    return [
+        f"{' and '.join(keys)} {'is' if one else 'are'} set but TRAIN.EARLY_STOP.ACTIVE is false, so "
+        f"{'it is' if one else 'they are'} never checked: set TRAIN.EARLY_STOP.ACTIVE: true to stop on "
+        f"{'it' if one else 'them'}, or leave {'it' if one else 'them'} out"
+    ]
 
 
 def _count(n: int, noun: str) -> str:

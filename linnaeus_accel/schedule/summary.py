@@ -15,12 +15,11 @@ from .lr import LRCurve
 from .ops import EventEpochs, OpsSchedule
 from .optimizer_summary import optimizer_lines
 from .plan import ResolvedPlan
+from .timeline import timeline
 from .validation_budget import validation_budget, validation_budget_line
 
 SERIES_FULL_LIMIT = 100_000
 SERIES_SAMPLES = 10_000
-TIMELINE_WIDTH = 64
-BARS = " ▁▂▃▄▅▆▇█"
 
 
 def _pct(part: int, whole: int) -> str:
@@ -262,78 +261,6 @@ def _ramp_lines(config: Config, plan: ResolvedPlan) -> list[str]:
             f"Early stopping:  {es.METRIC} ({es.mode}), patience {es.PATIENCE_STEPS} steps, min delta {es.MIN_DELTA:g}"
         )
     return out
-
-
-def _spark(values: list[float], lo: float, hi: float, bars: str = BARS) -> str:
-    top = len(bars) - 1
-
-    def level(v: float) -> int:
-        return top if hi <= lo else round((v - lo) / (hi - lo) * top)
-
-    return "".join(bars[level(v)] for v in values)
-
-
-def timeline(plan: ResolvedPlan) -> list[str]:
-    """A text timeline, one column per ``T / width`` steps."""
-    t = plan.total_steps
-    width = min(TIMELINE_WIDTH, t)
-    starts = [c * t // width for c in range(width)]
-    mids = [min(t - 1, (c * t + (c + 1) * t) // (2 * width)) for c in range(width)]
-    curve = plan.lr_curves[0]
-    phase_char = {
-        "warmup": "w",
-        "stable": "S",
-        "decay": "d",
-        "min": "_",
-        "cosine": "c",
-        "linear": "l",
-        "step": "s",
-    }
-
-    def column(step: int) -> int:
-        return min(width - 1, step * width // t)
-
-    phases = ["?"] * width
-    for name, (a, b) in curve.phases().items():
-        for c in range(column(a), column(b) + 1):
-            if starts[c] >= a or phases[c] == "?":
-                phases[c] = phase_char[name]
-    lrs = [curve(k) for k in mids]
-    # The range in the header is the curve's own: each phase is monotone, so its extremes are at
-    # phase ends (column midpoints miss a warmup's first value, or a decay's last).
-    ends = {0, t - 1} | {k for a, b in curve.phases().values() for k in (a, b) if 0 <= k < t}
-    lr_range = [curve(k) for k in ends]
-
-    def marks(steps: list[int], char: str) -> str:
-        row = [" "] * width
-        for step in steps:
-            row[column(step - 1)] = char
-        return "".join(row)
-
-    if plan.known_epochs:
-        ope = plan.optimizer_steps_per_epoch
-        assert ope is not None
-        # In each column, the first boundary (every ope steps, the last at T) it holds, if any.
-        epochs = marks([min(t, -(-(start + 1) // ope) * ope) for start in starts], "|")
-    else:
-        epochs = "?" * width  # where a stream's passes end is found as it ends
-    rows = [
-        f"Timeline: {t} steps, one column = {t / width:.4g} steps; lr {min(lr_range):.3g}..{max(lr_range):.3g}",
-        f"  LR phase   |{''.join(phases)}|  w=warmup S=stable d=decay _=MIN_LR c/l/s=cosine/linear/step",
-        f"  LR         |{_spark(lrs, min(lrs), max(lrs), BARS[1:])}|",
-        f"  epochs     |{epochs}|",
-        f"  validation |{marks(event_steps(plan, 'validation', width), 'V')}|",
-        f"  mask-meta  |{marks(event_steps(plan, 'mask_meta_validation', width), 'M')}|",
-        f"  partial    |{marks(event_steps(plan, 'partial_mask_meta_validation', width), 'P')}|",
-        f"  checkpoint |{marks(event_steps(plan, 'checkpoint', width), 'C')}|",
-    ]
-    for timing in plan.callbacks:
-        rows.append(
-            f"  {timing.label[:10]:<10} |{marks(event_steps(plan, f'callback:{timing.label}', width), '*')}|"
-        )
-    for label, fn in (("meta mask", plan.meta_mask), ("partial", plan.partial_mask), ("mixup", plan.mixup)):
-        rows.append(f"  {label:<11}|{_spark([fn(k) for k in mids], 0.0, 1.0)}|  probability 0..1")
-    return rows
 
 
 def series_steps(total_steps: int) -> list[int]:
