@@ -4,9 +4,10 @@ The attack (issue 26): replace a checkpoint's file with a pickle whose loading r
 and rewrite COMMITTED.json's sizes and digests to match (whoever can write the files can write the
 manifest). For every pickle-format file of real checkpoints (an EMA, a user's stateful callbacks,
 one registered through Accelerate's ``register_for_checkpointing``, GradNorm; ASYNC mode; a LoRA
-adapter), the command never runs: an explicit ``--resume`` exits 2 naming the file; a rerun (tried
-for one file of each kind, and for the RNG states and a planted ``custom_checkpoint_0.pkl``) skips
-the checkpoint, moves it to ``rejected/`` with the reason, and resumes from the one before.
+adapter), the command never runs and the verification every resume runs first names the file.
+For one file of each kind (and for the RNG states and a planted ``custom_checkpoint_0.pkl``) the
+command line is run too: an explicit ``--resume`` exits 2 naming the file, writing nothing; a rerun
+skips the checkpoint, moves it to ``rejected/`` with the reason, and resumes from the one before.
 Random states that load as data but are not Accelerate's are refused too (Accelerate would log
 "Could not load random states" at INFO and go on). With ``LINNAEUS_CHECKPOINT_KEY``, a checkpoint
 whose manifest was rewritten without the key is refused, and kill -9 and resume stay byte-identical.
@@ -31,6 +32,7 @@ from linnaeus_accel.checkpoint import MARKER, file_digest, read_marker
 from linnaeus_accel.checkpoint.marker import KEY_ENV, SIGNATURE, signature, signature_problem
 from linnaeus_accel.run_state import tensor_state
 from linnaeus_accel.run_state.checkpoint_content import content_problem
+from linnaeus_accel.run_state.state_files import checkpoint_store
 
 SCRIPT = (REPO / "tests" / "stateful_script.py").read_text(encoding="utf-8")
 LM_CFG = str(REPO / "configs" / "lm_tiny.yaml")
@@ -157,19 +159,23 @@ def test_a_pickle_in_any_file_of_a_checkpoint_runs_no_code(
         target = run.dir / "checkpoints" / STEP_12
         torch.save(RunsCode(marker), target / name)
         reseal(target)
-        # The first file's checkpoint is resumed into a new run (a colleague's checkpoint), which
-        # must be left empty; the others into their own run.
-        into = new_run(tmp_path / f"new{i}", run.opts, run.cfg) if i == 0 else run
+        if i > 0:
+            # The verification every resume runs first, in-process (the command line's refusal and
+            # fallback do not depend on which file failed: they run for the first file of a kind).
+            problem = checkpoint_store(target.parent).verify(target)
+            assert problem is not None
+            assert f"{name}: not loadable as data" in problem, problem
+            assert not marker.exists(), f"loading {name} ran code"
+            continue
+        # Resumed into a new run (a colleague's checkpoint), which must be left empty.
+        into = new_run(tmp_path / f"new{i}", run.opts, run.cfg)
         explicit = run_kind(into, kind, args=["--resume", str(target)])
         assert explicit.returncode == 2, explicit.tail()
         assert f"{name}: not loadable as data" in explicit.output, explicit.tail()
         assert "Traceback" not in explicit.output
         assert not marker.exists(), f"loading {name} ran code"
         assert (target / MARKER).is_file()  # the user's own path: reported, never moved
-        if into is not run:
-            assert [f.name for f in into.dir.rglob("*") if f.is_file()] == [".lock"]
-        if i > 0:
-            continue  # a rerun's fallback does not depend on which file failed: once a kind
+        assert [f.name for f in into.dir.rglob("*") if f.is_file()] == [".lock"]
         auto = run_kind(run, kind)
         assert auto.returncode == 0, auto.tail()
         assert not marker.exists(), f"loading {name} ran code"
