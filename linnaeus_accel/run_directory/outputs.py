@@ -274,8 +274,12 @@ def finished_run(out: Path) -> dict[str, Any] | None:
 def extends(summary: dict[str, Any], total_steps: int | None) -> bool:
     """Whether a finished run's summary ends before ``total_steps``: a completed run trained longer
     (one that stopped early would stop again)."""
+    done = summary.get("global_step")
     return (
-        summary["status"] == "completed" and total_steps is not None and total_steps > summary["global_step"]
+        summary["status"] == "completed"
+        and isinstance(done, int)  # a summary without it (edited by hand) is left as it is
+        and total_steps is not None
+        and total_steps > done
     )
 
 
@@ -318,7 +322,7 @@ def claim_output_dir(
                 ).is_file():
                     return no_last_checkpoint(config, int(finished["global_step"])), None
                 return output_problem(config, resume_from, total_steps), None  # trained on: resumes
-            if total_steps < int(finished["global_step"]):
+            if isinstance(finished.get("global_step"), int) and total_steps < finished["global_step"]:
                 return shorter_than_trained(config, int(finished["global_step"]), total_steps), None
             return None, finished
         return output_problem(config, resume_from, total_steps), None
