@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -328,13 +329,22 @@ def test_killed_and_rerun_with_init_from_ends_byte_identical(tmp_path: Path, sou
     opts = [
         *TINY, "MODEL.OPTIONS.hidden", "16", "TRAIN.STEPS", "6", "SCHEDULE.CHECKPOINT.INTERVAL_STEPS", "3",
         "SCHEDULE.CHECKPOINT.INTERVAL_EPOCHS", "null", "SCHEDULE.CHECKPOINT.MID_EPOCH", "true",
-        "MODEL.OPTIONS.dropout", "0.1", "MODEL.INIT_FROM", str(source / "final"),
+        "MODEL.OPTIONS.dropout", "0.1", "MODEL.INIT_FROM", str(tmp_path / "weights"),
     ]  # fmt: skip
+    shutil.copytree(source / "final", tmp_path / "weights")
     (tmp_path / "reference").mkdir()
     (tmp_path / "killed").mkdir()
     reference = TrainRun(tmp_path / "reference", opts).run().check_ok()
     run = TrainRun(tmp_path / "killed", opts)
     run.run(kill_at="checkpoint_committed:1").check_killed()  # right after step 3's commit
+    # The source removed since (a scratch copy): the rerun resumes from its own checkpoint.
+    shutil.rmtree(tmp_path / "weights")
     resumed = run.run()
     assert_resumed_from(resumed.output, 3)
     assert_same_run(resumed, reference)
+    # --overwrite would start over from the weights as built: refused, nothing written.
+    refused = run.run(args=["--overwrite"])
+    assert refused.returncode == 2, refused.tail()
+    assert "MODEL.INIT_FROM" in refused.output, refused.tail()
+    assert "does not exist" in refused.output, refused.tail()
+    assert (run.dir / "summary.json").is_file()  # the finished run is still there

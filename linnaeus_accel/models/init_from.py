@@ -84,6 +84,8 @@ def load_init_from(config: Config, model: nn.Module) -> InitFrom | None:
     if any(hasattr(p, "ds_id") for p in target.parameters()):  # built under zero3_init_flag
         why = "the model was partitioned by DeepSpeed ZeRO-3 as it was built: build it before the Accelerator"
         raise ConfigError([(KEY, why)])
+    if not Path(config.MODEL.INIT_FROM).expanduser().exists() and resumes_on_its_own(config):
+        return None  # gone since (a scratch copy), and the run resumes: its checkpoint's weights count
     source, files = weight_files(config.MODEL.INIT_FROM)
     state = target.state_dict(keep_vars=True)
     shapes, where = _read_headers(files)
@@ -94,6 +96,20 @@ def load_init_from(config: Config, model: nn.Module) -> InitFrom | None:
             tensors = {own: handle.get_tensor(name) for name, own in wanted.items() if where[name] == file}
         target.load_state_dict(tensors, strict=False)
     return InitFrom(source, tuple(files), digest, len(wanted), left)
+
+
+def resumes_on_its_own(config: Config) -> bool:
+    """Whether a run of ``config`` resumes from a checkpoint of its own (TRAIN.AUTO_RESUME and a
+    committed one in its directory): then its weights are the checkpoint's, not INIT_FROM's."""
+    root = config.output_dir / "checkpoints"
+    return config.TRAIN.AUTO_RESUME and any((d / MARKER).is_file() for d in root.glob("step_*"))
+
+
+def check_overwrite(config: Config, loaded: InitFrom | None, overwrite: bool) -> None:
+    """``--overwrite`` clears the checkpoints a run whose INIT_FROM is gone would have resumed
+    from: it would train from the weights as built. Refused, before anything is written."""
+    if overwrite and config.MODEL.INIT_FROM is not None and loaded is None:
+        raise ConfigError([(KEY, f"{Path(config.MODEL.INIT_FROM).expanduser()} does not exist")])
 
 
 def _match(

@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..callbacks import Callback, build_callbacks, callback_name
 from ..config import Config, ConfigError
-from ..models.init_from import load_init_from
+from ..models.init_from import check_overwrite, load_init_from
 from ..optim.groups import optimizer_line
 from ..progress import TrainingConsistencyChecker, TrainingProgress
 from ..run_directory.failures import NonFiniteGuard, RunFailed
@@ -265,6 +265,7 @@ class Trainer:
         self.allow_config_change = allow_config_change
         self.checkpointer.allow_pickles = unsafe_load_pickles
         self._adopt_accelerate_state()
+        check_overwrite(self.config, self.init_from, overwrite)  # its source gone, and no resume left
         self._check_state_is_data()  # before the output directory is claimed: nothing is written
         try:
             finished = self._start(resume_from, overwrite)
