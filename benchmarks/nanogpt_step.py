@@ -40,7 +40,6 @@ against itself: the noise floor). Every run stays inside the first epoch (196 st
 from __future__ import annotations
 
 import importlib.util
-import json
 import math
 import sys
 import time
@@ -49,6 +48,7 @@ from typing import Any
 
 from .common import Row, paired, row
 from .lockstep import REPO, Baton, Case, Segment, pooled, run_segments
+from .workloads import fit_timed
 
 BENCHMARK = "nanogpt_step"
 OURS = "benchmarks.nanogpt_step:run_ours"
@@ -119,43 +119,25 @@ def build_run(spec: dict[str, Any]) -> tuple[Any, Any]:
 # -- ours ----------------------------------------------------------------------------------------------
 def run_ours(spec: dict[str, Any], baton: Baton) -> dict[str, Any]:
     """Our ``Trainer.fit`` on the recipe, timed from the ``fault_point("optimizer_step")`` it calls
-    after every optimizer step (as ``workloads.run_ours``)."""
+    after every optimizer step (``workloads.fit_timed``)."""
     import torch
 
+    from linnaeus_accel import Trainer
     from linnaeus_accel.models import build_model
     from linnaeus_accel.run_directory import outputs as outputs_module
-    from linnaeus_accel.training import trainer as trainer_module
 
     load_example()
     config, train = build_run(spec)
     torch.manual_seed(SEED)
     model = build_model(config, train)
-    names = vars(trainer_module)  # the module's globals: where Trainer looks ``fault_point`` up
-    real_fault_point, real_draw = names["fault_point"], outputs_module._draw_schedule
-
-    def fault_point(name: str) -> None:
-        if name == "optimizer_step":
-            baton()
-        else:
-            real_fault_point(name)
-
-    names["fault_point"] = fault_point
     # The schedule plot, drawn once at start-up on a thread (matplotlib: seconds of CPU on these
     # machines), would share the core with the first timed steps: not drawn (as in resume_data).
+    real_draw = outputs_module._draw_schedule
     setattr(outputs_module, "_draw_schedule", lambda *args: None)  # noqa: B010
     try:
-        trainer = trainer_module.Trainer(config, model, train, None)
-        trainer.fit()
+        _, losses = fit_timed(lambda: Trainer(config, model, train, None), baton)
     finally:
-        names["fault_point"] = real_fault_point
         setattr(outputs_module, "_draw_schedule", real_draw)  # noqa: B010
-    if baton.start is None:
-        raise RuntimeError(
-            "Trainer.fit never called fault_point('optimizer_step') in linnaeus_accel/training/trainer.py: "
-            "the benchmark times each step from there (see benchmarks/workloads.py)"
-        )
-    lines = (config.output_dir / "metrics.jsonl").read_text().splitlines()
-    losses = {r["global_step"]: r["train/loss"] for r in map(json.loads, lines) if "train/loss" in r}
     return {"losses": losses}
 
 

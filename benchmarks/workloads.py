@@ -15,7 +15,7 @@ import contextlib
 import json
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -119,12 +119,11 @@ def not_due_callback() -> Any:
     return _NotDue()
 
 
-def run_ours(spec: dict[str, Any], baton: Baton) -> dict[str, Any]:
-    """Our ``Trainer.fit``, as ``linnaeus-accel train`` runs it."""
+def fit_timed(make_trainer: Callable[[], Any], baton: Baton) -> tuple[Any, dict[int, float]]:
+    """``make_trainer()``'s ``fit``, handing the core over (``baton``) after every optimizer step,
+    where Trainer calls ``fault_point("optimizer_step")``; the trainer and its logged losses by step."""
     from linnaeus_accel.training import trainer as trainer_module
 
-    config, train, val = build_run(spec)
-    model = seeded_model(config, train)
     names = vars(trainer_module)  # the module's globals: where Trainer looks ``fault_point`` up
     real_fault_point = names["fault_point"]
 
@@ -136,8 +135,7 @@ def run_ours(spec: dict[str, Any], baton: Baton) -> dict[str, Any]:
 
     names["fault_point"] = fault_point
     try:
-        callbacks = [not_due_callback()] if spec.get("callback") else []
-        trainer = trainer_module.Trainer(config, model, train, val, callbacks=callbacks)
+        trainer = make_trainer()
         trainer.fit()
     finally:
         names["fault_point"] = real_fault_point
@@ -146,8 +144,18 @@ def run_ours(spec: dict[str, Any], baton: Baton) -> dict[str, Any]:
             "Trainer.fit never called fault_point('optimizer_step') in linnaeus_accel/training/trainer.py: "
             "the benchmark times each step from there (see benchmarks/workloads.py)"
         )
-    lines = (config.output_dir / "metrics.jsonl").read_text().splitlines()
-    losses = {r["global_step"]: r["train/loss"] for r in map(json.loads, lines) if "train/loss" in r}
+    lines = (trainer.config.output_dir / "metrics.jsonl").read_text().splitlines()
+    return trainer, {r["global_step"]: r["train/loss"] for r in map(json.loads, lines) if "train/loss" in r}
+
+
+def run_ours(spec: dict[str, Any], baton: Baton) -> dict[str, Any]:
+    """Our ``Trainer.fit``, as ``linnaeus-accel train`` runs it."""
+    from linnaeus_accel import Trainer
+
+    config, train, val = build_run(spec)
+    model = seeded_model(config, train)
+    callbacks = [not_due_callback()] if spec.get("callback") else []
+    trainer, losses = fit_timed(lambda: Trainer(config, model, train, val, callbacks=callbacks), baton)
     return {"losses": losses, "steps_per_epoch": trainer.plan.optimizer_steps_per_epoch}
 
 

@@ -36,7 +36,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import nn
 
-from ..checkpoint import MARKER, MarkerError, read_marker
+from ..checkpoint import MARKER, CheckpointStore, MarkerError, read_marker
 from ..checkpoint.digests import DIGEST, hash_file
 from ..config import Config, ConfigError
 from .lora import is_peft_model
@@ -101,8 +101,9 @@ def load_init_from(config: Config, model: nn.Module) -> InitFrom | None:
 def resumes_on_its_own(config: Config) -> bool:
     """Whether a run of ``config`` resumes from a checkpoint of its own (TRAIN.AUTO_RESUME and a
     committed one in its directory): then its weights are the checkpoint's, not INIT_FROM's."""
-    root = config.output_dir / "checkpoints"
-    return config.TRAIN.AUTO_RESUME and any((d / MARKER).is_file() for d in root.glob("step_*"))
+    return config.TRAIN.AUTO_RESUME and bool(
+        CheckpointStore(config.output_dir / "checkpoints").complete_steps()
+    )
 
 
 def check_overwrite(config: Config, loaded: InitFrom | None, overwrite: bool) -> None:

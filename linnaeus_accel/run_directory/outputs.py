@@ -17,7 +17,7 @@ import yaml
 from accelerate import Accelerator
 
 from .. import json_files
-from ..checkpoint import MARKER
+from ..checkpoint import MARKER, step_name
 from ..config import Config, output_dir_problem
 from ..schedule.plan import ResolvedPlan
 from ..schedule.plot import write_schedule_plot
@@ -317,9 +317,8 @@ def claim_output_dir(
             clear_run(config.output_dir)
         elif resume_from is None and (finished := finished_run(config.output_dir)) is not None:
             if extends(finished, total_steps):
-                if not (
-                    config.output_dir / "checkpoints" / f"step_{finished['global_step']:08d}" / MARKER
-                ).is_file():
+                last = config.output_dir / "checkpoints" / step_name(finished["global_step"])
+                if not (last / MARKER).is_file():
                     return no_last_checkpoint(config, int(finished["global_step"])), None
                 return output_problem(config, resume_from, total_steps), None  # trained on: resumes
             if isinstance(finished.get("global_step"), int) and total_steps < finished["global_step"]:

@@ -21,8 +21,9 @@ def resume_preview(config: Config, plan: ResolvedPlan, explicit: str | Path | No
     if explicit is not None:
         path: Path | None = Path(explicit)
     else:
-        steps = checkpoint_store(config.output_dir / "checkpoints").complete_steps()
-        path = config.output_dir / "checkpoints" / f"step_{steps[-1]:08d}" if steps else None
+        store = checkpoint_store(config.output_dir / "checkpoints")
+        steps = store.complete_steps()
+        path = store.final_path(steps[-1]) if steps else None
     if path is None:
         return []
     state, problem = read_json(path / STATE_FILE)
