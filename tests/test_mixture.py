@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import torch
 from accelerate.data_loader import BatchSamplerShard
-from conftest import REPO
+from conftest import REPO, reset_accelerate, run_cli
+from test_mixture_warnings import mixture_config
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
 import linnaeus_accel.data.interleave as interleave_module
@@ -503,3 +504,34 @@ def test_a_source_drawing_random_windows_is_refused(files: tuple[str, str]) -> N
     drawing["options"] = {**drawing["options"], "windows": "random"}
     with pytest.raises(ConfigError, match=r"draws random windows \(windows: random\).*use aligned"):
         build_dataset(config_of("mixture", {"sources": [drawing, source(files[1], label="b")]}), "train")
+
+
+@register_dataset("test_mixture_items")
+def build_items(config: Config, split: str) -> Items:
+    return Items("items", 5)  # no seq_len: it sets no length
+
+
+def test_sources_cutting_windows_of_different_lengths_are_refused_at_start(
+    tmp_path: Path, files: tuple[str, str]
+) -> None:
+    """One batch stacks samples of every source: windows of 9 and 5 tokens were a traceback in
+    collate once training began. Only sources that declare a seq_len are compared."""
+    short = source(files[1], label="code")
+    short["options"]["seq_len"] = 5
+    config = mixture_config(tmp_path, source(files[0], label="web"), short, steps=2)
+    reset_accelerate()
+    try:
+        rc, out, err = run_cli("train", "--cfg", str(config))
+    finally:
+        reset_accelerate()
+    assert rc == 2, out + err
+    assert err.strip().splitlines()[1:] == [
+        "  DATA.DATASET.OPTIONS.sources.1.options.seq_len: mixture: sources 'web' (seq_len 9) and 'code' "
+        "(seq_len 5) cut windows of different lengths, which cannot be stacked into one batch: give every "
+        "source the same seq_len (e.g. 9)"
+    ]
+    assert not (tmp_path / "runs").exists()  # nothing trained
+    items = {"name": "test_mixture_items", "weight": 1}
+    with pytest.raises(ConfigError) as exc:
+        build_dataset(config_of("mixture", {"sources": [source(files[0]), items, short]}), "train")
+    assert [k for k, _ in exc.value.problems] == ["DATA.DATASET.OPTIONS.sources.2.options.seq_len"]

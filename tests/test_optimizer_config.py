@@ -193,10 +193,123 @@ def test_config_errors_name_the_key(optimizer: dict[str, Any], keys: list[str]) 
 
 
 def test_what_torch_refuses_is_a_config_error_naming_the_key() -> None:
-    with pytest.raises(ConfigError, match=r"OPTIMIZER\.OPTIONS: torch.optim.AdamW refused it"):
-        build_optimizer(default_optimizer, Tiny(), config({"OPTIONS": {"bogus": 1}}))
+    with pytest.raises(ConfigError, match=r"OPTIMIZER\.OPTIONS: torch.optim.SGD refused it: Nesterov"):
+        build_optimizer(default_optimizer, Tiny(), config({"NAME": "sgd", "OPTIONS": {"nesterov": True}}))
     with pytest.raises(ConfigError, match=r"OPTIMIZER\.NAME: no optimizer named 'adam_w'; known: adamw, sgd"):
         build_optimizer(default_optimizer, Tiny(), config({"NAME": "adam_w"}))
+
+
+@pytest.mark.parametrize(
+    ("name", "options", "problems"),
+    [
+        (
+            "adamw",
+            {"amsgrad": "no", "maximize": 1},
+            {
+                "amsgrad": "must be true or false (torch.optim.AdamW's amsgrad is a flag, and torch would read "
+                "'no' as true), got 'no'",
+                "maximize": "must be true or false (torch.optim.AdamW's maximize is a flag, and torch would read "
+                "1 as true), got 1",
+            },
+        ),
+        (
+            "sgd",
+            {"dampening": True, "differentiable": False},
+            {"dampening": "must be a number (torch.optim.SGD's dampening), got True"},
+        ),
+        (
+            "sgd",
+            {"dampening": "0.1"},
+            {"dampening": "must be a number (torch.optim.SGD's dampening), got '0.1'"},
+        ),
+        (
+            "sgd",
+            {"amsgrad": True},
+            {
+                "amsgrad": "torch.optim.SGD has no option 'amsgrad' (given True): OPTIONS takes dampening, nesterov"
+            },
+        ),
+    ],
+)
+def test_options_are_checked_against_the_optimizer_signature(
+    name: str, options: dict[str, Any], problems: dict[str, str]
+) -> None:
+    """torch takes an option's value as it is: amsgrad 'no' turned amsgrad on."""
+    with pytest.raises(ConfigError) as caught:
+        build_optimizer(default_optimizer, Tiny(), config({"NAME": name, "OPTIONS": options}))
+    assert [key for key, _ in caught.value.problems] == [f"OPTIMIZER.OPTIONS.{key}" for key in problems]
+    for (_, message), expected in zip(caught.value.problems, problems.values(), strict=True):
+        assert message.startswith(expected)
+
+
+def fast_train(tmp_path: Path, *opts: str) -> tuple[int, str, str]:
+    return run_cli(
+        "train", "--cfg", str(DEFAULT_CONFIG), "--opts", "ENV.OUTPUT.BASE_DIR", str(tmp_path),
+        "TRAIN.STEPS", "2", "TRAIN.EPOCHS", "null", "DATA.BATCH_SIZE", "256",
+        "SCHEDULE.VALIDATION.FINAL_EPOCH.EXHAUSTIVE_PARTIAL_META_VALIDATION", "false", *opts,
+    )  # fmt: skip
+
+
+def config_problems(err: str) -> list[str]:
+    """The problem lines of train's refusal (after its 'invalid config' line)."""
+    head, *lines = err.strip().splitlines()
+    assert head.startswith("linnaeus-accel: invalid config"), err
+    return [line.strip() for line in lines]
+
+
+@register_callback("test_amsgrad_recorder")
+class AmsgradRecorder(Callback):
+    """Whether the optimizer stepped with amsgrad (its groups say so and it keeps the max)."""
+
+    seen: ClassVar[list[tuple[bool, bool]]] = []
+
+    def on_fit_end(self, trainer: Any, summary: dict[str, Any]) -> None:
+        states = trainer.optimizer.state.values()
+        groups = trainer.optimizer.param_groups
+        type(self).seen = [(all(g["amsgrad"] for g in groups), all("max_exp_avg_sq" in s for s in states))]
+
+
+def test_a_flag_given_as_a_string_is_refused_at_start_and_a_true_one_trains(tmp_path: Path) -> None:
+    rc, out, err = fast_train(tmp_path, "OPTIMIZER.OPTIONS", "{amsgrad: 'no'}")
+    assert rc == 2, out + err
+    assert config_problems(err) == [
+        "OPTIMIZER.OPTIONS.amsgrad: must be true or false (torch.optim.AdamW's amsgrad is a flag, and torch "
+        "would read 'no' as true), got 'no'"
+    ]
+    assert list(tmp_path.iterdir()) == []  # refused before anything trained or was written
+    reset_accelerate()
+    opts = ["OPTIMIZER.OPTIONS", "{amsgrad: true}", "CALLBACKS", "[{NAME: test_amsgrad_recorder}]"]
+    rc, out, err = fast_train(tmp_path, *opts)
+    assert rc == 0, out + err
+    assert AmsgradRecorder.seen == [(True, True)]
+
+
+def test_an_option_that_fails_the_first_step_is_refused_at_start(tmp_path: Path) -> None:
+    """torch builds AdamW with differentiable: true, whose step then runs with autograd on and
+    fails on the in-place update of a leaf: that was a traceback at the first step."""
+    rc, out, err = fast_train(tmp_path, "OPTIMIZER.OPTIONS", "{differentiable: true}")
+    assert rc == 2, out + err
+    (problem,) = config_problems(err)
+    assert problem.startswith(
+        "OPTIMIZER.OPTIONS: torch.optim.AdamW accepts these settings but fails at its first step on "
+    )
+    assert problem.endswith(
+        ": a leaf Variable that requires grad is being used in an in-place operation: remove or change the "
+        "option that asks for it"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_first_step_is_tried_on_the_device_the_run_trains_on() -> None:
+    """capturable needs the parameters on an accelerator: refused for a CPU run, taken for a GPU's."""
+    cfg = config({"OPTIONS": {"capturable": True}})
+    with pytest.raises(
+        ConfigError, match=r"\n  OPTIMIZER\.OPTIONS: .* first step on cpu: .*supported devices"
+    ):
+        build_optimizer(default_optimizer, Tiny(), cfg, torch.device("cpu"))
+    if torch.cuda.is_available():
+        optimizer = build_optimizer(default_optimizer, Tiny(), cfg, torch.device("cuda"))
+        assert optimizer.defaults["capturable"] is True
 
 
 @register_optimizer("test_signed_sgd")

@@ -99,7 +99,9 @@ class OptimizerConfig(Section):
     OPTIONS: dict[str, Any] = Field(
         default_factory=dict,
         description="Further keyword arguments of the optimizer: torch's for adamw and sgd (e.g. "
-        "amsgrad: true, nesterov: true), a registered optimizer's own.",
+        "amsgrad: true, nesterov: true), checked against its signature (a flag takes only true or false, "
+        "a number only a number; unknown keys are errors) and tried in one step on the run's device at "
+        "start; a registered optimizer's own.",
     )
 
     def problems(self) -> list[Problem]:

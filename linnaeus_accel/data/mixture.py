@@ -278,6 +278,23 @@ def _build_source(config: Config, split: Split, entry: SourceEntry, problems: li
     return dataset
 
 
+def _check_lengths(entries: list[SourceEntry], datasets: list[Any], options: DatasetOptions) -> None:
+    """Record a source whose windows are not as long as the first's: the batches stack the samples
+    of all sources, so one length must hold for all. Only sources that declare a ``seq_len`` (token
+    files, packed datasets) are compared; a source without one sets no length."""
+    declared = [(e, n) for e, d in zip(entries, datasets, strict=True) if (n := getattr(d, "seq_len", None))]
+    for entry, length in declared[1:]:
+        first, first_length = declared[0]
+        if length != first_length:
+            options.problem(
+                f"sources.{entry.index}.options.seq_len",
+                f"sources {first.label!r} (seq_len {first_length}) and {entry.label!r} (seq_len {length}) cut "
+                "windows of different lengths, which cannot be stacked into one batch: give every source "
+                f"the same seq_len (e.g. {first_length})",
+            )
+            return
+
+
 @register_dataset("mixture")
 def build_mixture(config: Config, split: Split) -> Mixture:
     """Several datasets trained on together, each in a fixed share of the samples::
@@ -306,17 +323,20 @@ def build_mixture(config: Config, split: Split) -> Mixture:
     epoch only: not on the number of processes or DataLoader workers, nor on a resume.
 
     Validation mixes the sources' validation splits with the same weights, its epoch as long as
-    those splits together (``samples_per_epoch`` is for training). ``vocab_size`` and ``eos_id``
-    are the sources' when they all declare the same (different ones are an error), and
-    ``tokens_per_sample`` when they all have the same. A stream (iterable dataset) cannot be a
-    source: a mixture draws samples by index. ``plan`` shows each source's draws and passes per epoch,
-    and ``plan`` and ``train`` warn of two sources that read the same file (or the same dataset and
-    options) and of a source whose weight leaves it less than one expected sample in the whole run.
+    those splits together (``samples_per_epoch`` is for training). Sources that cut windows
+    (``seq_len``) must all cut them alike: one batch stacks samples of every source.
+    ``vocab_size`` and ``eos_id`` are the sources' when they all declare the same (different ones
+    are an error), and ``tokens_per_sample`` when they all have the same. A stream (iterable
+    dataset) cannot be a source: a mixture draws samples by index. ``plan`` shows each source's
+    draws and passes per epoch, and ``plan`` and ``train`` warn of two sources that read the same
+    file (or the same dataset and options) and of a source whose weight leaves it less than one
+    expected sample in the whole run.
     """
     options = DatasetOptions("mixture", config.DATA.DATASET.OPTIONS, OPTIONS_KEY)
     samples_per_epoch = options.integer("samples_per_epoch", None, minimum=1)
     entries = parse_sources(options)
     datasets = [_build_source(config, split, entry, options.problems) for entry in entries]
+    _check_lengths(entries, datasets, options)
     options.finish()
     sources = [
         MixtureSource(e.label, d, e.weight, dataset_reads(e.name, e.options))

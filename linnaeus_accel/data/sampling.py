@@ -135,7 +135,7 @@ class SubsetSampler(EpochOrderSampler):
 
 def subset_dataloader(loader: DataLoader[Any], count: int, seed: int) -> DataLoader[Any]:
     """``loader`` (one ``make_dataloader`` made) reading only a ``SubsetSampler`` of ``count``
-    samples of its order, with its batch size, collation, workers and memory pinning."""
+    samples of its order, with its batch size, collation, workers (and their init) and memory pinning."""
     base = loader.sampler
     assert isinstance(base, EpochOrderSampler), "a subset of the Trainer's own loaders only"
     return DataLoader(
@@ -145,6 +145,7 @@ def subset_dataloader(loader: DataLoader[Any], count: int, seed: int) -> DataLoa
         sampler=SubsetSampler(base, count, seed),
         drop_last=False,
         num_workers=loader.num_workers,
+        worker_init_fn=loader.worker_init_fn,
         persistent_workers=loader.persistent_workers,
         pin_memory=loader.pin_memory,
         generator=torch.Generator(),

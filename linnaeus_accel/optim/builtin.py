@@ -9,6 +9,7 @@ import torch
 
 from ..config import Config, ConfigError
 from ..config.optimizer import OptimizerConfig
+from .checks import option_problems
 from .registry import register_optimizer
 
 # OPTIMIZER.IMPLEMENTATION -> torch's keyword arguments (auto: torch's own choice, as before).
@@ -24,7 +25,10 @@ def _construct(
     cls: Callable[..., torch.optim.Optimizer], groups: list[dict[str, Any]], o: OptimizerConfig, **own: Any
 ) -> torch.optim.Optimizer:
     """``cls`` over ``groups`` at lr 0 (the LR schedule sets each group's LR before every step);
-    what torch refuses is a ConfigError naming the key that asked for it."""
+    what torch refuses, and OPTIONS it would misread, are ConfigErrors naming the key."""
+    given = {"lr", "weight_decay", *own, "foreach", "fused"}
+    if o.OPTIONS and (problems := option_problems(cls, o.OPTIONS, given)):
+        raise ConfigError(problems)
     try:
         return cls(
             groups, lr=0.0, weight_decay=o.WEIGHT_DECAY, **own, **_KERNELS[o.IMPLEMENTATION], **o.OPTIONS

@@ -3,10 +3,12 @@ progress, checkpoints it, records ``status: preempted`` and exits 0 on every pro
 
 Every process must stop at the same step (saving is collective), so with several processes the
 flag is agreed on by an all-reduce every ``check_every`` optimizer steps (a host sync, kept off
-most steps) and between validation passes. Send the signal to every worker process (SLURM's
-``--signal`` and schedulers' preemption notices do); signalling ``accelerate launch`` itself makes
-torchelastic exit non-zero whatever the workers do. Grace periods (tens of seconds) cover the few
-steps until the next check.
+most steps) and between validation passes. Send the signal to every training process (SLURM's
+``--signal``, ``scancel`` and schedulers' preemption notices do); signalling ``accelerate launch``
+itself makes torchelastic exit non-zero whatever its processes do. A signal that reaches the whole
+job reaches DataLoader workers too: they ignore it (``data.worker_signals``) and are shut down by
+their process after it has checkpointed. Grace periods (tens of seconds) cover the few steps until
+the next check.
 """
 
 from __future__ import annotations

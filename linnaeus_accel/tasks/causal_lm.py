@@ -35,6 +35,7 @@ built the model.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -241,14 +242,28 @@ class CausalLMTask(Task):
         except Exception as exc:
             # Without gradients (the first-batch probe, validation): a model refusing the length it
             # was given ("Cannot forward sequence of length 65") learns what seq_len counts. A
-            # training step's error, and running out of memory, are left as they are.
-            if not torch.is_grad_enabled() and not isinstance(
-                exc, (torch.cuda.OutOfMemoryError, MemoryError)
-            ):
-                add_to_message(exc, self._length_hint(batch["input_ids"].shape[-1]))
+            # training step's error, and any other error, are left as they are: a signal handler
+            # (a DataLoader worker's death) raises in whatever runs, a forward included.
+            if not torch.is_grad_enabled() and (hint := self._length_hint(exc, model, batch)) is not None:
+                add_to_message(exc, hint)
             raise
 
-    def _length_hint(self, length: int) -> str:
+    def _length_hint(self, exc: Exception, model: nn.Module, batch: Any) -> str | None:
+        """What seq_len counts, when ``exc`` is ``model`` refusing the tokens per row it was given:
+        its message names that number (nanoGPT's "Cannot forward sequence of length 65, block size
+        is only 64", a size mismatch "(65) must match ... (64)"; not a pid), or it is an IndexError
+        while an embedding of the model has fewer rows than that (a table of positions read past
+        its end; a vocabulary is larger than a window). None for any other error."""
+        length = batch["input_ids"].shape[-1]
+        given = length - 1 if self.model_loss else length
+        if isinstance(exc, (torch.cuda.OutOfMemoryError, MemoryError)):
+            return None
+        named = re.search(rf"(?<![\d.])(?<!pid ){given}(?!\d|\.\d)", str(exc)) is not None
+        short_table = isinstance(exc, IndexError) and any(
+            isinstance(m, nn.Embedding) and m.num_embeddings < given for m in model.modules()
+        )
+        if not (named or short_table):
+            return None
         if self.model_loss:
             return (
                 f"causal_lm with TASK.MODEL_LOSS gave the model {length - 1} input tokens per row: seq_len ({length}) "

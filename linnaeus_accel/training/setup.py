@@ -23,7 +23,9 @@ from ..data.stream_reader import StreamError
 from ..data.streaming import StreamShard, stream_loader
 from ..data.token_format import TokenOutOfVocab
 from ..data.token_vocab import NO_LIMIT, limit_token_ids
+from ..data.worker_signals import shield_workers
 from ..optim import build_from_config
+from ..optim.checks import check_first_step
 from ..optim.groups import parameter_kinds, unused_settings
 from ..run_directory.launcher import follow_launcher, startup_deadline
 from ..run_directory.trackers import check_log_with, log_with
@@ -148,13 +150,20 @@ def parameter_groups(model: nn.Module, config: Config) -> list[dict[str, Any]]:
 
 
 def build_optimizer(
-    optimizer: OptimizerFactory | torch.optim.Optimizer, model: nn.Module, config: Config
+    optimizer: OptimizerFactory | torch.optim.Optimizer,
+    model: nn.Module,
+    config: Config,
+    device: torch.device | None = None,
 ) -> torch.optim.Optimizer:
     """The run's optimizer: built from OPTIMIZER (the Trainer's default, ``default_optimizer``), by
     the factory given from ``parameter_groups``, or the optimizer given. OPTIMIZER settings that
-    the one given would not read are ConfigErrors (``optim.groups.unused_settings``)."""
+    the one given would not read are ConfigErrors (``optim.groups.unused_settings``); so are
+    settings of a built-in optimizer that would fail its first step on ``device``, the one the run
+    trains on (default: Accelerate's device for this process, the Accelerator's once it exists)."""
     if optimizer is default_optimizer:
-        return default_optimizer(parameter_groups(model, config), config)
+        built = default_optimizer(parameter_groups(model, config), config)
+        check_first_step(built, config, device)
+        return built
     given = isinstance(optimizer, torch.optim.Optimizer)
     if unused := unused_settings(config, built=given):
         raise ConfigError(unused)
@@ -232,6 +241,7 @@ def as_loader(
         # A stream read shard by shard ends where its readers run out, whatever its __len__ says.
         size = loader.shard.size if isinstance(loader.shard, StreamShard) else None
         batches = None if size is None else batches_per_process(size, expected, world_size, drop_last)
+        shield_workers(loader)
         return Loader(loader, dataset, loader.shard.collate_fn, size, expected, batches, stream=True)
     sampler = None
     if not isinstance(data, DataLoader):
@@ -240,6 +250,7 @@ def as_loader(
     elif data.generator is None:
         # Else creating its iterator would draw from the global RNG and shift a resumed run's dropout.
         data.generator = torch.Generator()
+    shield_workers(data)  # a job-wide SIGTERM must reach the preemption watch, not kill the workers
     size = len(data.sampler)  # type: ignore[arg-type]
     return Loader(data, dataset, data.collate_fn, size, expected, None, stream=False, sampler=sampler)
 
