@@ -365,7 +365,9 @@ class Checkpointer:
         return discard_after(self.store, step)
 
     def read_state(self, path: Path) -> dict[str, Any]:
-        """Our JSON state of the checkpoint at ``path`` (``check_state`` has passed for it)."""
+        """Our JSON state of the checkpoint at ``path`` (``check_state`` has passed for it), as
+        written: for the trainer's own entries (progress, plan, config). The parts' state in it is
+        still encoded (``tensor_state``): ``load`` decodes it, the one reader that hands it back."""
         state, problem = read_json(path / STATE_FILE)
         if problem is None and not isinstance(state, dict):
             problem = f"{STATE_FILE} is not a JSON object"
@@ -392,12 +394,14 @@ class Checkpointer:
         # Checkpoints are taken between optimizer steps, where the micro-batch counter is a multiple
         # of the accumulation; the restored count is another run's when resuming elastically.
         self.accelerator.step = 0
-        state = self.read_state(path)
-        if (path / TENSORS_FILE).is_file():
-            try:
-                state = tensor_state.join(state, load_file(str(path / TENSORS_FILE)))
-            except Exception as exc:
-                raise CheckpointLoadError(f"{TENSORS_FILE}: {first_line(exc)}") from exc
+        try:
+            tensors = load_file(str(path / TENSORS_FILE)) if (path / TENSORS_FILE).is_file() else {}
+        except Exception as exc:
+            raise CheckpointLoadError(f"{TENSORS_FILE}: {first_line(exc)}") from exc
+        try:  # tensors or not: a part's NaN, tuples and int keys are encoded too
+            state: dict[str, Any] = tensor_state.join(self.read_state(path), tensors)
+        except (KeyError, TypeError, ValueError) as exc:  # what split cannot have written
+            raise CheckpointLoadError(f"{STATE_FILE} does not decode: {first_line(exc)}") from exc
         self.metric_at = {int(k): v for k, v in state.get("checkpoint_metrics", {}).items()}
         self.resumed_from = int(state["progress"]["global_step"])
         self.current = self._committed = path
