@@ -18,7 +18,10 @@ arguments as that command takes them)::
     python examples/nanogpt_model.py --opts TRAIN.STEPS 100 EXPERIMENT.NAME nanogpt_try   # a short try
 
 On your own token files, replace ``DATA.DATASET`` (``NAME: token_files``, ``OPTIONS: {paths: [...],
-seq_len: 65}``): ``vocab_size`` then comes from the files, or ``MODEL.OPTIONS.vocab_size``.
+seq_len: 65}``): ``vocab_size`` then comes from the files' sidecars (``linnaeus-accel tokenize``
+writes them); nanoGPT's ``.bin`` files have none, so give ``dtype: uint16`` and the vocabulary, as
+``MODEL.OPTIONS.vocab_size`` (its ``meta.pkl``'s) or ``DATA.DATASET.OPTIONS.vocab_size``: without
+it the model is refused.
 
 ``MODEL.OPTIONS`` are the fields of ``GPTConfig`` below; ``vocab_size`` defaults to the data's.
 """
@@ -163,8 +166,23 @@ def build_nanogpt(config: Config, dataset: Any) -> GPT:
         raise ConfigError(
             [("MODEL.OPTIONS", f"nanogpt takes {', '.join(sorted(known))}, not {', '.join(unknown)}")]
         )
-    vocab = getattr(dataset, "vocab_size", None)
-    if "vocab_size" not in options and isinstance(vocab, int):
+    if "vocab_size" not in options:
+        vocab = getattr(dataset, "vocab_size", None)
+        if not isinstance(vocab, int):
+            # GPTConfig's 257 would fit bytes, not the user's tokens: a model whose vocabulary
+            # silently differs from the data's wastes rows or fails on the first larger id.
+            raise ConfigError(
+                [
+                    (
+                        "MODEL.OPTIONS.vocab_size",
+                        "nanogpt: the data does not say its vocabulary size (a .bin token file without "
+                        "a sidecar, as nanoGPT's prepare.py writes them): set it to the tokenizer's "
+                        "(the vocab_size in nanoGPT's meta.pkl for its character data; 50304 for GPT-2's "
+                        "tokens, nanoGPT's padding of 50257), or set DATA.DATASET.OPTIONS.vocab_size, "
+                        "or write the files with linnaeus-accel tokenize, whose sidecar says it",
+                    )
+                ]
+            )
         options["vocab_size"] = vocab  # the data's: every id it holds has an output
     return GPT(GPTConfig(**options))
 

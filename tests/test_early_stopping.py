@@ -6,10 +6,16 @@ import json
 from typing import Any
 
 import pytest
+import torch
+from conftest import DEFAULT_CONFIG
 
-from linnaeus_accel.config import ConfigError, validate_config
+from linnaeus_accel.cli import plan_for
+from linnaeus_accel.config import ConfigError, load_config, validate_config
 from linnaeus_accel.config.sections import EarlyStopConfig
+from linnaeus_accel.data import build_dataset
 from linnaeus_accel.schedule import EarlyStopping, StopDecision, resolve_plan
+from linnaeus_accel.tasks import TaskContext, build_task
+from linnaeus_accel.training.task_checks import check_task, validation_prefixes
 
 STEPS = [100, 200, 300, 400, 500, 600]
 VALUES = [1.0, 0.995, 0.98, 0.979, 0.975, 0.972]
@@ -397,3 +403,34 @@ def test_loading_tolerates_unknown_and_missing_keys() -> None:
     other.load_state_dict({"best": 0.7, "step_of_best": 10})  # no metric recorded: taken as ours
     assert (other.best, other.step_of_best) == (0.7, 10)
     assert reason(other.check(310, 0.695)) == "patience"  # 310 - 10 >= 300, 0.695 is no improvement
+
+
+# ---------------------------------------------------------------------------------------------
+# A metric no validation pass reports
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("opts", "refused", "suggested"),
+    [
+        # No standard pass: val/loss is the metric missing, so it is not the example.
+        (["SCHEDULE.VALIDATION.INTERVAL_EPOCHS", "null"], "val/loss", "val_mask_COLS/loss"),
+        (["TRAIN.EARLY_STOP.METRIC", "val/los"], "val/los", "val/loss"),  # a name the task lacks
+    ],
+)
+def test_a_metric_never_reported_is_refused_suggesting_one_the_run_reports(
+    opts: list[str], refused: str, suggested: str
+) -> None:
+    config = load_config(DEFAULT_CONFIG, opts)
+    dataset = build_dataset(config, "train")
+    plan, task, cpu = plan_for(config, 1, len(dataset)), build_task(config), torch.device("cpu")
+    task.bind(TaskContext(config, plan, dataset, 0, 1, cpu))
+    with pytest.raises(ConfigError) as refusal:  # before the model is run: none is needed
+        check_task(config, task, plan, torch.nn.Identity(), None, cpu)
+    message = str(refusal.value)
+    assert "(1 problem)" in message
+    assert f"TRAIN.EARLY_STOP.METRIC: {refused} is never reported" in message
+    assert f"name one as <pass>/<metric>, e.g. {suggested} (" in message
+    prefix, name = suggested.rsplit("/", 1)
+    assert prefix in validation_prefixes(task, plan)
+    assert name in task.metric_directions

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import re
 import socket
@@ -13,9 +14,14 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import numpy as np
 import psutil  # type: ignore[import-untyped]  # an Accelerate dependency
 import pytest
-from conftest import DEFAULT_CONFIG, REPO
+from conftest import DEFAULT_CONFIG, REPO, run_cli
+
+from linnaeus_accel.config import load_config
+from linnaeus_accel.data import build_dataset
+from linnaeus_accel.models import build_model
 
 
 @pytest.mark.slow
@@ -59,6 +65,7 @@ def load_example(name: str) -> ModuleType:
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # a dataclass of the example looks its module up there
     spec.loader.exec_module(module)
     return module
 
@@ -159,3 +166,55 @@ def test_readme_python_snippets_run_verbatim(tmp_path: Path) -> None:
             env=launch_env(tmp_path),
         )
         assert done.returncode == 0, f"README python block {i + 1} failed:\n{code}\n{done.stderr[-3000:]}"
+
+
+NANOGPT_CONFIG = REPO / "examples" / "nanogpt.yaml"
+
+
+def nanogpt_lr(it: int, learning_rate: float, warmup_iters: int, lr_decay_iters: int, min_lr: float) -> float:
+    """nanoGPT's ``get_lr`` (train.py), as it is written there."""
+    if it < warmup_iters:
+        return learning_rate * (it + 1) / (warmup_iters + 1)
+    if it > lr_decay_iters:
+        return min_lr
+    decay_ratio = (it - warmup_iters) / (lr_decay_iters - warmup_iters)
+    coeff = 0.5 * (1.0 + math.cos(math.pi * decay_ratio))
+    return min_lr + coeff * (learning_rate - min_lr)
+
+
+def test_nanogpt_recipe_has_nanogpts_lr_at_every_step() -> None:
+    """The recipe that says it is nanoGPT's warms up as nanoGPT does: its first update is not at LR 0."""
+    args = ["plan", "--cfg", str(NANOGPT_CONFIG), "--dataset-size", "6292", "--tokens-per-sample", "64"]
+    rc, out, err = run_cli(*args)
+    assert rc == 0, err
+    assert "warmup 100 steps (10.0%) from 9.9e-06; cosine decay 900 steps from step 100 to 999." in out
+    rc, out, err = run_cli(*args, "--json")
+    assert rc == 0, err
+    lrs = json.loads(out)["series"]["lr"]
+    lr = load_config(NANOGPT_CONFIG).LR_SCHEDULER
+    assert lr.REFERENCE_BS is None  # learning_rate as written
+    assert lrs[0] == pytest.approx(1e-3 / 101, rel=1e-12)
+    expected = [nanogpt_lr(it, lr.BASE_LR, 100, 1000, lr.MIN_LR) for it in range(1000)]
+    assert lrs == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.usefixtures("fresh_accelerate_state")
+def test_nanogpt_example_refuses_token_files_that_do_not_say_their_vocabulary(tmp_path: Path) -> None:
+    """nanoGPT's own .bin (uint16, no sidecar) says nothing of its vocabulary: the example names the
+    key instead of building a 257-row model for 65 characters."""
+    load_example("nanogpt_model")  # registers MODEL.TYPE nanogpt
+    tokens = tmp_path / "train.bin"
+    (np.arange(20_000) % 65).astype("<u2").tofile(tokens)  # shakespeare_char's 65 characters
+    out = tmp_path / "out"
+    opts = ["ENV.OUTPUT.BASE_DIR", str(out), "TRAIN.STEPS", "1", "DATA.DATASET.NAME", "token_files"]
+    opts += ["DATA.DATASET.OPTIONS", f"{{paths: ['{tokens}'], seq_len: 65, dtype: uint16}}"]
+    rc, _, err = run_cli("train", "--cfg", str(NANOGPT_CONFIG), "--opts", *opts)
+    assert rc == 2, err[-2000:]
+    assert "MODEL.OPTIONS.vocab_size: nanogpt: the data does not say its vocabulary size" in err
+    assert "DATA.DATASET.OPTIONS.vocab_size" in err
+    assert not (out / "nanogpt").exists()  # refused before anything is written
+    # Given either way, the model has the vocabulary given.
+    for key in ("MODEL.OPTIONS.vocab_size", "DATA.DATASET.OPTIONS.vocab_size"):
+        config = load_config(NANOGPT_CONFIG, [*opts, key, "65"])
+        model = build_model(config, build_dataset(config, "train"))
+        assert model.state_dict()["token_embedding.weight"].shape[0] == 65, key  # one row per id

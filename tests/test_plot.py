@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -252,3 +253,33 @@ def test_training_without_matplotlib_goes_on_without_the_plot(
     assets = tmp_path / "digits_default" / "assets"
     assert (assets / "schedule_summary.txt").exists()
     assert not (assets / "schedule.png").exists()
+
+
+def test_long_legend_labels_keep_the_layout_and_the_axes_wide(tmp_path: Path) -> None:
+    """A group matching many patterns made a legend wider than the figure: matplotlib dropped the
+    layout with 'constrained_layout not applied' at every plot and squeezed the axes. Its label is
+    wrapped: the layout applies, the LR axes keep most of the width, the legend stays in the figure."""
+    patterns = ", ".join(f"'block{i}.attention.query_key_value.*'" for i in range(8))
+    group = f"[{{LABEL: attention, MATCH: [{patterns}], LR_MULTIPLIER: 0.5}}]"
+    fig, _plan = figure_for(["LR_SCHEDULER.PARAMETER_GROUPS", group])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fig.savefig(tmp_path / "schedule.png")
+    assert [str(w.message) for w in caught] == []
+    assert_png(tmp_path / "schedule.png")
+    width = fig.get_figwidth() * fig.dpi
+    lr_box = axes(fig, "lr").get_window_extent()
+    assert lr_box.width > 0.6 * width
+    legend = axes(fig, "lr").get_legend().get_window_extent()
+    assert legend.x1 <= width
+    labels = [t.get_text() for t in axes(fig, "lr").get_legend().get_texts()]
+    assert labels[1].startswith("group 1 'attention': wsd, peak 0.001\n  (params matching")
+
+
+def test_a_short_run_has_whole_step_ticks() -> None:
+    fig, _plan = figure_for(["TRAIN.STEPS", "2", "TRAIN.EPOCHS", "null"])
+    fig.canvas.draw()
+    events = axes(fig, "events")
+    lo, hi = events.get_xlim()
+    shown = [t.get_text() for t in events.get_xticklabels() if lo <= t.get_position()[0] <= hi]
+    assert shown == ["0", "1", "2"]  # not 0, 0, 0, 1, 1, 1, 2: fractional steps rounded

@@ -1,10 +1,23 @@
-"""The optimizer's settings in ``plan``'s summary (no model here: ``train``'s start-up summary adds
-how many parameters decay, once the model is built)."""
+"""The optimizer's settings in the schedule summary: ``plan`` (no model) describes the one OPTIMIZER
+would build; ``train`` describes the one given to the Trainer (``optimizer=``, a factory or built)
+from the optimizer itself, since it does not read OPTIMIZER. ``train``'s start-up summary adds how
+many parameters decay, once the model is built."""
 
 from __future__ import annotations
 
+import numbers
+from typing import TYPE_CHECKING, Any
+
 from ..config import Config
 from ..config.optimizer import BUILTIN_OPTIMIZERS
+
+if TYPE_CHECKING:
+    from torch.optim import Optimizer
+
+# Hyperparameters that say how torch computes the update, not which update: kernels are said
+# apart, and AdamW's decoupled decay is what AdamW is.
+_NOT_SETTINGS = {"params", "lr", "initial_lr", "foreach", "fused", "capturable", "differentiable"}
+_NOT_SETTINGS |= {"decoupled_weight_decay", "weight_decay"}
 
 
 def optimizer_lines(config: Config) -> list[str]:
@@ -25,3 +38,59 @@ def optimizer_lines(config: Config) -> list[str]:
     if o.NO_DECAY:
         decay += f", none on {', '.join(o.NO_DECAY)} parameters (groups of their own, at their LR group's LR)"
     return [f"Optimizer: {', '.join(parts)}; {decay}"]
+
+
+def built_optimizer_lines(optimizer: Optimizer) -> list[str]:
+    """The optimizer given to the Trainer, as built: e.g. 'Optimizer: AdamW (the Trainer's
+    optimizer=, as built), betas (0.9, 0.99), eps 1e-08, torch's default kernels; weight decay 0.1'.
+    A setting that differs between parameter groups lists each value, in group order."""
+    groups, defaults = optimizer.param_groups, optimizer.defaults
+    parts = [f"{type(optimizer).__name__} (the Trainer's optimizer=, as built)"]
+    for key in defaults:
+        if key in _NOT_SETTINGS:
+            continue
+        values = _distinct([group.get(key, defaults[key]) for group in groups])
+        if values == [True]:
+            parts.append(key)  # a switch that is on: amsgrad, nesterov, maximize
+        elif all(isinstance(v, float | tuple) for v in values) and values != [0.0]:
+            parts.append(f"{key} {_by_group(values)}")  # off (0: SGD's dampening) says nothing
+    kernel = "fused" if defaults.get("fused") else "foreach" if defaults.get("foreach") else None
+    parts.append(f"{kernel} kernels" if kernel else "torch's default kernels")
+    decay = _distinct([group.get("weight_decay", defaults.get("weight_decay", 0.0)) for group in groups])
+    rates = [v for v in decay if isinstance(v, float)] or [0.0]
+    return [f"Optimizer: {', '.join(parts)}; weight decay {_by_group(rates)}"]
+
+
+def _distinct(values: list[Any]) -> list[Any]:
+    """The values shown, in first-seen order: numbers (one-element tensors too) and tuples of
+    them, as floats; switches as bools; anything else as None (not shown)."""
+    shown = []
+    for value in values:
+        value = _shown(value)
+        if value not in shown:
+            shown.append(value)
+    return shown
+
+
+def _shown(value: Any) -> Any:
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if isinstance(value, tuple | list):
+        items = [_shown(v) for v in value]
+        return tuple(items) if all(isinstance(v, float) for v in items) else None
+    numel = getattr(value, "numel", None)  # a tensor: torch takes tensor lr and betas
+    if callable(numel) and numel() == 1:
+        return float(value.item())
+    return None
+
+
+def _text(value: Any) -> str:
+    return f"({', '.join(f'{v:g}' for v in value)})" if isinstance(value, tuple) else f"{value:g}"
+
+
+def _by_group(values: list[Any]) -> str:
+    if len(values) == 1:
+        return _text(values[0])
+    return " or ".join(_text(v) for v in values) + " (by parameter group)"

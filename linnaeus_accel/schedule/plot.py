@@ -13,6 +13,7 @@ pyplot state: a notebook's own backend is left alone).
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,6 +35,13 @@ MAX_POINTS = 4000
 # At most one event marker per this many columns of the step axis (long runs: 10**7 epochs).
 MARKER_COLUMNS = 2000
 DPI = 110
+# Legend entries and event-row labels are wrapped to this many characters, at most LABEL_LINES
+# lines: constrained layout gives the axes the width the labels beside them leave, so one long
+# label (a group matching many patterns) squeezed them to nothing and matplotlib dropped the layout
+# with a warning. The text summary lists every pattern.
+LEGEND_CHARS = 48
+ROW_CHARS = 24
+LABEL_LINES = 3
 
 PHASE_COLORS = {
     "warmup": "#f4a259",
@@ -105,12 +113,15 @@ def schedule_figure(config: Config, plan: ResolvedPlan) -> Figure:
     drawn), ``events`` and ``epochs`` (the top axis, ticks at epoch boundaries)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    from matplotlib.ticker import FuncFormatter
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
 
     t = plan.total_steps
     steps = plot_steps(plan)
     rows = [row for row in EVENT_ROWS if drawn(plan, row[0])]
-    rows += [(f"callback:{c.label}", f"callback {c.label}", "*", "#7f6000") for c in plan.callbacks]
+    rows += [
+        (f"callback:{c.label}", _wrapped(f"callback {c.label}", ROW_CHARS), "*", "#7f6000")
+        for c in plan.callbacks
+    ]
     ramps = drawn_ramps(plan)
     fig = Figure(figsize=(12, 7.5), dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
@@ -139,6 +150,8 @@ def schedule_figure(config: Config, plan: ResolvedPlan) -> Figure:
     lr_ax.set_xlim(-0.01 * t, 1.015 * t)
     event_ax.set_xlabel("global step (optimizer updates)")
     event_ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:,.0f}"))
+    # matplotlib's default ticks, whole steps only: a short run's axis read 0, 0, 0, 1, 1, 1, 2.
+    event_ax.xaxis.set_major_locator(MaxNLocator(nbins="auto", steps=[1, 2, 2.5, 5, 10], integer=True))
     _epoch_axis(lr_ax, below, plan)
     fig.suptitle(_title(config, plan), fontsize=10)
     return fig
@@ -169,7 +182,7 @@ def _draw_lr(ax: Axes, plan: ResolvedPlan, steps: list[int], phase_handles: list
             steps,
             [curve(k) for k in steps],
             gid=f"lr:{curve.label}",
-            label=label,
+            label=_wrapped(label, LEGEND_CHARS),
             linewidth=1.8 if i == 0 else 1.4,
         )
     ax.set_ylabel("learning rate")
@@ -212,6 +225,15 @@ def _draw_events(ax: Axes, plan: ResolvedPlan, rows: list[tuple[str, str, str, s
         labels.append(label)
     ax.set_yticks(range(len(rows)), labels, fontsize=8)
     ax.set_ylim(-0.6, len(rows) - 0.4)
+
+
+def _wrapped(text: str, width: int) -> str:
+    """``text`` in lines of at most ``width`` characters, each of its own lines in at most
+    LABEL_LINES (cut with '...'); continuation lines indented."""
+    return "\n".join(
+        textwrap.fill(part, width, subsequent_indent="  ", max_lines=LABEL_LINES, placeholder=" ...")
+        for part in text.split("\n")
+    )
 
 
 def _title(config: Config, plan: ResolvedPlan) -> str:

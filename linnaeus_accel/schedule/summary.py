@@ -7,16 +7,19 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config import Config
 from .event_steps import EVENT_KINDS, event_steps, forced_at_end, interval_of, mid_epoch_multiples
 from .lr import LRCurve
 from .ops import EventEpochs, OpsSchedule
-from .optimizer_summary import optimizer_lines
+from .optimizer_summary import built_optimizer_lines, optimizer_lines
 from .plan import ResolvedPlan
 from .timeline import timeline
 from .validation_budget import validation_budget, validation_budget_line
+
+if TYPE_CHECKING:
+    from torch.optim import Optimizer
 
 SERIES_FULL_LIMIT = 100_000
 SERIES_SAMPLES = 10_000
@@ -63,7 +66,9 @@ def _epochs_text(epochs: EventEpochs) -> str:
     return f"after epoch{'s' if len(first) > 1 else ''} {shown}"
 
 
-def summary_text(config: Config, plan: ResolvedPlan) -> str:
+def summary_text(config: Config, plan: ResolvedPlan, optimizer: Optimizer | None = None) -> str:
+    """``optimizer``: the one given to the Trainer (a factory's or built), described as it is built
+    instead of what OPTIMIZER says, which it does not read."""
     lines = ["Schedule summary", "================"]
     procs = f"{plan.world_size} process{'es' if plan.world_size > 1 else ''}"
     if plan.batches_per_epoch is None:
@@ -90,7 +95,7 @@ def summary_text(config: Config, plan: ResolvedPlan) -> str:
             head += f" (params matching {', '.join(plan.group_patterns[i - 1])})"
         lines.append(f"{head}: peak {curve.base_lr:.4g}, min {curve.min_lr:.4g}")
         lines.append("  " + describe_lr(curve))
-    lines += optimizer_lines(config)
+    lines += optimizer_lines(config) if optimizer is None else built_optimizer_lines(optimizer)
     lines.append("")
     lines.append(f"Validation:            {_event_text(plan, 'validation')}")
     lines += validation_budget_line(config, plan)

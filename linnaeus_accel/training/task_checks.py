@@ -120,16 +120,20 @@ def metric_mode(
     if direction is not None and (prefixes is None or prefix in prefixes):
         return configured or direction, None
     names = ", ".join(task.metric_directions)
-    passes = ", ".join(sorted(prefixes or {"val"}, key=lambda p: (p != "val", p)))
+    ordered = sorted(prefixes or {"val"}, key=lambda p: (p != "val", p))
     if direction is None:
         why = (
             f"the {task.name} task reports no metric named {metric.rsplit('/', 1)[-1]!r} (it reports {names})"
         )
     else:
-        why = f"this run makes no validation pass {prefix!r} (its passes: {passes})"
+        why = f"this run makes no validation pass {prefix!r} (its passes: {', '.join(ordered)})"
+    # The example is one the run reports: the name asked for in a pass made, or the pass asked for
+    # with a name the task reports (never the metric refused, as 'e.g. val/loss' was for val/loss).
+    name = metric.rsplit("/", 1)[-1] if direction is not None else next(iter(task.metric_directions), None)
+    example = f", e.g. {prefix if prefix in ordered else ordered[0]}/{name}" if name is not None else ""
     return configured or direction or "min", (
         key,
-        f"{metric} is never reported: {why}; name one as <pass>/<metric>, e.g. val/{next(iter(task.metric_directions))} "
+        f"{metric} is never reported: {why}; name one as <pass>/<metric>{example} "
         "(a task of your own declares its metrics in metric_directions)",
     )
 
