@@ -38,6 +38,7 @@ from .run_state.frozen_weights import (
     base_changed,
     base_source,
 )
+from .run_state.run_checkpoints import agree_on_key
 from .run_state.state_files import STATE_FILE, checkpoint_store, read_json
 from .training.validation import run_pass
 
@@ -245,6 +246,7 @@ def evaluate(config: Config, checkpoint: str | Path, out: str | Path | None = No
     set_seed(config.EXPERIMENT.SEED)
     trainer = Trainer(_without_bucket(config), build_model(config, train_data), train_data, val_data)
     acc = trainer.accelerator
+    agree_on_key()  # its signature is checked below: a key empty or set on one process only is refused
     if trainer.val_batches is None:
         raise ConfigError([("DATA", "the configured dataset has no validation split to evaluate on")])
     final = trainer.ops.final_point()

@@ -200,3 +200,11 @@ def test_overwrite_removes_the_results_of_the_weights_it_deletes(run: TinyRun, t
     assert (copy / "eval" / "final.json").is_file()
     clear_run(copy)  # what `train --overwrite` does first
     assert not (copy / "eval").exists()
+
+
+def test_an_empty_checkpoint_key_is_refused(run: TinyRun, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A key set but empty (a secret the job script failed to read) would check no signature."""
+    monkeypatch.setenv("LINNAEUS_CHECKPOINT_KEY", "")
+    rc, _, err = run.evaluate(run.dir / "final")
+    assert rc == 2, err
+    assert "LINNAEUS_CHECKPOINT_KEY is set but empty" in err

@@ -12,7 +12,8 @@ Authenticated checkpoints: with a key in ``LINNAEUS_CHECKPOINT_KEY``, the marker
 ``hmac_sha256``, an HMAC-SHA256 of the rest of the marker (its canonical JSON) under that key; and a
 checkpoint is verified only if it carries a valid one. The digests say the files are those the
 manifest lists, which whoever can write the files can rewrite; the HMAC says the manifest was
-written by a holder of the key (docs/security.md).
+written by a holder of the key (docs/security.md). Set but empty, the variable is refused: a secret
+that a job script failed to read would otherwise turn signing off without a word.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import hashlib
 import hmac
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -32,6 +33,7 @@ MARKER_VERSION = 1
 MARKER_TMP = ".COMMITTED.json.tmp"
 KEY_ENV = "LINNAEUS_CHECKPOINT_KEY"
 SIGNATURE = "hmac_sha256"
+_AGREEMENT = b"linnaeus-accel: the processes of one run compare this, never the key"
 
 
 class MarkerError(ValueError):
@@ -74,9 +76,47 @@ def read_marker(path: Path) -> dict[str, Any]:
 
 
 def checkpoint_key() -> bytes | None:
-    """The key checkpoints are signed and verified with, from the environment (None: unsigned)."""
-    key = os.environ.get(KEY_ENV, "")
+    """The key checkpoints are signed and verified with, from the environment (None: unsigned).
+    Set but empty reads as unset here: a run refuses it at start, on every process alike
+    (``key_disagreement``), before any checkpoint is read or written."""
+    key = os.environ.get(KEY_ENV)
     return key.encode("utf-8") if key else None
+
+
+def key_setting() -> str | None:
+    """What this process's key is, for comparing with the other processes of the run without
+    sending it: None if unset, "" if set but empty, else an HMAC of a fixed text under the key."""
+    key = os.environ.get(KEY_ENV)
+    if not key:
+        return key
+    return hmac.new(key.encode("utf-8"), _AGREEMENT, hashlib.sha256).hexdigest()
+
+
+def key_disagreement(settings: Sequence[str | None]) -> str | None:
+    """Why the run cannot start with these ``key_setting``s of its processes (by process index):
+    set but empty on one, or not the same on all (the main process signs, every process verifies:
+    a key exported on one machine only would be ignored on the others); None if they agree."""
+    if "" in settings:
+        return _empty_key(f" on process {settings.index('')}" if len(settings) > 1 else "")
+    other = next((i for i, s in enumerate(settings) if s != settings[0]), None)
+    if other is None:
+        return None
+    if settings[0] is not None and settings[other] is not None:
+        differ = f"processes 0 and {other} hold different keys"
+    else:
+        unset, has = (0, other) if settings[0] is None else (other, 0)
+        differ = f"process {has} has it set and process {unset} does not: exported on one machine only?"
+    return (
+        f"{KEY_ENV} is not the same on every process of this run ({differ}): export the same key on "
+        "every machine of the job, or unset it on all of them"
+    )
+
+
+def _empty_key(where: str) -> str:
+    return (
+        f"{KEY_ENV} is set but empty{where} (a secret the job script could not read?): set it to the key "
+        "the run's checkpoints are signed with, or unset it for unsigned checkpoints"
+    )
 
 
 def signature(marker: Mapping[str, Any], key: bytes) -> str:

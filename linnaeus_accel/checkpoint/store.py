@@ -312,10 +312,12 @@ class CheckpointStore:
         """Steps whose directory has a marker, ascending (presence only: cheap; see ``verify``)."""
         return [step for step, path in self._step_dirs() if (path / MARKER).is_file()]
 
-    def verify(self, path: Path | str, *, deep: bool = True) -> str | None:
-        """None if ``path`` is a complete checkpoint, else what is wrong with it: every manifest file
-        exists with its size and, with ``deep`` (reads everything), its digest; no other file is
-        there but the journal; and the owner's ``check`` passes."""
+    def verify(self, path: Path | str, *, deep: bool = True, check_signature: bool = True) -> str | None:
+        """None if ``path`` is a complete checkpoint, else what is wrong with it: its marker is signed
+        with the checkpoint key if one is set (unless not ``check_signature``: whether the key is all
+        that stops it); every manifest file exists with its size and, with ``deep`` (reads
+        everything), its digest; no other file is there but the journal; and the owner's ``check``
+        passes."""
         path = Path(path)
         if (rejected := note_problem(path)) is not None:
             return rejected  # a rejection cut short before its move; or a rejected copy, not repaired
@@ -323,8 +325,7 @@ class CheckpointStore:
             marker = read_marker(path)
         except MarkerError as e:
             return str(e)
-        problem = signature_problem(marker, checkpoint_key())
-        if problem is not None:
+        if check_signature and (problem := signature_problem(marker, checkpoint_key())) is not None:
             return problem
         match = _NAME.fullmatch(path.name)
         if match and int(match.group(1)) != marker["step"]:

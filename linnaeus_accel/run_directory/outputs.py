@@ -44,9 +44,10 @@ class RunOutputs:
         self.console = Console(total_steps, config.ENV.PROGRESS_BAR)
         self._plotting: threading.Thread | None = None
 
-    def truncate_metrics(self, after_step: int) -> None:
+    def truncate_metrics(self, after_step: int, keep_validation: bool = False) -> None:
         """Forget what a killed run logged after its checkpoint at ``after_step`` (and that
-        checkpoint's validation, which the resumed run logs again), so metrics.jsonl reads as one
+        checkpoint's validation, which the resumed run logs again, unless ``keep_validation``: a
+        finished run trained longer keeps its last validation), so metrics.jsonl reads as one
         uninterrupted history with no step logged twice. Lines that are not a metrics record (a
         line cut by a kill, or damage) are dropped."""
         self._metrics.close()
@@ -60,7 +61,8 @@ class RunOutputs:
                     dropped.append(number)
                 continue
             step = record["global_step"]
-            if step < after_step or (step == after_step and not any(k.startswith("val") for k in record)):
+            at_end = step == after_step and (keep_validation or not any(k.startswith("val") for k in record))
+            if step < after_step or at_end:
                 kept.append(raw.decode("utf-8") + "\n")
         if dropped and dropped != [len(lines)]:  # the last line alone: one a kill cut, as expected
             log.warning(
@@ -132,7 +134,7 @@ class SilentRunOutputs(RunOutputs):
         self.accelerator = accelerator
         self.dir = config.output_dir
 
-    def truncate_metrics(self, after_step: int) -> None:
+    def truncate_metrics(self, after_step: int, keep_validation: bool = False) -> None:
         pass
 
     def write_assets(self, config: Config, summary_text: str, plan: ResolvedPlan) -> None:

@@ -1,7 +1,9 @@
 """Which checkpoint a run resumes from (main process): the newest that verifies locally, else the
 newest in the bucket; and what is cleared before resuming. Checkpoints that fail verification are
 moved to ``rejected/``, never deleted (one may hold the only copy of the weights); a run whose
-checkpoints all fail refuses to start over from step 0 (``ResumeRefused``)."""
+checkpoints all fail refuses to start over from step 0 (``ResumeRefused``). When the checkpoint key
+is all that fails them (mistyped, or set for a run written without one), nothing is moved: the run
+is refused until the key is right."""
 
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..checkpoint import MARKER, CheckpointStore
+from ..checkpoint import MARKER, CheckpointStore, MarkerError, read_marker
+from ..checkpoint.marker import KEY_ENV, SIGNATURE, checkpoint_key, signature_problem
 from ..config import ConfigError
 from .checkpoint_content import UNSAFE_FLAG, legacy_pickles
 
@@ -81,6 +84,10 @@ def _find_newest(store: CheckpointStore, remote: Any, auto_resume: bool) -> tupl
     if not auto_resume:
         return None, []
     path, failed = store.newest_verified(deep=True)
+    key = checkpoint_key()
+    signed = path is None and _signed_with(key, failed)  # read before they are moved
+    if path is None and not signed and (wrong_key := _wrong_key(store, key, failed)) is not None:
+        raise wrong_key  # before anything is moved: with the right key they verify
     using = f"using {path.name}" if path is not None else "no older valid checkpoint"
     skipped: list[str] = []
     refused: list[str] = []  # committed checkpoints that failed: not a kill's leftovers
@@ -92,21 +99,96 @@ def _find_newest(store: CheckpointStore, remote: Any, auto_resume: bool) -> tupl
             refused.append(f"{bad.name}: {problem}")
     if path is None and remote is not None:
         # A fresh node after preemption: the bucket has what the local disk lost.
-        for step in reversed(remote.complete_steps()):
-            downloaded = remote.download(step, store.root)
-            remote_problem = store.verify(downloaded, deep=True)
-            if remote_problem is None:
-                return downloaded, [*skipped, f"none locally; downloaded step {step} from the bucket"]
+        path, downloads_failed = _download_newest(store, remote)
+        signed = signed or _signed_with(key, downloads_failed)
+        if (
+            path is None
+            and not signed
+            and (wrong_key := _wrong_key(store, key, downloads_failed)) is not None
+        ):
+            raise wrong_key  # the downloads stay in place, for the rerun with the right key
+        for downloaded, remote_problem in downloads_failed:
             moved = store.reject(downloaded, remote_problem)
             skipped.append(
                 f"{downloaded.name} from the bucket does not verify: {remote_problem}; moved to {moved}"
             )
             refused.append(f"{downloaded.name} (from the bucket): {remote_problem}")
+        if path is not None:
+            skipped.append(f"none locally; downloaded step {store.step_of(path)} from the bucket")
     if path is None:
         earlier = [p for p in store.rejected_checkpoints() if p.name not in {n.name for n, _ in failed}]
         if refused or earlier:
             raise ResumeRefused([("", _refusal(store, refused, earlier))])
     return path, skipped
+
+
+def _download_newest(store: CheckpointStore, remote: Any) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The newest checkpoint in the bucket that verifies once downloaded, and the newer ones that
+    do not, left where they were downloaded to (moved aside only if the key is not to blame)."""
+    failed: list[tuple[Path, str]] = []
+    for step in reversed(remote.complete_steps()):
+        downloaded = remote.download(step, store.root)
+        problem = store.verify(downloaded, deep=True)
+        if problem is None:
+            return downloaded, failed
+        failed.append((downloaded, problem))
+    return None, failed
+
+
+def _markers(failed: Sequence[tuple[Path, str]]) -> dict[Path, dict[str, Any]]:
+    """The readable markers of the checkpoints that failed (not a kill's leftovers)."""
+    markers = {}
+    for path, _ in failed:
+        try:
+            markers[path] = read_marker(path)
+        except MarkerError:
+            continue
+    return markers
+
+
+def _signed_with(key: bytes | None, failed: Sequence[tuple[Path, str]]) -> bool:
+    """Whether a checkpoint that failed is signed with the key nonetheless (then it is damaged,
+    and the key is not what stops the others)."""
+    return key is not None and any(signature_problem(m, key) is None for m in _markers(failed).values())
+
+
+def _wrong_key(
+    store: CheckpointStore, key: bytes | None, failed: Sequence[tuple[Path, str]]
+) -> ResumeRefused | None:
+    """When none of the run's checkpoints verifies and none is signed with the key: the refusal if
+    one of them fails only on its signature (the key is mistyped, or set for checkpoints written
+    without one). Moving them aside would leave the run nothing to resume with the right key."""
+    if key is None:
+        return None
+    markers = _markers(failed)
+    if not any(
+        problem == signature_problem(markers[path], key) and store.verify(path, check_signature=False) is None
+        for path, problem in failed
+        if path in markers
+    ):
+        return None
+    signed, n = sum(SIGNATURE in marker for marker in markers.values()), len(markers)
+    if n == 1:
+        what, they = f"the checkpoint in {store.root} is not", "it was"
+        how = "its signature does not match it" if signed else "it carries no signature"
+    else:
+        what, they = f"none of the {n} checkpoints in {store.root} is", "they were"
+        how = (
+            "their signature does not match it"
+            if signed == n
+            else "they carry no signature"
+            if not signed
+            else f"the signature does not match it on {signed}, {n - signed} carry none"
+        )
+    return ResumeRefused(
+        [
+            (
+                KEY_ENV,
+                f"{KEY_ENV} is set but {what} signed with it ({how}): set {KEY_ENV} to the key {they} "
+                f"written with, or unset it if {they} written without one (nothing was moved)",
+            )
+        ]
+    )
 
 
 def _refusal(store: CheckpointStore, refused: list[str], earlier: list[Path]) -> str:

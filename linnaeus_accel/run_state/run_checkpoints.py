@@ -13,6 +13,8 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import gather_object
 
+from ..checkpoint import MarkerError, read_marker
+from ..checkpoint.marker import KEY_ENV, SIGNATURE, checkpoint_key, key_disagreement, key_setting
 from ..config import Config, ConfigError
 from ..progress import TrainingProgress
 from ..run_directory.failures import NonFiniteGuard
@@ -88,8 +90,11 @@ class RunCheckpoints:
             tell(step)
 
     def verify_explicit(self, resume_from: str | Path | None) -> None:
-        """An explicit ``--resume`` verified (digests, content) before the output directory is
-        written to: a refused checkpoint leaves the run's files as they were (collective)."""
+        """Before the output directory is written to (collective): the checkpoint key is usable and
+        the same on every process (compared as a digest), and an explicit ``--resume`` verifies
+        (digests, content). A refusal stops every process alike and leaves the run's files as
+        they were."""
+        agree_on_key()
         if resume_from is not None:
             self._verified = self.checkpointer.find_everywhere(resume_from)
 
@@ -148,8 +153,12 @@ class RunCheckpoints:
         # The run's length is this config's (more epochs may have been asked for).
         progress.total_epochs, progress.expected_total_steps = self.plan.epochs or 0, self.plan.total_steps
         step = progress.global_step
-        out.truncate_metrics(after_step=step)
+        # A finished run trained longer: what it validated at its end stays in its history.
+        extended = bool(self.boundary and self.boundary.get("final")) and step < self.plan.total_steps
+        out.truncate_metrics(after_step=step, keep_validation=extended)
         out.say(f"resumed from {path} (global step {step}, epoch {progress.current_epoch})")
+        if acc.is_main_process and (unchecked := unchecked_signature(path)) is not None:
+            out.say(unchecked)
         for line in changes:
             note = line.startswith(RESUME_NOTE)
             out.say(
@@ -239,6 +248,32 @@ class _Collected:
 
     def load_state_dict(self, state: Any) -> None:
         self.state = state
+
+
+def agree_on_key() -> None:
+    """Stop every process alike (``ConfigError``) unless the checkpoint key is set and not empty on
+    all of them, the same, or unset on all (collective; a digest is compared, never the key): the
+    main process signs and every process verifies, so a key exported on one machine only would
+    be ignored on the others without a word."""
+    problem = key_disagreement(gather_object([key_setting()]))
+    if problem is not None:
+        raise ConfigError([(KEY_ENV, problem)], source="environment")
+
+
+def unchecked_signature(path: Path) -> str | None:
+    """What to say when a signed checkpoint resumes without the key (its run stops being signed)."""
+    if checkpoint_key() is not None:
+        return None
+    try:
+        signed = SIGNATURE in read_marker(path)
+    except MarkerError:
+        return None
+    if not signed:
+        return None
+    return (
+        f"{path.name} is signed, but {KEY_ENV} is not set: its signature was not checked, and the checkpoints "
+        f"this run writes are unsigned (set {KEY_ENV} to the key it was signed with, to check and sign them)"
+    )
 
 
 def wandb_run_id(accelerator: Accelerator) -> str | None:
