@@ -573,3 +573,46 @@ def test_pickled_globals_are_read_without_loading(tmp_path: Path) -> None:
     assert "posix.system" in found
     assert "torch._utils._rebuild_tensor_v2" in found
     assert not marker.exists()
+
+
+# A few steps of the digits MLP in-process, checkpointed at its last step.
+QUICK = [
+    *("TRAIN.EPOCHS", "null", "TRAIN.STEPS", "2", "DATA.BATCH_SIZE", "64", "MODEL.OPTIONS.hidden", "16"),
+    *("SCHEDULE.VALIDATION.PARTIAL_MASK_META.ENABLED", "false", "EXPERIMENT.NAME", "run"),
+    *("SCHEDULE.VALIDATION.FINAL_EPOCH.EXHAUSTIVE_PARTIAL_META_VALIDATION", "false"),
+]
+
+
+@pytest.mark.usefixtures("fresh_accelerate_state")
+def test_a_checkpoint_whose_weights_file_is_damaged_is_refused_before_anything_is_written(
+    tmp_path: Path,
+) -> None:
+    """The weights are read by Accelerate's load, after the run directory was written to: their
+    safetensors header (and offsets) is checked at verification, as the pickles are, naming the file."""
+    from conftest import run_cli
+
+    cfg = str(REPO / "configs" / "default.yaml")
+    rc, _, err = run_cli(
+        "train", "--cfg", cfg, "--opts", *QUICK, "ENV.OUTPUT.BASE_DIR", str(tmp_path / "old")
+    )
+    assert rc == 0, err
+    checkpoint = next((tmp_path / "old" / "run" / "checkpoints").glob("step_*"))
+    weights = (checkpoint / "model.safetensors").read_bytes()
+    damages = {
+        "header": weights[:8] + b"x" + weights[9:],  # its JSON no longer parses
+        "truncated": weights[:-4],  # the last tensor's offsets past the end
+    }
+    for name, damaged in damages.items():
+        (checkpoint / "model.safetensors").write_bytes(damaged)
+        reseal(checkpoint)  # digests rewritten to match, as an attacker or a careless copy would
+        new = tmp_path / name
+        opts = [*QUICK, "ENV.OUTPUT.BASE_DIR", str(new)]
+        rc, _, err = run_cli("train", "--cfg", cfg, "--resume", str(checkpoint), "--opts", *opts)
+        assert rc == 2, err
+        assert [f.relative_to(new).as_posix() for f in new.rglob("*") if f.is_file()] == ["run/.lock"]
+        assert "Traceback" not in err
+        lines = [line for line in err.splitlines() if "--resume" in line]
+        assert len(lines) == 1, err
+        assert (
+            f"{checkpoint} is not a usable checkpoint: model.safetensors: not a safetensors file" in lines[0]
+        )

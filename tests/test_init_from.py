@@ -9,6 +9,10 @@
   differs names the key and both shapes; INIT_IGNORE leaves a new head as built.
 - A directory holding only a pickle is refused and the pickle never opened; a LoRA adapter, a
   missing path (exit 2, nothing written) and the config rules are refused naming the keys.
+- A checkpoint (or a file in one) that a resume would refuse (uncommitted, its weights unlisted,
+  damaged, rejected, unsigned while a key is set) and a path that is neither a file nor a
+  directory exit 2 with one line naming MODEL.INIT_FROM, writing nothing; a transformers Trainer's
+  checkpoint-N directory is no checkpoint of ours and loads.
 - Killed after a checkpoint and rerun, a run with INIT_FROM ends byte-identical to the
   uninterrupted one (the checkpoint's weights count at resume).
 """
@@ -16,6 +20,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,7 +34,9 @@ from test_resume import TrainRun, assert_resumed_from, assert_same_run
 from torch import nn
 
 from linnaeus_accel import Trainer
-from linnaeus_accel.checkpoint import file_digest
+from linnaeus_accel.checkpoint import MARKER, file_digest
+from linnaeus_accel.checkpoint.marker import KEY_ENV
+from linnaeus_accel.checkpoint.rejection import write_note
 from linnaeus_accel.config import Config, ConfigError, load_config
 from linnaeus_accel.data import build_dataset
 from linnaeus_accel.models import build_model
@@ -142,15 +149,104 @@ def test_a_checkpoint_directory_and_a_single_file_load_every_tensor(tmp_path: Pa
 
 def test_a_damaged_checkpoint_is_refused_by_its_manifest(tmp_path: Path, source: Path) -> None:
     copy = tmp_path / "step"
-    copy.mkdir()
-    checkpoint = next((source / "checkpoints").glob("step_*"))
-    (copy / "COMMITTED.json").write_bytes((checkpoint / "COMMITTED.json").read_bytes())
-    tensors = load_file(checkpoint / "model.safetensors")
-    tensors["trunk.0.bias"] = tensors["trunk.0.bias"] + 1
-    save_file(tensors, copy / "model.safetensors")
+    shutil.copytree(next((source / "checkpoints").glob("step_*")), copy)
+    weights = bytearray((copy / "model.safetensors").read_bytes())
+    weights[-1] ^= 1  # a bit of the last tensor flipped: same size, a valid file
+    (copy / "model.safetensors").write_bytes(weights)
     config = config_for(tmp_path, "MODEL.INIT_FROM", str(copy))
-    with pytest.raises(ConfigError, match=r"model\.safetensors differs from its COMMITTED\.json digest"):
+    with pytest.raises(
+        ConfigError, match=r"is not a usable checkpoint: model\.safetensors: checksum mismatch"
+    ):
         load_init_from(config, built(config))
+
+
+def unlist(checkpoint: Path, name: str) -> None:
+    marker = json.loads((checkpoint / MARKER).read_text(encoding="utf-8"))
+    marker["files"] = [e for e in marker["files"] if e["path"] != name]
+    (checkpoint / MARKER).write_text(json.dumps(marker), encoding="utf-8")
+
+
+def uncommitted(checkpoint: Path) -> Path:
+    (checkpoint / MARKER).unlink()
+    return checkpoint
+
+
+# Each state of a checkpoint a resume refuses: what is done to a committed copy (the checkpoint
+# directory it then is), the file of it given ("": the directory), and the problem named.
+UNUSABLE: dict[str, tuple[Any, str, str]] = {
+    "uncommitted": (uncommitted, "", "COMMITTED.json missing (never committed: cut by a kill"),
+    "uncommitted-renamed": (  # known by its trainer_state.json
+        lambda c: uncommitted(c).rename(c.parent / "weights"),
+        "",
+        "COMMITTED.json missing",
+    ),
+    "uncommitted-file": (uncommitted, "model.safetensors", "COMMITTED.json missing"),
+    "weights-unlisted": (
+        lambda c: unlist(c, "model.safetensors") or c,
+        "",
+        "model.safetensors: not in COMMITTED.json",
+    ),
+    "rejected": (
+        lambda c: write_note(c, c.parent, "a test") or c,
+        "",
+        "REJECTED.txt: rejected before, because a test",
+    ),
+    "unsigned-with-a-key": (lambda c: c, "", f"COMMITTED.json is not signed, and {KEY_ENV} is set"),
+}
+
+
+@pytest.mark.parametrize("case", list(UNUSABLE))
+def test_a_checkpoint_a_resume_would_refuse_exits_2_before_anything_is_read_or_written(
+    tmp_path: Path, source: Path, monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    damage, given, problem = UNUSABLE[case]
+    checkpoint = next((source / "checkpoints").glob("step_*"))
+    shutil.copytree(checkpoint, tmp_path / "checkpoints" / checkpoint.name)
+    copy = damage(tmp_path / "checkpoints" / checkpoint.name)
+    if case == "unsigned-with-a-key":
+        monkeypatch.setenv(KEY_ENV, "a key the source was not signed with")
+    out = tmp_path / "out"
+    opts = [*TINY, "MODEL.OPTIONS.hidden", "16", "ENV.OUTPUT.BASE_DIR", str(out)]
+    opts += ["MODEL.INIT_FROM", str(copy / given)]  # of the model's shapes: loaded, were it usable
+    rc, _, err = run_cli("train", "--cfg", CFG, "--opts", *opts)
+    assert rc == 2, err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if "MODEL.INIT_FROM" in line]
+    assert len(lines) == 1, err
+    assert f"MODEL.INIT_FROM: {copy.resolve()} is not a usable checkpoint: {problem}" in lines[0]
+    assert lines[0].endswith("give a committed checkpoint that verifies, or the run's final/")
+    assert not out.exists()  # refused before the output directory is claimed
+
+
+@pytest.mark.parametrize("kind", ["/dev/zero", "fifo"])
+def test_a_source_neither_file_nor_directory_exits_2(tmp_path: Path, kind: str) -> None:
+    path = Path(kind)
+    if kind == "fifo":
+        path = tmp_path / "weights.safetensors"
+        os.mkfifo(path)
+    out = tmp_path / "out"
+    rc, _, err = run_cli(
+        "train", "--cfg", CFG, "--opts", *TINY, "ENV.OUTPUT.BASE_DIR", str(out), "MODEL.INIT_FROM", str(path)
+    )
+    assert rc == 2, err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if "MODEL.INIT_FROM" in line]
+    assert len(lines) == 1, err
+    assert f"MODEL.INIT_FROM: {path} is neither a regular file nor a directory" in lines[0]
+    assert not out.exists()
+
+
+def test_a_transformers_trainer_checkpoint_is_no_checkpoint_of_ours(tmp_path: Path, source: Path) -> None:
+    """Its trainer_state.json is not ours (no progress): its weights load, as a save_pretrained
+    directory's."""
+    directory = tmp_path / "checkpoint-500"
+    directory.mkdir()
+    shutil.copy(source / "final" / "model.safetensors", directory)
+    (directory / "trainer_state.json").write_text('{"global_step": 500, "log_history": []}')
+    config = config_for(tmp_path, "MODEL.INIT_FROM", str(directory))
+    loaded = load_init_from(config, built(config))
+    assert loaded is not None
+    assert loaded.left_as_built == 0
 
 
 LM = [

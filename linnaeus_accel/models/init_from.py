@@ -20,13 +20,18 @@ loads them too, then its checkpoint's weights, which count.
   the file kept (Accelerate and transformers leave the other out).
 
 ``run_info`` records the source and the XXH3-128 digest of its files (a single file's: what
-``checkpoint.file_digest`` gives its bytes); a checkpoint's files are checked against its
-``COMMITTED.json``.
+``checkpoint.file_digest`` gives its bytes). A checkpoint of ours (a directory with a
+``COMMITTED.json``, our ``trainer_state.json`` or ``rank_*.json``, or a checkpoint's name), or a file
+in one, is verified as a resume verifies it before any weight is read: committed, every file listed
+with its size and digest, nothing unlisted, not rejected, signed where ``LINNAEUS_CHECKPOINT_KEY``
+is set. A checkpoint is what people pass around, and an uncommitted one was cut by a kill or is
+still being written.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from fnmatch import fnmatch
 from pathlib import Path
@@ -36,8 +41,9 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import nn
 
-from ..checkpoint import MARKER, CheckpointStore, MarkerError, read_marker
+from ..checkpoint import MARKER, CheckpointStore, read_marker
 from ..checkpoint.digests import DIGEST, hash_file
+from ..checkpoint.layout import JOURNAL_FILE, STATE_FILE
 from ..config import Config, ConfigError
 from .lora import is_peft_model
 
@@ -48,6 +54,8 @@ INDEX = "model.safetensors.index.json"
 PICKLES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
 WRAPPER_PREFIXES = ("_orig_mod.", "module.")  # torch.compile's and DDP's
 SHOWN = 10  # keys listed in an error, at most
+# A checkpoint's directory as committed, or as staged before its commit (the store's names).
+CHECKPOINT_NAME = re.compile(r"(?:\.staging-)?step_\d{8,}")
 
 
 @dataclass(frozen=True)
@@ -86,11 +94,11 @@ def load_init_from(config: Config, model: nn.Module) -> InitFrom | None:
         raise ConfigError([(KEY, why)])
     if not Path(config.MODEL.INIT_FROM).expanduser().exists() and resumes_on_its_own(config):
         return None  # gone since (a scratch copy), and the run resumes: its checkpoint's weights count
-    source, files = weight_files(config.MODEL.INIT_FROM)
+    source, files = weight_files(config.MODEL.INIT_FROM)  # a checkpoint verified, as a resume does
     state = target.state_dict(keep_vars=True)
     shapes, where = _read_headers(files)
     wanted, left = _match(source, state, shapes, list(config.MODEL.INIT_IGNORE))
-    digest = _digest(source, files)  # a checkpoint's files checked against its manifest first
+    digest = _digest(source, files)
     for file in files:  # a shard's tensors in memory at once
         with safe_open(str(file), framework="pt") as handle:
             tensors = {own: handle.get_tensor(name) for name, own in wanted.items() if where[name] == file}
@@ -156,7 +164,14 @@ def weight_files(value: str) -> tuple[Path, list[Path]]:
     if path.is_file():
         if path.suffix != ".safetensors":
             raise ConfigError([(KEY, f"{path} is not a .safetensors file: {_convert(path.name)}")])
+        if _is_checkpoint(path.parent):
+            _verify_checkpoint(path.parent)
         return path, [path]
+    if not path.is_dir():  # a device, a FIFO, a socket
+        why = "give a checkpoint directory, a final/ or save_pretrained directory, or a .safetensors file"
+        raise ConfigError([(KEY, f"{path} is neither a regular file nor a directory: {why}")])
+    if _is_checkpoint(path):
+        _verify_checkpoint(path)
     if (path / "adapter_config.json").is_file():
         merged = "its merged model (final/merged/, written with MODEL.OPTIONS.lora.merge: true)"
         raise ConfigError(
@@ -207,18 +222,47 @@ def _unwrapped(model: nn.Module) -> nn.Module:
         model = inner
 
 
-def _digest(source: Path, files: list[Path]) -> str:
-    """The digest of the one file, or over the names and digests of several; checked against a
-    checkpoint's COMMITTED.json where the files are in one."""
-    digests = {f: hash_file(f, sync=False)[1] for f in files}
-    if (source / MARKER).is_file():
+def _is_checkpoint(path: Path) -> bool:
+    """Whether the directory ``path`` is one of our checkpoints, committed or not (a
+    transformers Trainer's ``checkpoint-N/`` has a ``trainer_state.json`` too, without ``progress``)."""
+    state: Any = {}
+    unreadable = False
+    if (path / STATE_FILE).is_file():
         try:
-            listed = {e["path"]: e.get(DIGEST) for e in read_marker(source)["files"]}
-        except MarkerError as exc:
-            raise ConfigError([(KEY, f"{source}: {exc}")]) from None
-        if damaged := [f.name for f, d in digests.items() if listed.get(f.name) not in (None, d)]:
-            why = f"{', '.join(damaged)} differs from its {MARKER} digest: it is damaged"
-            raise ConfigError([(KEY, f"{source}: {why}")])
+            state = json.loads((path / STATE_FILE).read_bytes())
+        except (OSError, ValueError, RecursionError):
+            unreadable = True
+    return (
+        (path / MARKER).exists()
+        or unreadable
+        or (isinstance(state, dict) and "progress" in state)
+        or any(path.glob("rank_*.json"))
+        or CHECKPOINT_NAME.fullmatch(path.name) is not None
+    )
+
+
+def _verify_checkpoint(path: Path) -> None:
+    """A ConfigError unless the checkpoint at ``path`` verifies as a resume verifies it (its
+    ``COMMITTED.json``, the files it lists, their sizes and digests, the signature)."""
+    problem = CheckpointStore(path.parent, journal=JOURNAL_FILE).verify(path, deep=True)
+    if problem is None:
+        return
+    if problem == f"{MARKER} missing":
+        problem += " (never committed: cut by a kill, or still being written)"
+    fix = "give a committed checkpoint that verifies, or the run's final/"
+    raise ConfigError([(KEY, f"{path} is not a usable checkpoint: {problem}; {fix}")])
+
+
+def _digest(source: Path, files: list[Path]) -> str:
+    """The digest of the one file, or over the names and digests of several; a verified
+    checkpoint's from its COMMITTED.json (its files were just hashed against it)."""
+    listed: dict[str, str] = {}
+    checkpoint = source.parent if source.is_file() else source
+    if (checkpoint / MARKER).is_file():  # verified by weight_files
+        listed = {e["path"]: e[DIGEST] for e in read_marker(checkpoint)["files"] if DIGEST in e}
+    digests = {
+        f: listed.get(f.relative_to(checkpoint).as_posix()) or hash_file(f, sync=False)[1] for f in files
+    }
     if len(files) == 1:
         return digests[files[0]]
     import xxhash

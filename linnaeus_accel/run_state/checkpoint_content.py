@@ -18,7 +18,10 @@ data only, before anything is loaded:
   safetensors, ``tensor_state``). In a checkpoint of the previous layout it is loaded only when its
   owner says so (``--unsafe-load-pickles``); in a checkpoint of this layout it was put there by
   someone else, and the checkpoint is refused.
-- The registered tensors file (safetensors) must hold every tensor ``trainer_state.json`` names.
+- Every safetensors file (the model, an EMA, the registered tensors) has its header parsed and
+  checked (dtypes, shapes, offsets covering the file) without a tensor being read: a damaged one
+  is named here, not found by the load after the run directory was written to. The registered
+  tensors file must hold every tensor ``trainer_state.json`` names.
 
 - DeepSpeed's own files (``pytorch_model/*.pt``), which DeepSpeed unpickles with
   ``weights_only=False``: torch's weights-only unpickler as above, plus the few DeepSpeed classes
@@ -73,6 +76,8 @@ def content_problem(path: Path, state: dict[str, Any]) -> str | None:
             problem = _torch_data_problem(file, DEEPSPEED_STAND_INS)
         elif file.suffix in PICKLE_SUFFIXES:
             problem = _torch_data_problem(file)
+        elif file.suffix == ".safetensors":
+            problem = _safetensors_problem(file)
         else:
             continue
         if problem is not None:
@@ -118,6 +123,17 @@ def _torch_data_problem(file: Path, extra_globals: tuple[Any, ...] = ()) -> str 
         load_as_data(file, mmap=True, extra_globals=extra_globals)  # the tensors are mapped, not read
     except Exception as exc:
         return f"not loadable as data ({first_line(exc)})"
+    return None
+
+
+def _safetensors_problem(file: Path) -> str | None:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(file), framework="pt"):  # parses and checks the header; reads no tensor
+            pass
+    except Exception as exc:
+        return f"not a safetensors file, or damaged ({first_line(exc)})"
     return None
 
 

@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from ..checkpoint import CheckpointStore, MarkerError, read_marker
+from ..checkpoint.layout import JOURNAL_FILE as JOURNAL_FILE
+from ..checkpoint.layout import RANK_FILE as RANK_FILE
+from ..checkpoint.layout import STATE_FILE as STATE_FILE
 from ..progress import TrainingStage
 from .checkpoint_content import content_problem
 
-STATE_FILE = "trainer_state.json"
-RANK_FILE = "rank_{:05d}.json"  # one per process
-JOURNAL_FILE = "validation_journal.jsonl"
 STATE_VERSION = 1
 
 _STAGES = {stage.value for stage in TrainingStage}
