@@ -163,6 +163,15 @@ def resume_notes(
         f"the run now ends at step {plan.total_steps} ({plan.length_key}), not {saved_plan['total_steps']}"
     ]
     before = _saved_plan(saved_config, saved_plan, plan) if "batches_per_epoch" in saved_plan else None
+    if before is not None:
+        difference = past_schedule_change(before, plan, done)
+        lines.append(
+            f"the {done} steps trained are what a fresh run of {plan.total_steps} steps trains: trained on, "
+            "this run is that run"
+            if difference is None
+            else f"the {done} steps trained differ from a fresh run of {plan.total_steps} steps ({difference}): "
+            "from here on, every value is the new length's"
+        )
     if before is not None and len(before.lr_curves) == len(plan.lr_curves):
         for i, curve in enumerate(plan.lr_curves):
             old, new = before.lr(done, i), plan.lr(done, i)

@@ -6,13 +6,17 @@ many parameters decay, once the model is built."""
 from __future__ import annotations
 
 import numbers
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..config import Config
 from ..config.optimizer import BUILTIN_OPTIMIZERS
 
-if TYPE_CHECKING:
-    from torch.optim import Optimizer
+
+class Optimizer(Protocol):
+    """What the summary reads of a torch optimizer (this layer does not import torch)."""
+
+    param_groups: list[dict[str, Any]]
+    defaults: dict[str, Any]
 
 # Hyperparameters that say how torch computes the update, not which update: kernels are said
 # apart, and AdamW's decoupled decay is what AdamW is.

@@ -7,19 +7,16 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..config import Config
 from .event_steps import EVENT_KINDS, event_steps, forced_at_end, interval_of, mid_epoch_multiples
 from .lr import LRCurve
 from .ops import EventEpochs, OpsSchedule
-from .optimizer_summary import built_optimizer_lines, optimizer_lines
+from .optimizer_summary import Optimizer, built_optimizer_lines, optimizer_lines
 from .plan import ResolvedPlan
 from .timeline import timeline
 from .validation_budget import validation_budget, validation_budget_line
-
-if TYPE_CHECKING:
-    from torch.optim import Optimizer
 
 SERIES_FULL_LIMIT = 100_000
 SERIES_SAMPLES = 10_000

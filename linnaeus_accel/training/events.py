@@ -25,7 +25,7 @@ from ..schedule.events import EventPoint
 from ..tasks import Task, ValidationPass
 from .batches import BatchSource
 from .meter import TrainMeter
-from .validation import run_pass, validation_line
+from .validation import PassStopped, run_pass, validation_line
 from .validation_data import ValidationBatches
 
 
@@ -82,37 +82,68 @@ class RunEvents:
 
     def finish_interrupted(self) -> StopDecision | None:
         """After resuming from a checkpoint taken at a boundary or a mid-epoch validation point: run
-        exactly the passes its journal does not record as complete (SPEC §6), then carry on."""
+        exactly the passes its journal does not record as complete, then carry on. A finished run
+        trained longer goes on from its old end as this run's plan says (``_extend_from``)."""
         record = self.checkpoints.boundary
         if record is None:
             return None
-        point = self._recorded_point(record)
+        point, total = self._recorded_point(record), self.ops.plan.total_steps
+        max_steps = self.early_stopping.reached_max_steps(point.step) if point.final else None
+        if point.final and point.step < total and max_steps is None:
+            return self._extend_from(point)
         self.final_done = point.final
-        if not self.progress.has_pending_validations():
-            return None
-        assert self.val_batches is not None
-        passes = self.task.validation_passes(self.ops.at(point), point.epoch, point.final)
+        if point.final and point.step >= total and self.progress.batches_seen_in_epoch:
+            self.progress.end_epoch()  # the cut last epoch counts as trained (see Trainer._run)
+        stop = None
+        if self.progress.has_pending_validations():
+            assert self.val_batches is not None
+            passes = self.task.validation_passes(self.ops.at(point), point.epoch, point.final)
+            stop = self._validate(point, passes, self._journal())
+        return stop or max_steps
+
+    def _journal(self) -> dict[str, dict[str, float]]:
+        """The passes the resumed checkpoint's journal records as complete, by prefix."""
         assert self.checkpointer.current is not None
-        done = {e["prefix"]: e["metrics"] for e in self.checkpointer.journal(self.checkpointer.current)}
-        return self._validate(point, passes, done)
+        return {e["prefix"]: e["metrics"] for e in self.checkpointer.journal(self.checkpointer.current)}
+
+    def _extend_from(self, old_end: EventPoint) -> StopDecision | None:
+        """A finished run trained longer, from the checkpoint of its last boundary. What the old run
+        validated there is its history (kept in metrics.jsonl); from here on the run does what a
+        fresh run of the new length does at that step: if the old end cut an epoch short (its data
+        position was kept), the epoch goes on and only a mid-epoch validation due at that step runs;
+        else the boundary's passes under the new plan run (the journal's, when they read the same
+        data: the old end's whole-split passes under MAX_BATCHES do not)."""
+        progress, step = self.progress, old_end.step
+        if progress.batches_seen_in_epoch:
+            point = self.ops.after_step(progress.current_epoch, step)
+            due = self.ops.should_validate_mid_epoch(step)
+        else:
+            point = dataclasses.replace(old_end, final=False)
+            due = True
+        progress.clear_validations()  # the old end's passes: done, or no longer due
+        if self.val_batches is None or not due:
+            return None
+        passes = self.task.validation_passes(self.ops.at(point), point.epoch, False)
+        if not passes:
+            return None
+        self.out.truncate_metrics(after_step=step)  # this point's validation replaces the old end's
+        for vpass in passes:
+            progress.schedule_validation(vpass.stage, vpass.partial_index)
+        whole_at_end = isinstance(self.val_batches, ValidationBatches) and self.val_batches.final_whole
+        return self._validate(point, passes, self._journal() if not point.mid and not whole_at_end else {})
 
     def _recorded_point(self, record: dict[str, Any]) -> EventPoint:
         """The event point a checkpoint recorded (before mid-epoch events, only epoch and final)."""
         epoch, final = int(record["epoch"]), bool(record["final"])
         if "step" in record:
-            point = EventPoint(
+            return EventPoint(
                 epoch,
                 int(record["step"]),
                 int(record["previous_step"]),
                 final,
                 bool(record.get("mid", False)),
             )
-        else:
-            point = self.ops.boundary(epoch, final)
-        if point.final and point.step < self.ops.plan.total_steps:
-            # A finished run trained longer: its last boundary is not this run's last.
-            point = dataclasses.replace(point, final=False)
-        return point
+        return self.ops.boundary(epoch, final)
 
     # -- what happens there --------------------------------------------------------------------
     def _run(self, point: EventPoint, passes: list[ValidationPass], checkpoint: bool) -> StopDecision | None:
@@ -141,7 +172,13 @@ class RunEvents:
             if metrics is None:
                 self.progress.start_validation(vpass.stage)
                 assert self.val_batches is not None
-                metrics = run_pass(self.accelerator, self.model, self.val_batches, self.task, vpass)
+                try:  # agreed every few batches, as between optimizer steps
+                    metrics = run_pass(
+                        self.accelerator, self.model, self.val_batches, self.task, vpass,
+                        stop=self.preemption.should_stop,
+                    )  # fmt: skip
+                except PassStopped:
+                    return self._preempt(dataclasses.asdict(point), journal, done)
                 self.checkpointer.record_validation(journal, {"prefix": vpass.prefix, "metrics": metrics})
                 done[vpass.prefix] = metrics
                 fault_point("validation_pass")

@@ -108,8 +108,10 @@ class Trainer:
         )
         self.train_size = train.size
         self.init_from = load_init_from(config, model)  # MODEL.INIT_FROM: before the optimizer and prepare
-        built = build_optimizer(optimizer, model, config)
+        built = build_optimizer(optimizer, model, config, acc.device)
         self.optimizer_line = optimizer_line(built)  # before prepare: whole parameters, as built
+        # One given to the Trainer does not read OPTIMIZER's settings: the summary describes it instead.
+        self.optimizer_given = None if optimizer is default_optimizer else built
         prepared = prepare_run(acc, config, model, built, train, val)
         self.model, self.optimizer, self.train_batches, self.val_batches = prepared[:4]
         # The config's callbacks, then those given here; the plan says when each one runs.
@@ -304,12 +306,17 @@ class Trainer:
             preempted = stop is not None and stop.reason == "preempted"
             if preempted and not over:
                 break  # its checkpoint is taken: the rerun continues inside the epoch
-            if stop is None or preempted:  # a MAX_STEPS cut-off leaves the epoch incomplete
+            # The run's end cut the epoch short (TRAIN.STEPS, TARGET_TOKENS): the boundary's checkpoint
+            # keeps the epoch's data position, so that the run trained longer continues the epoch.
+            cut = (stop is None or preempted) and self._cut_short(epoch)
+            if (stop is None or preempted) and not cut:  # a MAX_STEPS cut-off leaves the epoch incomplete
                 self.progress.end_epoch()
             final = (stop is not None and not preempted) or self._reached_end(epoch)
             # Preempted on the epoch's last step: its checkpoint is this boundary's, taken with the
             # validation passes still due (the flag is still up), so a rerun runs them and goes on.
             stop = self.events.epoch_boundary(epoch, final=final, preempted=preempted) or stop
+            if cut:
+                self.progress.end_epoch()  # trained, as far as this run goes
             epoch += 1
         return stop
 
@@ -318,6 +325,15 @@ class Trainer:
         return self.progress.global_step >= plan.total_steps or (
             plan.epochs is not None and epoch >= plan.epochs
         )
+
+    def _cut_short(self, epoch: int) -> bool:
+        """Whether epoch ``epoch`` ended at the run's last step with batches left in it."""
+        progress, per_epoch = self.progress, self.plan.optimizer_steps_per_epoch
+        if progress.global_step < self.plan.total_steps:
+            return False
+        if per_epoch is None:
+            return not self.train_batches.pass_ended
+        return progress.global_step - progress.epoch_start_step < per_epoch
 
     def _train_epoch(self, epoch: int) -> tuple[StopDecision | None, bool]:
         """Train epoch ``epoch`` from where it stands; ``(stop, over)``: why the run stops, if it
@@ -397,7 +413,7 @@ class Trainer:
             lambda seen: self.train_batches.resume_problem(self.resumed_data_state, seen),
             self.allow_config_change,
         )
-        text = summary_text(config, self.plan)
+        text = summary_text(config, self.plan, self.optimizer_given)
         self.out.write_assets(config, text, self.plan)
         trains = [model_line(self.end.run_info), self.optimizer_line]  # what trains, and how
         self.out.say("\n".join(filter(None, [text, *trains])))

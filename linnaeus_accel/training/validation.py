@@ -2,32 +2,49 @@
 
 The task adds up what its metrics need over each batch's real rows (the rows Accelerate repeats to
 even out the last batch are left out); the sums are added over processes with one collective at
-the end of the pass, and the task turns them into metrics.
+the end of the pass, and the task turns them into metrics. A pass asked to stop (preemption) stops
+between batches and is run whole again after the resume.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 from accelerate import Accelerator
 from torch import nn
 
+from ..run_directory.faults import fault_point
 from ..tasks import Task, ValidationPass
 from .batches import BatchSource
 
 
+class PassStopped(Exception):
+    """``run_pass`` stopped between batches because ``stop`` said so; nothing of the pass counts."""
+
+
 @torch.no_grad()
 def run_pass(
-    accelerator: Accelerator, model: nn.Module, batches: BatchSource, task: Task, vpass: ValidationPass
+    accelerator: Accelerator,
+    model: nn.Module,
+    batches: BatchSource,
+    task: Task,
+    vpass: ValidationPass,
+    stop: Callable[[int], bool] | None = None,
 ) -> dict[str, float]:
+    """The pass's metrics. ``stop(n)``, asked after the ``n``-th batch (1-based) on every process,
+    ends the pass with ``PassStopped`` when true: a preemption need not wait for a long pass (the
+    whole split at the end of a run) to finish."""
     model.eval()
     try:
         total: torch.Tensor | None = None
         batches.set_epoch(0)  # every pass reads the same batches, with the same worker seeds
-        for micro_batch in batches.micro_batches():
+        for n, micro_batch in enumerate(batches.micro_batches(), 1):
             part = task.validation_step(model, micro_batch.data, micro_batch.real, vpass)
             total = part if total is None else total + part
+            fault_point("validation_batch")
+            if stop is not None and stop(n):
+                raise PassStopped(vpass.prefix)
     finally:
         model.train()
     if total is None:
