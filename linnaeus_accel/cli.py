@@ -8,12 +8,14 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Sequence, Sized
+from collections.abc import Mapping, Sequence, Sized
+from typing import NoReturn
 
 from . import __version__
 from .config import Config, ConfigError, load_config, output_dir_problem
+from .config.opts_arguments import OPTS_FLAG, parse_arguments
 from .run_directory.failures import RunFailed
-from .run_directory.launcher import follow_launcher
+from .run_directory.launcher import REPORT_GRACE_S, follow_launcher, report_refusal
 from .schedule import ResolvedPlan, batches_per_process, resolve_plan
 
 EXIT_FAILED = 1  # the run stopped (summary.json: status failed): non-finite loss, disk full, a hung process
@@ -21,22 +23,35 @@ EXIT_CONFIG_ERROR = 2  # config, arguments or output directory refused: nothing 
 EXIT_NOT_SYNCED = 3  # trained to the end, but checkpoints did not all reach ENV.OUTPUT.BUCKET
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's, but an argument error is said once under a launcher, as a config error is."""
+
+    def error(self, message: str) -> NoReturn:
+        report_refusal(f"{self.prog}: error: {message}", usage=self.format_usage())
+        self.exit(EXIT_CONFIG_ERROR)
+
+
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cfg", required=True, metavar="FILE", help="YAML config (e.g. configs/default.yaml)"
     )
     parser.add_argument(
-        "--opts",
+        OPTS_FLAG,
         nargs="+",
         default=[],
         metavar="KEY VALUE",
-        help="overrides as dotted KEY VALUE pairs, each VALUE read as YAML as after KEY: in a file (null too), "
-        "e.g. --opts TRAIN.EPOCHS 20 LR_SCHEDULER.NAME wsd",
+        help="overrides as dotted KEY VALUE pairs, each VALUE read as YAML as after KEY: in a file (null too, "
+        "and values starting with '-'), e.g. --opts TRAIN.EPOCHS 20 LR_SCHEDULER.NAME wsd",
     )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="linnaeus-accel", description=__doc__)
+    return _build_parsers()[0]
+
+
+def _build_parsers() -> tuple[argparse.ArgumentParser, Mapping[str, argparse.ArgumentParser]]:
+    """The command line's parser, and each command's."""
+    parser = _Parser(prog="linnaeus-accel", description=__doc__)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     plan = commands.add_parser(
@@ -142,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
         "write the sidecar <PATH>.json beside it. Both appear whole or not at all.",
     )
     _add_tokenize_args(tokenize)
-    return parser
+    return parser, commands.choices
 
 
 def _add_tokenize_args(parser: argparse.ArgumentParser) -> None:
@@ -312,10 +327,6 @@ def exit_status(summary: dict[str, object]) -> int:
     return EXIT_NOT_SYNCED if summary.get("remote_sync_errors") else 0
 
 
-# How long a process that does not report a config error waits for the one that does.
-_REPORT_GRACE_S = 3.0
-
-
 def _is_local_main() -> bool:
     return os.environ.get("LOCAL_RANK", "0") == "0"
 
@@ -351,17 +362,12 @@ COMMANDS = {"plan": run_plan, "train": run_train, "evaluate": run_evaluate, "tok
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_arguments(*_build_parsers(), sys.argv[1:] if argv is None else argv)
     follow_launcher()  # from the start: a launcher killed while this process imports torch
     try:
         return COMMANDS[args.command](args)
     except ConfigError as exc:
-        if _is_local_main():
-            print(f"linnaeus-accel: {exc}", file=sys.stderr)
-        elif int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            # The launcher stops every process the moment one exits: leaving first, a silent process
-            # would have the one that reports the error killed before it prints it (seen under load).
-            time.sleep(_REPORT_GRACE_S)
+        report_refusal(f"linnaeus-accel: {exc}")
         return EXIT_CONFIG_ERROR
     except BrokenPipeError:
         # The reader went away (e.g. `| head`): not an error of ours, and no traceback.
@@ -376,7 +382,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             # Every process reached this together (the failure was agreed), but the launcher kills
             # the others the moment one exits: the one with more to clean up (the main process
             # removes the partial checkpoint) was killed before it printed (seen under load).
-            time.sleep(_REPORT_GRACE_S)
+            time.sleep(REPORT_GRACE_S)
         return EXIT_FAILED
 
 

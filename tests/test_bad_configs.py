@@ -51,6 +51,9 @@ ROWS: list[Row] = [
     ("dist-timeout-10**20", None, ["ENV.DIST_TIMEOUT_S", str(10**20)], "ENV.DIST_TIMEOUT_S"),
     # 10**20 epochs is more steps than the schedules count exactly: refused, not trained forever.
     ("epochs-10**20", None, ["TRAIN.EPOCHS", str(10**20)], "TRAIN.EPOCHS"),
+    # A value starting with '-' that is not a plain negative number used to be read by argparse as
+    # an unknown option ("unrecognized arguments: -1e-8"), naming neither the key nor the fix.
+    ("eps-negative-exponent", None, ["OPTIMIZER.EPS", "-1e-8"], "OPTIMIZER.EPS: must be a finite number > 0"),
     # Model options are checked by the builder, each named by its full key (torch used to fail
     # on a negative dimension).
     ("mlp-hidden-negative", None, ["MODEL.OPTIONS.hidden", "-5"], "MODEL.OPTIONS.hidden"),
@@ -123,6 +126,22 @@ def test_bad_input_is_a_clean_config_error(
     )
     assert_clean_config_error(rc, out, err, names)
     assert not base.exists() or not any(base.iterdir()), sorted(base.rglob("*"))
+
+
+# Every command that takes --opts: the value after a key is its value, whatever it starts with;
+# a key followed by one of the command's flags has no value, and the error names it.
+OPTS_COMMANDS = [["plan", "--json"], ["train", "--overwrite"], ["evaluate", "--checkpoint", "nowhere"]]
+
+
+@pytest.mark.parametrize("command", OPTS_COMMANDS, ids=lambda c: c[0])
+def test_opts_values_starting_with_a_dash_are_values(tmp_path: Path, command: list[str]) -> None:
+    name, *flags = command
+    opts = ["ENV.OUTPUT.BASE_DIR", str(tmp_path / "out"), "EXPERIMENT.NAME", "-run", "OPTIMIZER.EPS", "-1e-8"]
+    rc, out, err = run_cli(name, "--cfg", DEFAULT, "--opts", *opts, *flags)
+    assert_clean_config_error(rc, out, err, "OPTIMIZER.EPS: must be a finite number > 0 (got -1e-08)")
+    assert "EXPERIMENT.NAME: '-run' is not a usable directory name" in err, err  # a value too
+    rc, out, err = run_cli(name, "--cfg", DEFAULT, "--opts", "TRAIN.EPOCHS", *flags)
+    assert_clean_config_error(rc, out, err, "'TRAIN.EPOCHS' has no value")
 
 
 # An output directory that cannot be one: a regular file, or a path below one. Checked before the

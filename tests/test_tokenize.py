@@ -305,6 +305,32 @@ def test_killed_run_leaves_no_output(tmp_path: Path, big_document: Path) -> None
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.bin", "out.bin.json"]
 
 
+def test_rerun_removes_what_a_killed_run_left_though_its_pid_still_exists(
+    tmp_path: Path, big_document: Path
+) -> None:
+    """A killed run's pid can outlive it: here a zombie its parent has not reaped yet; as well a
+    run in a container (pid 1 there and here) or on another machine. Its temporary file, which no
+    live run holds, is still removed by the next run for the same output."""
+    output = tmp_path / "out.bin"
+    run = subprocess.Popen(command(big_document, "--output", output), cwd=REPO, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not list(tmp_path.glob(".out.bin.tmp-*")):
+            assert run.poll() is None, f"finished before it could be killed: {run.communicate()[1]!r}"
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        run.kill()
+        os.waitid(os.P_PID, run.pid, os.WEXITED | os.WNOWAIT)  # dead, not reaped: the pid still exists
+        small = write(tmp_path / "small.txt", "small")
+        rc, _, err = tokenize(small, "--output", output)
+        assert rc == 0, err
+        assert_byte_output(output, ["small"])
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["out.bin", "out.bin.json", "small.txt"]
+    finally:
+        run.kill()
+        run.communicate()
+
+
 def test_existing_output_is_replaced_only_with_overwrite(tmp_path: Path) -> None:
     first, second = write(tmp_path / "a.txt", "first"), write(tmp_path / "b.txt", "second")
     output = tmp_path / "out.bin"

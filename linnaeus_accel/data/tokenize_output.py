@@ -2,9 +2,15 @@
 and never replace what they must not.
 
 - Both are written to hidden temporary names and moved into place at the end, the token file
-  first; an interrupted run leaves neither, and the next run for the same output removes its
-  temporary files (``remove_stale_temporaries``). Temporary names are unique per writer, so two runs
+  first; an interrupted run leaves neither, and the next run for the same output removes what a
+  killed one left (``remove_stale_temporaries``). Temporary names are unique per writer, so two runs
   (or two threads of one process) never write the same temporary file.
+- A writer holds an ``flock`` on each of its temporary files until it is done with them: the kernel
+  releases it however the writer ends (``kill -9`` too), so a temporary file nobody holds is a killed
+  run's. Not the pid in its name: a pid says nothing about a run in another pid namespace (a
+  container, whose first process is pid 1 here too) or on another machine sharing the directory,
+  nor about a killed run that its parent has not reaped yet; a leftover looked alive forever, and
+  a live run elsewhere could have its file removed while it wrote it.
 - Without ``overwrite`` the move itself refuses an existing file (a hard link, which fails
   atomically where the name is taken): of two runs writing the same output at once, the later one
   to finish fails and removes its files, whatever the other left in place.
@@ -16,13 +22,14 @@ and never replace what they must not.
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import secrets
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, BinaryIO
+from typing import IO, Any, BinaryIO, TextIO
 
 import numpy as np
 from numpy.typing import NDArray
@@ -84,30 +91,51 @@ def prepare_output_directory(output: Path) -> None:
         remove_stale_temporaries(output)
 
 
-def _temporary(path: Path, tag: str) -> Path:
-    # Hidden, and ending in neither .bin nor .npy: no glob of token files matches it. The pid says
-    # whether its run is alive; the tag tells apart two runs of one process (threads).
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}-{tag}")
+def _temporary_name(path: Path) -> Path:
+    # Hidden, and ending in neither .bin nor .npy: no glob of token files matches it. The pid only
+    # tells a reader whose it is; the random tag keeps two runs of one process (threads) apart.
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+
+
+def _create_temporary(path: Path) -> tuple[Path, int]:
+    """A new temporary file for ``path``, and its descriptor, which holds the file's lock."""
+    while True:
+        temporary = _temporary_name(path)
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pass  # a cleanup found it before the lock: it may be gone; take another name
+        except OSError:
+            return temporary, fd  # a file system without locks: nothing is then removed as stale
+        else:
+            # A cleanup may have locked and removed it in the instant before the lock was taken.
+            with suppress(FileNotFoundError):
+                if os.path.samestat(os.fstat(fd), os.stat(temporary)):
+                    return temporary, fd
+        os.close(fd)
 
 
 def remove_stale_temporaries(output: Path) -> None:
-    """Remove the temporary files that killed runs for ``output`` left; a live run keeps its own."""
+    """Remove the temporary files that killed runs for ``output`` left: those whose lock nobody
+    holds. A live writer's (in this process or another) is kept."""
     for final in (output, sidecar_path(output)):
         prefix = f".{final.name}.tmp-"
         for entry in os.scandir(final.parent):
-            pid = entry.name[len(prefix) :].split("-", 1)[0]
-            if entry.name.startswith(prefix) and pid.isdecimal() and not _alive(int(pid)):
+            if not entry.name.startswith(prefix):
+                continue
+            try:
+                fd = os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                continue  # its writer finished meanwhile, or another user's that cannot be told
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # held by a live writer, or a lock that cannot be told here: kept
+            else:
                 Path(entry.path).unlink(missing_ok=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's
-        pass
-    return True
+            finally:
+                os.close(fd)
 
 
 def _npy_header(dtype: np.dtype[Any], num_tokens: int) -> bytes:
@@ -124,16 +152,17 @@ class TokenFileWriter:
 
     def __init__(self, output: Path, dtype: np.dtype[Any], overwrite: bool = False) -> None:
         self.output, self.dtype, self.num_tokens, self.overwrite = output, dtype, 0, overwrite
-        tag = secrets.token_hex(4)
-        self.temporary = _temporary(output, tag)
-        self.sidecar_temporary = _temporary(sidecar_path(output), tag)
+        self.temporary: Path | None = None
+        self.sidecar_temporary: Path | None = None
         self.npy = output.suffix == ".npy"
         self.file: BinaryIO | None = None
+        self.sidecar_file: TextIO | None = None
 
     def __enter__(self) -> TokenFileWriter:
         try:
             with writing(self.output):
-                self.file = open(self.temporary, "wb")
+                self.temporary, fd = _create_temporary(self.output)
+                self.file = os.fdopen(fd, "wb")
                 if self.npy:
                     self.file.write(_npy_header(self.dtype, 0))  # the count is known only at the end
         except BaseException:
@@ -151,40 +180,41 @@ class TokenFileWriter:
         """Both files whole on disk, then in place: the token file first, after the old sidecar is
         gone, so that no sidecar ever describes another file."""
         assert self.file is not None, "commit outside the with block"
+        assert self.temporary is not None
         with writing(self.output):
             if self.npy:
                 self.file.seek(0)
                 self.file.write(_npy_header(self.dtype, self.num_tokens))
-            _sync(self.file)
-            self.file.close()
+            _sync(self.file)  # kept open, and so locked, until both files are in place
             # Not durable_files.write_durably: that renames over the target at once, and without
             # overwrite the sidecar must go in place by a link that refuses a taken name.
-            with open(self.sidecar_temporary, "w", encoding="utf-8") as handle:
-                handle.write(sidecar.to_json())
-                _sync(handle)
+            self.sidecar_temporary, fd = _create_temporary(sidecar_path(self.output))
+            self.sidecar_file = os.fdopen(fd, "w", encoding="utf-8")
+            self.sidecar_file.write(sidecar.to_json())
+            _sync(self.sidecar_file)
             if self.overwrite:
                 sidecar_path(self.output).unlink(missing_ok=True)
                 fsync_directory(self.output.parent)
                 os.replace(self.temporary, self.output)
                 os.replace(self.sidecar_temporary, sidecar_path(self.output))
             else:
-                self._publish_new()
+                self._publish_new(self.temporary, self.sidecar_temporary)
             fsync_directory(self.output.parent)
 
-    def _publish_new(self) -> None:
+    def _publish_new(self, temporary: Path, sidecar_temporary: Path) -> None:
         """Both files in place under names that must still be free: another run that put either
         in place since this one started wins, and this one fails having replaced nothing."""
         sidecar = sidecar_path(self.output)
         try:
-            _link_new(self.temporary, self.output)
+            _link_new(temporary, self.output)
         except FileExistsError:
             raise self._taken(self.output) from None
         try:
-            _link_new(self.sidecar_temporary, sidecar)
+            _link_new(sidecar_temporary, sidecar)
         except FileExistsError:
             # Only a run with overwrite puts a sidecar beside a token file it did not write: the
             # token file is then most likely its own too, and left alone unless still this one's.
-            if _same_file(self.temporary, self.output):
+            if _same_file(temporary, self.output):
                 self.output.unlink(missing_ok=True)
             raise self._taken(sidecar) from None
 
@@ -198,10 +228,12 @@ class TokenFileWriter:
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if self.file is not None:
-            self.file.close()
-        self.temporary.unlink(missing_ok=True)  # after a commit, neither exists any more
-        self.sidecar_temporary.unlink(missing_ok=True)
+        # Removed before they are closed (which releases their locks): no cleanup sees them unheld.
+        for temporary, handle in ((self.temporary, self.file), (self.sidecar_temporary, self.sidecar_file)):
+            if temporary is not None:
+                temporary.unlink(missing_ok=True)  # after a commit with overwrite, already gone
+            if handle is not None:
+                handle.close()
 
 
 def _sync(handle: IO[Any]) -> None:

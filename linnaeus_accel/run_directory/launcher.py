@@ -14,6 +14,13 @@ when the *thread* that forked the process ends, not the process; a launcher that
 from a thread it later ends would kill healthy workers. A poll each second costs nothing measurable
 (one ``getppid`` on a thread that is asleep otherwise) and reacts well within the 10 s a user
 waits.
+
+A refusal (exit 2, nothing done) is met by every process alike and said once, by the local main
+process (``report_refusal``). torchelastic then reports the failed workers in a ``ChildFailedError``
+traceback and exits 1 (``accelerate launch`` re-raises it; no worker's exit status changes either);
+its root cause shows that worker's error file, or else a pointer to a page on recording tracebacks.
+So the main process's error file says that it refused and where the reason is, without repeating
+the reason: the user reads that once.
 """
 
 from __future__ import annotations
@@ -25,9 +32,21 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
+
+from ..json_files import write_json
 
 POLL_S = 1.0
 EXIT_FAILED = 1
+# How long a process that does not say a refusal (or a failure) waits for the one that does: the
+# launcher stops every process the moment one exits, and a silent one leaving first had the one
+# that reports killed before it printed (seen under load).
+REPORT_GRACE_S = 3.0
+# What torchelastic's failure report shows for a refusal, in place of a traceback.
+REFUSED = (
+    "linnaeus-accel refused to start (exit status 2): the reason is on this process's stderr, in the "
+    "message that begins 'linnaeus-accel'; nothing was trained"
+)
 
 _launcher: int | None = None  # the parent followed, once follow_launcher has started
 
@@ -79,6 +98,24 @@ def _stop(why: str) -> None:
     # parent out. A clean stop would need the other processes, whose rendezvous store died with the
     # launcher.
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def report_refusal(message: str, usage: str = "") -> None:
+    """Say ``message`` (after ``usage``) on stderr once: by the local main process, the others
+    waiting ``REPORT_GRACE_S`` for it; under torchelastic, the error file says where it is."""
+    if os.environ.get("LOCAL_RANK", "0") == "0":
+        print(usage + message, file=sys.stderr, flush=True)
+        if error_file := os.environ.get("TORCHELASTIC_ERROR_FILE"):
+            # The layout torch's ErrorHandler writes for an exception, REFUSED where the traceback
+            # goes (the report shows it); whole, as the launcher parses it.
+            cause = {
+                "message": REFUSED,
+                "extraInfo": {"py_callstack": REFUSED, "timestamp": str(int(time.time()))},
+            }
+            with contextlib.suppress(OSError):
+                write_json(Path(error_file), {"message": cause})
+    elif int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        time.sleep(REPORT_GRACE_S)
 
 
 @contextlib.contextmanager
