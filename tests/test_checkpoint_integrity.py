@@ -13,7 +13,11 @@ copy is destroyed, and a full or read-only disk is named.
 - A full disk (a small tmpfs in a user+mount namespace, with 1 and 2 processes) and a read-only one
   while checkpointing: ``CheckpointWriteError`` naming ENOSPC / EROFS and the path on every
   process, no staging directory left, the previous checkpoint still verifies. The same when the
-  commit itself (the marker write) runs out of space.
+  commit itself (the marker write) runs out of space. With the whole output directory on the
+  tmpfs, filled at a fault point while checkpoints are written in the background: whatever file
+  the full disk hits (metrics.jsonl, alone or with the background checkpoint write, final/,
+  summary.json), one sentence naming it, no partial checkpoint or final/ left, and a rerun with
+  space resumes and ends exactly as an uninterrupted run.
 
 Real ``python -m linnaeus_accel train`` subprocesses on real files; nothing of ours is mocked.
 The first part checks the pure validation functions (fast).
@@ -549,25 +553,32 @@ def require_unshare() -> None:
     )
 
 
-def run_on_small_disk(run: TrainRun, size: str, mode: str = "rw") -> tuple[Result, Path]:
-    """Train with ``<output dir>/checkpoints`` on a tmpfs of ``size``; (result, a copy of what the
-    checkpoints directory held at the end)."""
+def run_on_small_disk(
+    run: TrainRun,
+    size: str,
+    mode: str = "rw",
+    disk: Path | None = None,
+    python_code: str | None = None,
+    extra_env: dict[str, str] | None = None,
+) -> tuple[Result, Path]:
+    """Train with ``disk`` (default: ``<output dir>/checkpoints``) on a tmpfs of ``size``; (result,
+    a copy of what ``disk`` held at the end)."""
     require_unshare()
-    disk = run.dir / "checkpoints"
+    disk = disk or run.dir / "checkpoints"
     disk.mkdir(parents=True)
-    copy = run.root / "checkpoints_after"
+    copy = run.root / f"{disk.name}_after"
     copy.mkdir()
     log = run.root / f"small-disk-{mode}.log"
     command = [
         "unshare", "-rm", "sh", "-c", NAMESPACE_SCRIPT, "sh", size, str(disk), mode, str(copy),
-        *run.command([], None),
+        *run.command([], python_code),
     ]  # fmt: skip
     started = time.monotonic()
     with log.open("wb") as out:
         proc = subprocess.run(
             command,
             cwd=run.root,
-            env=run.env(None),
+            env=run.env(None, extra_env),
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -579,14 +590,21 @@ def run_on_small_disk(run: TrainRun, size: str, mode: str = "rw") -> tuple[Resul
     return result, copy
 
 
-def assert_write_failed(result: Result, code: str, path: Path) -> None:
-    """Exit status 1 (under a launcher: its own non-zero status), one line from us naming the
-    cause and the path, no traceback, and ``summary.json`` saying ``status: failed``."""
+def failure_line(result: Result, code: str, path: Path) -> str:
+    """Exit status 1 (under a launcher: its own non-zero status), no traceback, and our one line,
+    naming the cause and the path."""
     assert result.returncode != 0, result.tail()
     assert "Traceback" not in result.output, result.tail()
     lines = [line for line in result.output.splitlines() if line.startswith("linnaeus-accel: ")]
     assert lines, f"no message from us\n{result.tail()}"
-    assert any(code in line and str(path) in line for line in lines), lines
+    named = [line for line in lines if code in line and str(path) in line]
+    assert named, lines
+    return named[0]
+
+
+def assert_write_failed(result: Result, code: str, path: Path) -> None:
+    """``failure_line``, and ``summary.json`` saying ``status: failed``."""
+    failure_line(result, code, path)
     data = json.loads((result.dir / "summary.json").read_text(encoding="utf-8"))
     assert data["status"] == "failed", data
     assert code in data["error"], data
@@ -716,3 +734,92 @@ def test_a_commit_that_runs_out_of_space_behaves_the_same(tmp_path: Path) -> Non
     assert "the resume point is still" in report["error"]
     assert report["left"] == ["step_00000001"]
     assert report["previous"] is None
+
+
+# The disk (a tmpfs holding the whole output directory) fills at a fault point, all but
+# FILL_LEAVE_PAGES of its pages taken: the file the run writes next finds it full, at the same
+# moment in every try (a size alone races the background checkpoint write against the loop's own
+# writes: metrics.jsonl was hit in 3 tries of 7).
+FILL_DISK_AT = """
+import os, sys, threading
+from pathlib import Path
+from linnaeus_accel.cli import main
+from linnaeus_accel.run_directory import faults
+
+def fill():
+    for thread in threading.enumerate():  # the schedule plot's write would race the run's
+        if thread.name == "linnaeus-accel schedule plot":
+            thread.join()
+    disk = Path(os.environ["FILL_DISK"])
+    info = os.statvfs(disk)
+    pages = info.f_bavail - int(os.environ["FILL_LEAVE_PAGES"])
+    with (disk / "filler").open("wb") as f:
+        os.posix_fallocate(f.fileno(), 0, pages * info.f_frsize)
+
+point, _, count = os.environ["FILL_DISK_AT"].partition(":")
+faults._ARMED[point] = (int(count), fill)
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def pages(path: Path) -> int:
+    return math.ceil(path.stat().st_size / 4096)
+
+
+# (fault point, pages left free (from the reference run), the file that finds the disk full,
+# the checkpoints left, whether the run's end finds the space to write summary.json)
+FULL_AT: dict[str, tuple[str, Callable[[Result], int], str, list[str], bool]] = {
+    # After the 4 passes of step 12 are journalled: the validation record is metrics.jsonl's first
+    # line, so its first page.
+    "metrics.jsonl": ("validation_pass:4", lambda ref: 0, "metrics.jsonl", [STEP12], False),
+    # Before checkpoint step 12: its write fails on the background thread, and the loop's next
+    # write, the validation record, in metrics.jsonl.
+    "checkpoint and metrics.jsonl": ("optimizer_step:12", lambda ref: 0, "metrics.jsonl", [], False),
+    # After the last pass of step 24 is journalled (its metrics line fits metrics.jsonl's page),
+    # with 16 pages left: the final weights take them, and give them back to summary.json.
+    "final": ("validation_pass:12", lambda ref: 16, "final", [STEP12, STEP24], True),
+    # The same, with room for final/ alone.
+    "summary.json": (
+        "validation_pass:12",
+        lambda ref: pages(ref.dir / "final" / "model.safetensors"),
+        "summary.json",
+        [STEP12, STEP24],
+        False,
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("hit", list(FULL_AT))
+def test_a_disk_that_fills_at_any_write_ends_the_run_in_one_sentence(
+    hit: str, reference: Result, tmp_path: Path
+) -> None:
+    point, leave, path, kept, summary_written = FULL_AT[hit]
+    # The checkpoints are written in the background, racing the loop's own writes.
+    run = TrainRun(tmp_path, [*OPTS, "SCHEDULE.CHECKPOINT.ASYNC", "true"])
+    env = {"FILL_DISK": str(run.dir), "FILL_DISK_AT": point, "FILL_LEAVE_PAGES": str(leave(reference))}
+    result, after = run_on_small_disk(run, "8m", disk=run.dir, python_code=FILL_DISK_AT, extra_env=env)
+    line = failure_line(result, "ENOSPC", run.dir / path)
+    resume = run.dir / "checkpoints" / kept[-1] if kept else None
+    assert ("the resume point is still " + str(resume) if resume else "no earlier checkpoint") in line, line
+    if hit == "checkpoint and metrics.jsonl":
+        assert "checkpoint step 12 was not written either (ENOSPC" in line, line
+    # No staging directory or partial checkpoint is left; the committed ones verify.
+    shutil.copytree(after, run.dir, dirs_exist_ok=True, symlinks=True)
+    assert sorted(p.name for p in (run.dir / "checkpoints").iterdir()) == kept
+    for name in kept:
+        assert checkpoint_store(run.dir / "checkpoints").verify(run.dir / "checkpoints" / name) is None
+    assert not (run.dir / "final").exists() or hit == "summary.json"
+    if summary_written:
+        data = summary(run.dir)
+        assert data["status"] == "failed", data
+        assert data["error"] == line.removeprefix("linnaeus-accel: "), data
+    else:  # the disk is still full: the sentence says so
+        assert not (run.dir / "summary.json").exists()
+        assert "; summary.json does not record the failure" in line, line
+    if hit in ("metrics.jsonl", "final"):  # with space again, the rerun resumes and ends identically
+        (run.dir / "filler").unlink()
+        rerun = run.run()
+        no_traceback(rerun)
+        assert_resumed_from(rerun.output, int(kept[-1].removeprefix("step_")))
+        assert_same_run(rerun, reference)

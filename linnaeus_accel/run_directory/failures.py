@@ -2,6 +2,9 @@
 
 ``RunFailed``: the run cannot go on and every process knows it (a non-finite loss, a checkpoint
 that could not be written); ``summary.json`` says ``status: failed`` and the command exits 1.
+``OutputWriteError``: a file only the main process writes (metrics.jsonl, summary.json, the assets,
+a checkpoint's journal) could not be written; the run ends the same way, in one sentence naming the
+path and the cause.
 """
 
 from __future__ import annotations
@@ -28,6 +31,16 @@ _COLLECTIVE_TIMEOUTS = ("timed out waiting", "collective operation timeout")
 
 class RunFailed(RuntimeError):
     """Every process stops; the message says why, what was kept and what to do."""
+
+
+class OutputWriteError(Exception):
+    """The main process could not write a file of the run (``path``; ``words``: the cause, naming
+    ENOSPC, EROFS or EDQUOT when the disk is the cause). Not a ``RunFailed``: the other processes
+    do not know of it, so none waits for them; ``RunEnd.record_exception`` ends the run with it."""
+
+    def __init__(self, what: str, path: Path, exc: BaseException) -> None:
+        self.path, self.words = path, describe_write(exc, path)
+        super().__init__(f"could not {what}: {self.words}")
 
 
 def parameters_finite(parameters: Iterable[torch.Tensor]) -> bool:
@@ -139,18 +152,36 @@ def attempt_write(action: Callable[[], Any], staging: Path) -> tuple[str, BaseEx
     try:
         action()
     except Exception as exc:
-        return _describe(exc, staging), exc
+        return describe_write(exc, staging), exc
     return None
 
 
-def _describe(exc: BaseException, staging: Path) -> str:
-    """``exc`` in words. torch's zip writer reports a full disk as ``RuntimeError: [enforce fail at
-    inline_container.cc:672] . unexpected pos`` without an errno: the filesystem is then asked."""
+def describe_write(exc: BaseException, staging: Path) -> str:
+    """``exc``, raised writing under ``staging``, in words. torch's zip writer reports a full disk as
+    ``RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos`` and safetensors as
+    an ``I/O error``, without an errno: the filesystem is then asked."""
     code = exc.errno if isinstance(exc, OSError) and exc.errno in _DISK_ERRORS else _diagnose(staging)
     where = exc.filename if isinstance(exc, OSError) and exc.filename else staging
     if code is not None:
         return f"{errno.errorcode[code]} ({os.strerror(code)}) writing {where}"
     return f"{type(exc).__name__}: {str(exc).strip() or '(no message)'} (writing {where})"
+
+
+def disk_failure(exc: BaseException, where: Path) -> str | None:
+    """A full or read-only disk (or a quota) as the cause of ``exc``, an error raised by code that
+    did not say what it wrote (a callback's file, a tracker's), in words naming the path (its
+    own, else ``where``); None when the disk is not the cause."""
+    seen: set[int] = set()
+    error: BaseException | None = exc
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in _DISK_ERRORS:
+            return describe_write(error, where)
+        error = error.__cause__ or error.__context__
+    # Native writers (safetensors, torch) say it only in their message.
+    if any(os.strerror(code) in str(exc) for code in _DISK_ERRORS):
+        return describe_write(exc, where)
+    return None
 
 
 def _diagnose(staging: Path) -> int | None:

@@ -62,7 +62,13 @@ def _armed() -> dict[str, tuple[int, Callable[[], None]]]:
 _ARMED = _armed()
 _seen: Counter[str] = Counter()
 
-POINTS = ("optimizer_step", "validation_batch", "validation_pass", "checkpoint_staged", "checkpoint_committed")
+POINTS = (
+    "optimizer_step",
+    "validation_batch",
+    "validation_pass",
+    "checkpoint_staged",
+    "checkpoint_committed",
+)
 
 
 def fault_point(name: str) -> None:

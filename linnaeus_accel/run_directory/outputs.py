@@ -1,9 +1,13 @@
 """Everything a run writes or shows, in one place: only the main process writes files, logs to
 trackers or draws the progress bar; the other processes get a silent stand-in (SPEC §9).
+
+A file that cannot be written (a full or read-only disk) raises ``OutputWriteError`` naming it and
+the cause; the run ends with it (``RunEnd.record_exception``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -23,6 +27,7 @@ from ..schedule.plan import ResolvedPlan
 from ..schedule.plot import write_schedule_plot
 from ..schedule.summary import write_schedule_summary
 from .console import Console
+from .failures import OutputWriteError
 from .run_lock import RunLock, RunLocked
 from .trackers import TENSORBOARD_DIR
 
@@ -86,8 +91,14 @@ class RunOutputs:
             summary_text,
             config_text,
         ]
-        write_schedule_summary(self.dir, summary_text)
-        (assets / CONFIG_FILE).write_text(config_text, encoding="utf-8")
+        try:
+            write_schedule_summary(self.dir, summary_text)
+        except OSError as exc:
+            raise OutputWriteError("write the schedule summary", assets / SUMMARY_FILE, exc) from exc
+        try:
+            (assets / CONFIG_FILE).write_text(config_text, encoding="utf-8")
+        except OSError as exc:
+            raise OutputWriteError("write the resolved config", assets / CONFIG_FILE, exc) from exc
         if not unchanged:
             self._plotting = threading.Thread(
                 target=_draw_schedule,
@@ -100,11 +111,22 @@ class RunOutputs:
     def log(self, metrics: dict[str, Any], step: int, tracked: dict[str, Any] | None = None) -> None:
         """One logging event: a line of metrics.jsonl, and ``tracked`` (default: all of ``metrics``;
         nothing when empty) to the trackers, at the global step."""
-        self._metrics.write(json_files.dumps({"global_step": step, **metrics}) + "\n")
-        self._metrics.flush()
+        try:  # free until it raises: no syscall beyond the append's own
+            self._metrics.write(json_files.dumps({"global_step": step, **metrics}) + "\n")
+            self._metrics.flush()
+        except OSError as exc:
+            raise self._metrics_failed(step, exc) from exc
         tracked = metrics if tracked is None else tracked
         if tracked:
             self.accelerator.log(tracked, step=step)
+
+    def _metrics_failed(self, step: int, exc: OSError) -> OutputWriteError:
+        """The failed append's line stays in the file's buffer, and closing it would raise again
+        (the run's end closes it): the file is closed now, the line dropped. What part of it
+        reached the disk is a cut last line, which a resumed run drops as it does a kill's."""
+        with contextlib.suppress(OSError):
+            self._metrics.close()
+        return OutputWriteError(f"log the metrics of step {step}", self._metrics_path, exc)
 
     def start_progress(self, step: int, epoch: int) -> None:
         """Training starts (or resumes) at ``step``: the progress bar starts there."""
@@ -118,7 +140,10 @@ class RunOutputs:
 
     def write_json(self, relative: str, data: dict[str, Any]) -> Path:
         """``summary.json`` and the assets: strict JSON, whole or not at all (``json_files``)."""
-        return json_files.write_json(self.dir / relative, data)
+        try:
+            return json_files.write_json(self.dir / relative, data)
+        except OSError as exc:
+            raise OutputWriteError(f"write {relative}", self.dir / relative, exc) from exc
 
     def close(self) -> None:
         if self._plotting is not None:

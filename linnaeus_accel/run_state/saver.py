@@ -24,6 +24,8 @@ ignored with everything after it). A checkpoint that fails is moved to ``checkpo
 never deleted; a run whose checkpoints all fail refuses to start over (``ResumeRefused``). A
 checkpoint that cannot be written (a full or read-only disk) stops every process together with
 ``CheckpointWriteError``, the partial checkpoint removed and the previous one still the resume point.
+A run that fails elsewhere (a full disk under metrics.jsonl while the background thread writes)
+removes what that thread left unfinished too (``abandon``).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from safetensors.torch import load_file, save_file
 from ..checkpoint import MARKER, EarlySeal, EarlyWriteback, Mode
 from ..checkpoint.background import SerialWorker
 from ..config import Config, ConfigError
-from ..run_directory.failures import attempt_write
+from ..run_directory.failures import OutputWriteError, attempt_write
 from ..run_directory.faults import fault_point
 from . import tensor_state
 from .checkpoint_content import TENSORS_FILE, CheckpointLoadError, first_line, rng_problem
@@ -63,7 +65,7 @@ from .state_files import (
     read_json,
 )
 from .validation_journal import ValidationJournals
-from .write_failures import CheckpointWriteError, StepFailed, agree_on_failure, background_failure
+from .write_failures import CheckpointWriteError, StepFailed, abandon, agree_on_failure, background_failure
 
 __all__ = [
     "JOURNAL_FILE",
@@ -142,6 +144,18 @@ class Checkpointer:
             return []
         self.uploader.close(timeout)
         return list(self.uploader.errors)
+
+    def abandon(self, timeout: float = 60.0) -> str | None:
+        """Not collective, main process: the end of a run that failed outside an agreement (a full
+        disk under metrics.jsonl while the background thread writes a checkpoint). Waits (bounded)
+        for the background work; a write or commit that failed is removed, as an agreement would
+        have; what was lost, in words, else None."""
+        return abandon(self.worker, self.store, self.current_step or 0, timeout)
+
+    @property
+    def resume_point(self) -> Path | None:
+        """The newest committed checkpoint (main process; a commit may still be running)."""
+        return self._committed
 
     def settle(self) -> None:
         """Collective: wait until the last checkpoint is committed (preemption, the end of a run);
@@ -293,7 +307,11 @@ class Checkpointer:
         self.total_waited_s += self.worker.wait()
         if not (checkpoint / MARKER).is_file():
             return
-        self.journals.append(checkpoint, entry)
+        try:
+            self.journals.append(checkpoint, entry)
+        except OSError as exc:  # a cut line is ignored on resume: the pass runs again
+            what = f"journal validation pass {entry['prefix']} of {checkpoint.name}"
+            raise OutputWriteError(what, checkpoint / JOURNAL_FILE, exc) from exc
 
     def journal(self, path: Path) -> list[dict[str, Any]]:
         """The passes the journal of the checkpoint at ``path`` records as complete (see

@@ -4,7 +4,7 @@ Each process catches its own failure to write (a full disk, a read-only filesyst
 process's background commit) and they agree at each stage of a save, so that none is left waiting
 at a barrier for a process that gave up: on any failure the main process removes the partial
 checkpoint and every process raises ``CheckpointWriteError`` naming the step, the cause and the
-resume point that remains.
+resume point that remains. The final weights are agreed on the same way (``agree_on_output``).
 """
 
 from __future__ import annotations
@@ -65,15 +65,8 @@ def agree_on_failure(
     resume_point = answers[0][1]
     if accelerator.is_main_process:
         for step in {entry[0] for entry in everyone if entry}:
-            shutil.rmtree(store.staging_path(step), ignore_errors=True)
-            final = store.final_path(step)
-            if final.is_dir() and not (final / MARKER).exists():  # a commit cut before its marker
-                shutil.rmtree(final, ignore_errors=True)
-    kept = (
-        f"the resume point is still {resume_point}"
-        if resume_point is not None
-        else "there is no earlier checkpoint to resume from"
-    )
+            remove_partial(store, step)
+    kept = resume_clause(resume_point)
     if mine is not None:
         step, what = mine
         message = f"could not write checkpoint step {step}: {what}; removed the partial checkpoint; {kept}"
@@ -84,3 +77,57 @@ def agree_on_failure(
             f"{kept}"
         )
     raise CheckpointWriteError(message) from (failure[2] if failure is not None else None)
+
+
+def abandon(worker: Any, store: CheckpointStore, current_step: int, timeout: float) -> str | None:
+    """Main process, not collective: wait (bounded) for the background work of this process (a
+    ``SerialWorker``); a checkpoint it failed to write or commit is removed; what was lost, in
+    words, else None."""
+    worker.wait(timeout)
+    failure = background_failure(worker, current_step)
+    if failure is None:
+        return None
+    step, what, _ = failure
+    remove_partial(store, step)
+    return f"checkpoint step {step} was not written either ({what}): removed the partial checkpoint"
+
+
+def remove_partial(store: CheckpointStore, step: int) -> None:
+    """Main process: what a failed write or commit of checkpoint ``step`` left (its staging
+    directory, or a commit cut before its marker), so that its space is free again."""
+    shutil.rmtree(store.staging_path(step), ignore_errors=True)
+    final = store.final_path(step)
+    if final.is_dir() and not (final / MARKER).exists():
+        shutil.rmtree(final, ignore_errors=True)
+
+
+def resume_clause(resume_point: str | Path | None) -> str:
+    """What a failed run leaves to resume from, in words."""
+    if resume_point is None:
+        return "there is no earlier checkpoint to resume from"
+    return f"the resume point is still {resume_point}"
+
+
+def agree_on_output(
+    accelerator: Accelerator,
+    what: str,
+    failure: tuple[str, BaseException] | None,
+    removed: str,
+    committed: Path | None,
+) -> None:
+    """Collective, for files every process waits for (``final/``): if writing them failed on any
+    process (``failure``: this one's, from ``attempt_write``), every process raises ``RunFailed``
+    naming the cause, what was removed and the resume point (``committed``, known to the main
+    process)."""
+    mine = failure[0] if failure is not None else None
+    resume = str(committed) if accelerator.is_main_process and committed is not None else None
+    answers: list[tuple[str | None, str | None]] = gather_object([(mine, resume)])
+    if not any(answer for answer, _ in answers):
+        return
+    kept = resume_clause(answers[0][1])
+    if mine is not None:
+        message = f"could not write {what}: {mine}; {removed}; {kept}"
+    else:
+        rank, theirs = next((r, m) for r, (m, _) in enumerate(answers) if m)
+        message = f"another process (rank {rank}) could not write {what} ({theirs}); {removed}; {kept}"
+    raise RunFailed(message) from (failure[1] if failure is not None else None)

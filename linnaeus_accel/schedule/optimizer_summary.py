@@ -18,6 +18,7 @@ class Optimizer(Protocol):
     param_groups: list[dict[str, Any]]
     defaults: dict[str, Any]
 
+
 # Hyperparameters that say how torch computes the update, not which update: kernels are said
 # apart, and AdamW's decoupled decay is what AdamW is.
 _NOT_SETTINGS = {"params", "lr", "initial_lr", "foreach", "fused", "capturable", "differentiable"}

@@ -1,10 +1,15 @@
 """How a run ends: its last checkpoint committed, the final weights written (``final/``), and
 ``summary.json``: completed, stopped early or preempted; or, when it cannot go on, ``failed``
-with the reason (written when it still can be: the disk may be full)."""
+with the reason (written when it still can be: the disk may be full, and the reason then says so).
+
+A full or read-only disk ends the run in one sentence naming the file and the cause, whatever file
+it hits (a checkpoint, metrics.jsonl, ``final/``, ``summary.json``): what the background thread
+left of a checkpoint is removed, and the sentence names the checkpoint to resume from."""
 
 from __future__ import annotations
 
 import contextlib
+import shutil
 from collections.abc import Callable
 from typing import Any
 
@@ -14,10 +19,18 @@ from torch import nn
 from ..config import Config
 from ..data.token_format import TokenOutOfVocab
 from ..progress import TrainingProgress
-from ..run_directory.failures import NonFiniteGuard, RunFailed, collective_timeout
+from ..run_directory.failures import (
+    NonFiniteGuard,
+    OutputWriteError,
+    RunFailed,
+    attempt_write,
+    collective_timeout,
+    disk_failure,
+)
 from ..run_directory.first_failure import first_failure
 from ..run_directory.launcher import stop_if_launcher_gone
 from ..run_state.saver import Checkpointer
+from ..run_state.write_failures import agree_on_output, resume_clause
 from ..schedule import ResolvedPlan, StopDecision
 from .final_weights import run_tokenizer, save_final
 
@@ -70,14 +83,14 @@ class RunEnd:
     def finish(self, stop: StopDecision | None, before_summary: Callable[[], None]) -> dict[str, Any]:
         """Every process: the last checkpoint committed (``before_summary`` then runs: callbacks
         hear of it), ``final/`` written (collective), ``summary.json``."""
-        acc, progress = self.accelerator, self.progress
+        progress = self.progress
         preempted = stop is not None and stop.reason == "preempted"
         progress.tokens_seen += self.take_tokens()
         self.checkpointer.settle()  # the last checkpoint is committed, or every process stops here
         before_summary()
         if not preempted:  # a preempted run's weights are in its last checkpoint
             self.nonfinite.check(progress.global_step, "the final weights", self.checkpointer.current)
-            save_final(acc, self.model, self.config.output_dir / "final", self.tokenizer)  # collective
+            self._save_final()
         status = "preempted" if preempted else ("early_stopped" if stop is not None else "completed")
         summary = self.summary(status, stop)
         summary["remote_sync_errors"] = self.checkpointer.close()
@@ -85,6 +98,16 @@ class RunEnd:
         summary["checkpoint_wait_s"] = round(self.checkpointer.total_waited_s, 3)
         self.out.write_json("summary.json", summary)
         return summary
+
+    def _save_final(self) -> None:
+        """``final/`` (collective); one that could not be written whole is removed, and every
+        process stops together."""
+        acc, final = self.accelerator, self.config.output_dir / "final"
+        failure = attempt_write(lambda: save_final(acc, self.model, final, self.tokenizer), final)
+        if failure is not None and acc.is_main_process:
+            shutil.rmtree(final, ignore_errors=True)
+        removed = f"removed {final} (not written whole)"
+        agree_on_output(acc, "the final weights", failure, removed, self.checkpointer.resume_point)
 
     def tear_down(self) -> None:
         """Every process tears the process group down together (PyTorch's advice for
@@ -108,32 +131,61 @@ class RunEnd:
             )
         return {**finished, "already_finished": True}
 
-    def record_failure(self, message: str, agreed: bool) -> None:
+    def record_failure(self, message: str, agreed: bool) -> str:
         """``summary.json`` says ``status: failed``. ``agreed``: every process is here, so the
-        process group is torn down together."""
+        process group is torn down together. Returns ``message`` with what the end found: a
+        checkpoint the background thread could not write (removed), a ``summary.json`` that could
+        not be written (what the trainer then raises says)."""
         if self.out is None:
-            return
+            return message
+        with contextlib.suppress(Exception):
+            if lost := self.checkpointer.abandon(timeout=60.0):
+                message = f"{message}; {lost}"
         with contextlib.suppress(Exception):
             self.checkpointer.close(timeout=60.0)
-        with contextlib.suppress(OSError):
+        try:
             self.out.write_json("summary.json", self.summary("failed", error=message))
+        except OutputWriteError as exc:
+            why = f": {exc.words}" if exc.words not in message else " either"
+            message = f"{message}; summary.json does not record the failure{why}"
         if agreed:
             with contextlib.suppress(Exception):
                 self.tear_down()
-        self.out.close()
+        with contextlib.suppress(OSError):
+            self.out.close()
+        return message
 
     def record_exception(self, exc: Exception) -> RunFailed | None:
         """An exception only this process may have seen: ``summary.json`` records its first cause
         (another process's error when this one only lost that process). Returns the ``RunFailed``
         to raise instead (a sentence, no traceback) when the cause is not this process's own, when a
-        collective timed out, or when the data is at fault and the error says it all; else None
-        (the exception itself goes on: a bug's traceback is what its author needs)."""
+        collective timed out, when a full or read-only disk is the cause, or when the data is at
+        fault and the error says it all; else None (the exception itself goes on: a bug's
+        traceback is what its author needs)."""
         stop_if_launcher_gone()  # a peer's error once the launcher was killed: a kill, not a failure
         timed_out = collective_timeout(exc, self.config.ENV.DIST_TIMEOUT_S)
+        written = self._write_failure(exc)
         said_in_full = isinstance(exc, TokenOutOfVocab)
-        own = timed_out or (str(exc) if said_in_full else f"{type(exc).__name__}: {exc}")
+        own = timed_out or written or (str(exc) if said_in_full else f"{type(exc).__name__}: {exc}")
         cause = first_failure(exc, own)
-        self.record_failure(cause, agreed=False)
+        ended = self.record_failure(cause, agreed=False)
         if cause != own:
-            return RunFailed(f"another process failed first ({cause}); this process stops too")
-        return RunFailed(own) if timed_out or said_in_full else None
+            return RunFailed(f"another process failed first ({ended}); this process stops too")
+        return RunFailed(ended) if timed_out or written or said_in_full else None
+
+    def _write_failure(self, exc: Exception) -> str | None:
+        """``exc`` as the one sentence a full or read-only disk ends the run with (None when the
+        disk is not its cause), with the checkpoint to resume from (the main process's: it
+        commits), once the background thread's write is finished or removed."""
+        if isinstance(exc, OutputWriteError):
+            words = str(exc)
+        elif (cause := disk_failure(exc, self.config.output_dir)) is not None:
+            words = f"could not write a file: {cause}"
+        else:
+            return None
+        if not self.accelerator.is_main_process:
+            return words
+        with contextlib.suppress(Exception):
+            if lost := self.checkpointer.abandon(timeout=60.0):
+                words = f"{words}; {lost}"
+        return f"{words}; {resume_clause(self.checkpointer.resume_point)}"

@@ -286,8 +286,10 @@ class Trainer:
         except ConfigError:
             raise  # found before anything ran: nothing to record
         except RunFailed as failure:
-            self.end.record_failure(str(failure), agreed=True)
-            raise
+            ended = self.end.record_failure(str(failure), agreed=True)
+            if ended == str(failure):
+                raise
+            raise type(failure)(ended) from failure  # what the end found too (a full disk's summary)
         except Exception as exc:
             failed = self.end.record_exception(exc)
             if failed is not None:
