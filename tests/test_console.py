@@ -207,9 +207,9 @@ def test_dump_metrics_state_during_and_after_validation(
     dumps: list[str] = []
     real_pass = events_module.run_pass
 
-    def dumping_pass(*args: Any) -> dict[str, float]:  # a debugger's view before each pass
+    def dumping_pass(*args: Any, **kwargs: Any) -> dict[str, float]:  # a debugger's view before each pass
         dumps.append(json.dumps(run.dump_metrics_state(), allow_nan=False))
-        return real_pass(*args)
+        return real_pass(*args, **kwargs)
 
     monkeypatch.setattr(events_module, "run_pass", dumping_pass)
     summary = run.fit()
