@@ -14,8 +14,8 @@ from typing import NoReturn
 from . import __version__
 from .config import Config, ConfigError, load_config, output_dir_problem
 from .config.opts_arguments import OPTS_FLAG, parse_arguments
-from .run_directory.failures import RunFailed
-from .run_directory.launcher import REPORT_GRACE_S, follow_launcher, report_refusal
+from .process.failures import RunFailed
+from .process.launcher import REPORT_GRACE_S, follow_launcher, report_refusal
 from .schedule import ResolvedPlan, batches_per_process, resolve_plan
 
 EXIT_FAILED = 1  # the run stopped (summary.json: status failed): non-finite loss, disk full, a hung process
@@ -251,10 +251,10 @@ def _epochs_of_unknown_length(dataset: object, world_size: int, num_workers: int
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    from .schedule.summary import plan_json, summary_text
+    from .schedule.report.summary import plan_json, summary_text
 
     if args.plot is not None:
-        from .schedule.plot import matplotlib_problem
+        from .schedule.report.plot import matplotlib_problem
 
         if (missing := matplotlib_problem()) is not None:
             raise ConfigError([("--plot", missing)], source="arguments")
@@ -270,12 +270,12 @@ def run_plan(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         sys.stdout.write(summary_text(config, plan))
-        from .run_state.resume_preview import resume_preview
+        from .resume.preview import resume_preview
 
         if preview := resume_preview(config, plan, args.resume):
             sys.stdout.write("\nResume:   " + "\n          ".join(preview) + "\n")
     if args.plot is not None:
-        from .schedule.plot import plot_for_cli
+        from .schedule.report.plot import plot_for_cli
 
         # On stderr: with --json, stdout holds the JSON object alone.
         print(f"schedule plot written to {plot_for_cli(args.plot, config, plan)}", file=sys.stderr)

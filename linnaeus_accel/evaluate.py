@@ -32,14 +32,10 @@ from . import json_files
 from .checkpoint import MARKER, MarkerError, read_marker
 from .config import Config, ConfigError
 from .models.lora import BASE_RECORD, recorded_base
-from .run_state.frozen_weights import STATE_KEY as FROZEN_KEY
-from .run_state.frozen_weights import (
-    WRAPPER_PREFIXES,  # what DDP and torch.compile put before names
-    base_changed,
-    base_source,
-)
-from .run_state.run_checkpoints import agree_on_key
-from .run_state.state_files import STATE_FILE, checkpoint_store, read_json
+from .state.files import STATE_FILE, checkpoint_store, read_json
+from .state.frozen_weights import STATE_KEY as FROZEN_KEY
+from .state.frozen_weights import WRAPPER_PREFIXES, base_changed, base_source
+from .training.checkpoints import agree_on_key
 from .training.validation import run_pass
 
 KEY = "--checkpoint"

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from .schedule.steps import batches_per_process, optimizer_steps_per_epoch
 
 if TYPE_CHECKING:
-    from .schedule.plan import ResolvedPlan
+    from .schedule.resolved import ResolvedPlan
 
 logger = logging.getLogger(__name__)
 

@@ -45,8 +45,8 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 from linnaeus_accel.config import load_config
-from linnaeus_accel.run_directory.failures import parameters_finite
-from linnaeus_accel.run_state.saver import Checkpointer
+from linnaeus_accel.process.failures import parameters_finite
+from linnaeus_accel.save.writer import Checkpointer
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL_DIR = "pytorch_model_fsdp_0"  # Accelerate's names (FSDP_MODEL_NAME, OPTIMIZER_NAME), model 0

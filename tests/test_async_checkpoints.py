@@ -17,7 +17,7 @@ from conftest import reset_accelerate
 from linnaeus_accel.checkpoint import MARKER, CheckpointStore
 from linnaeus_accel.cli import main
 from linnaeus_accel.config import load_config
-from linnaeus_accel.run_state.saver import Checkpointer
+from linnaeus_accel.save.writer import Checkpointer
 
 REPO = Path(__file__).resolve().parent.parent
 CFG = str(REPO / "configs" / "default.yaml")
@@ -118,7 +118,7 @@ def test_a_failure_writing_the_weights_half_is_raised_after_the_other_half_ends(
     """ASYNC writes the weights and the optimizer's state on two threads at once: an error in the
     weights' thread reaches the caller (the commit reports it), and not before the optimizer's
     half has finished with the directory."""
-    from linnaeus_accel.run_state.host_snapshot import HostSnapshot
+    from linnaeus_accel.save.host_snapshot import HostSnapshot
 
     acc = Accelerator(cpu=True)
     model = torch.nn.Linear(256, 256)
@@ -141,7 +141,7 @@ def test_each_half_announces_only_its_own_finished_files(tmp_path: Path) -> None
     the other is still writing, which vanishes under the sealing thread and failed the checkpoint.
     Here the weights' half ends first (tiny) and leaves such a file behind as it announces; the
     optimizer's half (large: AdamW moments of other parameters) ends after it."""
-    from linnaeus_accel.run_state.host_snapshot import HostSnapshot
+    from linnaeus_accel.save.host_snapshot import HostSnapshot
 
     acc = Accelerator(cpu=True)
     model = torch.nn.Linear(4, 4)

@@ -143,7 +143,7 @@ def test_a_zero_checkpoint_resumes_only_with_its_own_number_of_processes() -> No
     from accelerate.state import AcceleratorState, GradientState
 
     from linnaeus_accel.config import ConfigError
-    from linnaeus_accel.run_state.elastic import check_resume
+    from linnaeus_accel.resume.elastic import check_resume
 
     AcceleratorState._reset_state(True)
     GradientState._reset_state()

@@ -16,7 +16,7 @@ from conftest import DEFAULT_CONFIG
 from linnaeus_accel import Trainer, load_config
 from linnaeus_accel.data import build_dataset
 from linnaeus_accel.models import build_model
-from linnaeus_accel.schedule.optimizer_summary import built_optimizer_lines
+from linnaeus_accel.schedule.report.optimizer import built_optimizer_lines
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 

@@ -57,7 +57,7 @@ STEPS_25 = plan_of({"EPOCHS": None, "STEPS": 25})  # 10 steps an epoch, the thir
     ],
 )
 def test_next_call(plan: Any, timing: CallbackTiming, after: int, due: int | None) -> None:
-    assert next_call(plan, timing, after) == due
+    assert next_call(timing, after, plan.total_steps, plan.optimizer_steps_per_epoch) == due
 
 
 def test_intervals_resolve_once_with_the_plan() -> None:

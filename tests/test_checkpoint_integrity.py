@@ -57,8 +57,8 @@ from test_resume import (
 from linnaeus_accel.checkpoint import MARKER, CheckpointStore, file_digest
 from linnaeus_accel.config import load_config
 from linnaeus_accel.run_directory.outputs import output_problem
-from linnaeus_accel.run_state.saver import checkpoint_store
-from linnaeus_accel.run_state.state_files import (
+from linnaeus_accel.save.writer import checkpoint_store
+from linnaeus_accel.state.files import (
     STATE_VERSION,
     decode_journal,
     encode_journal_entry,
@@ -675,7 +675,7 @@ import torch
 from accelerate import Accelerator
 
 from linnaeus_accel.config import load_config
-from linnaeus_accel.run_state.saver import Checkpointer, CheckpointWriteError
+from linnaeus_accel.save.writer import Checkpointer, CheckpointWriteError
 
 disk = Path(sys.argv[1])
 config = load_config(sys.argv[2], ["ENV.OUTPUT.BASE_DIR", str(disk), "EXPERIMENT.NAME", "run"])

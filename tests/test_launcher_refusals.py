@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from test_distributed import accelerate_launch
 
-from linnaeus_accel.run_directory.launcher import REFUSED
+from linnaeus_accel.process.launcher import REFUSED
 
 
 @pytest.mark.slow

@@ -28,8 +28,11 @@ LAYERS: dict[str, float] = {
     "optim": 3,  # beside models: the optimizer built for them (a registry, the parameter groups)
     "distributed": 3,
     "tasks": 4,
+    "process": 4.5,  # the process's life: signals, the launcher, failures, fault points
     "run_directory": 5.0,
-    "run_state": 5.1,
+    "state": 5.05,  # the run's state as data
+    "save": 5.1,  # writing it into checkpoints
+    "resume": 5.1,  # reading it back
     "training": 5.2,
     "callbacks": 5.2,  # the loop asks them; they are handed the trainer
     "evaluate": 6,
@@ -41,7 +44,7 @@ NO_TORCH = {"checkpoint", "config", "registry", "progress", "schedule"}
 
 
 def top_of(module: str) -> str:
-    """``linnaeus_accel.run_state.saver`` -> ``run_state``."""
+    """``linnaeus_accel.save.writer`` -> ``save``."""
     return module.split(".")[1] if module.count(".") else "__init__"
 
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from linnaeus_accel.config import ConfigError, validate_config
 from linnaeus_accel.schedule import ResolvedPlan, resolve_plan
-from linnaeus_accel.schedule.summary import describe_lr, summary_text
+from linnaeus_accel.schedule.report.summary import describe_lr, summary_text
 
 KINDS = ("cosine", "linear", "step", "wsd")
 WSD_LINEAR = {"STABLE_DURATION_FRACTION": 0.8, "DECAY_DURATION_FRACTION": 0.2, "DECAY_TYPE": "linear"}

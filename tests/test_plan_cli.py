@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from linnaeus_accel.cli import main
 from linnaeus_accel.config import load_config
 from linnaeus_accel.schedule import batches_per_process, resolve_plan
-from linnaeus_accel.schedule.summary import write_schedule_summary
+from linnaeus_accel.schedule.report.summary import write_schedule_summary
 
 REPO = Path(__file__).resolve().parent.parent
 CFG = str(REPO / "configs" / "default.yaml")

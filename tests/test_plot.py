@@ -19,7 +19,7 @@ from matplotlib.image import imread
 from linnaeus_accel.cli import main, plan_for
 from linnaeus_accel.config import load_config
 from linnaeus_accel.schedule import OpsSchedule, ResolvedPlan
-from linnaeus_accel.schedule.plot import MARKER_COLUMNS, MAX_POINTS, PLOT_EXTRA, schedule_figure
+from linnaeus_accel.schedule.report.plot import MARKER_COLUMNS, MAX_POINTS, PLOT_EXTRA, schedule_figure
 
 CFG = str(DEFAULT_CONFIG)
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

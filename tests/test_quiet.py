@@ -1,5 +1,5 @@
 """Accelerate's "Removed shared tensor {'lm_head.weight'} while saving ..." at every save of a tied
-model is kept off the console (``run_directory.quiet``), and nothing else is."""
+model is kept off the console (``process.quiet``), and nothing else is."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def test_the_filter_drops_that_notice_alone() -> None:
     from accelerate.logging import get_logger
     from accelerate.state import PartialState
 
-    from linnaeus_accel.run_directory.quiet import SharedTensorNotice, quiet_library_notices
+    from linnaeus_accel.process.quiet import SharedTensorNotice, quiet_library_notices
 
     quiet_library_notices()
     quiet_library_notices()  # idempotent

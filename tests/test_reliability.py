@@ -241,7 +241,7 @@ def test_joining_the_process_group_never_waits_past_the_deadline(tmp_path: Path)
     code = (
         "from datetime import timedelta\n"
         "import torch.distributed as dist\n"
-        "from linnaeus_accel.run_directory.launcher import startup_deadline\n"
+        "from linnaeus_accel.process.launcher import startup_deadline\n"
         "with startup_deadline(2, 'joining the other processes'):\n"
         "    dist.init_process_group('gloo', rank=0, world_size=2, timeout=timedelta(seconds=120))\n"
     )

@@ -19,7 +19,7 @@ from linnaeus_accel.cli import EXIT_NOT_SYNCED, exit_status
 from linnaeus_accel.config import load_config
 from linnaeus_accel.data import build_dataset
 from linnaeus_accel.models import build_model
-from linnaeus_accel.run_state.resume_point import ResumeRefused
+from linnaeus_accel.resume.find import ResumeRefused
 from linnaeus_accel.training.trainer import Trainer
 
 BUCKET = "runs"

@@ -19,7 +19,7 @@ exactly where an uninterrupted run ends.
 - ``TRAIN.AUTO_RESUME false`` refuses a used directory (exit 2, naming the key); ``--resume`` an
   older checkpoint resumes from that one.
 
-Fault points (``LINNAEUS_ACCEL_KILL_AT=<point>:<n>``, ``linnaeus_accel.run_directory.faults``) make the
+Fault points (``LINNAEUS_ACCEL_KILL_AT=<point>:<n>``, ``linnaeus_accel.process.faults``) make the
 kills land deterministically. Each configuration's uninterrupted reference run is computed once per
 module. Every subprocess writes its console to a file under the test's directory.
 """
@@ -657,7 +657,7 @@ def test_sigterm_preempts_one_process_then_rerun_ends_identically(ref_epoch: Res
 # notice that arrives during validation rather than during a training step.
 SIGTERM_IN_PASS = """
 import os, signal, sys
-import linnaeus_accel.training.events as events
+import linnaeus_accel.training.boundaries as events
 from linnaeus_accel.cli import main
 original, seen = events.run_pass, [0]
 def run_pass(*args, **kwargs):

@@ -15,8 +15,8 @@ from conftest import run_cli
 
 from linnaeus_accel.config import Config, ConfigError, validate_config
 from linnaeus_accel.schedule import OpsSchedule, ResolvedPlan, batches_per_process, resolve_plan
-from linnaeus_accel.schedule.events import EventPoint, Interval
-from linnaeus_accel.schedule.summary import plan_json, summary_text
+from linnaeus_accel.schedule.boundaries import Boundary, Interval
+from linnaeus_accel.schedule.report.summary import plan_json, summary_text
 
 
 def make_config(train: dict[str, Any], schedule: dict[str, Any] | None = None, **data: Any) -> Config:
@@ -190,18 +190,18 @@ def test_target_tokens_of_a_stream_needs_drop_last() -> None:
 @pytest.mark.parametrize(
     ("interval", "point", "at_step", "fires"),
     [
-        (Interval("steps", 100), EventPoint(2, 230, 115), False, True),  # the boundary crossed 200
-        (Interval("steps", 100), EventPoint(3, 300, 230), False, True),  # ... and 300 (on it)
-        (Interval("steps", 100), EventPoint(2, 199, 115), False, False),  # no multiple crossed
-        (Interval("steps", 100), EventPoint(2, 200, 199, mid=True), False, False),  # never mid-epoch
-        (Interval("steps", 100), EventPoint(2, 200, 199, mid=True), True, True),  # MID_EPOCH: at 200
-        (Interval("steps", 100), EventPoint(2, 230, 115), True, False),  # MID_EPOCH: 200 fired mid-epoch
-        (Interval("steps", 100), EventPoint(3, 300, 230), True, True),  # MID_EPOCH: a boundary on a multiple
-        (Interval("epochs", 2), EventPoint(4, 460, 345), False, True),  # every second epoch
-        (Interval("epochs", 2), EventPoint(4, 400, 399, mid=True), True, False),  # epochs: boundaries only
+        (Interval("steps", 100), Boundary(2, 230, 115), False, True),  # the boundary crossed 200
+        (Interval("steps", 100), Boundary(3, 300, 230), False, True),  # ... and 300 (on it)
+        (Interval("steps", 100), Boundary(2, 199, 115), False, False),  # no multiple crossed
+        (Interval("steps", 100), Boundary(2, 200, 199, mid=True), False, False),  # never mid-epoch
+        (Interval("steps", 100), Boundary(2, 200, 199, mid=True), True, True),  # MID_EPOCH: at 200
+        (Interval("steps", 100), Boundary(2, 230, 115), True, False),  # MID_EPOCH: 200 fired mid-epoch
+        (Interval("steps", 100), Boundary(3, 300, 230), True, True),  # MID_EPOCH: a boundary on a multiple
+        (Interval("epochs", 2), Boundary(4, 460, 345), False, True),  # every second epoch
+        (Interval("epochs", 2), Boundary(4, 400, 399, mid=True), True, False),  # epochs: boundaries only
     ],
 )
-def test_intervals_fire_at_points(interval: Interval, point: EventPoint, at_step: bool, fires: bool) -> None:
+def test_intervals_fire_at_points(interval: Interval, point: Boundary, at_step: bool, fires: bool) -> None:
     assert interval.fires_at(point, at_step) is fires
 
 

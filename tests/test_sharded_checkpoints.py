@@ -41,7 +41,7 @@ from safetensors.torch import load_file
 
 from linnaeus_accel.checkpoint import read_marker
 from linnaeus_accel.config import load_config
-from linnaeus_accel.run_state.saver import Checkpointer, checkpoint_store
+from linnaeus_accel.save.writer import Checkpointer, checkpoint_store
 
 REPO = Path(__file__).resolve().parent.parent
 WORKER = REPO / "tests" / "sharded_worker.py"

@@ -20,7 +20,7 @@ from conftest import DEFAULT_CONFIG, reset_accelerate, run_cli
 from test_resume import assert_resumed_from, committed
 
 from linnaeus_accel import Callback, register_callback
-from linnaeus_accel.run_state import tensor_state
+from linnaeus_accel.state import tensor_state
 
 
 def exact(value: Any) -> Any:

@@ -30,7 +30,8 @@ from linnaeus_accel.config import load_config
 from linnaeus_accel.data import build_dataset
 from linnaeus_accel.data.sampling import real_in_batch, samples_in_global_batch
 from linnaeus_accel.models import build_model
-from linnaeus_accel.training.batches import MicroBatch, full_batches, samples_in_window
+from linnaeus_accel.training.batches import full_batches, samples_in_window
+from linnaeus_accel.training.micro_batch import MicroBatch
 from linnaeus_accel.training.step import direct_optimizer
 from linnaeus_accel.training.trainer import Trainer
 

@@ -36,7 +36,7 @@ from linnaeus_accel.cli import main, plan_for
 from linnaeus_accel.config import load_config
 from linnaeus_accel.data import build_dataset
 from linnaeus_accel.models import build_model
-from linnaeus_accel.schedule.summary import summary_text
+from linnaeus_accel.schedule.report.summary import summary_text
 from linnaeus_accel.training.trainer import Trainer
 
 REPO = Path(__file__).resolve().parent.parent

@@ -20,8 +20,8 @@ from linnaeus_accel.config import Config, load_config
 from linnaeus_accel.data import build_dataset
 from linnaeus_accel.data.sampling import EpochOrderSampler, EpochSeededSampler, SubsetSampler
 from linnaeus_accel.models import build_model
-from linnaeus_accel.run_directory import faults
-from linnaeus_accel.run_state.config_changes import review_changes
+from linnaeus_accel.process import faults
+from linnaeus_accel.resume.config_changes import review_changes
 from linnaeus_accel.schedule import resolve_plan
 from linnaeus_accel.training.trainer import Trainer
 

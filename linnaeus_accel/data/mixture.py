@@ -27,7 +27,6 @@ import bisect
 import itertools
 import re
 from collections.abc import Iterator, Sequence, Sized
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -36,7 +35,7 @@ from torch.utils.data import Dataset, IterableDataset
 from ..config import Config, ConfigError
 from .interleave import IntArray, Interleave, parse_weight
 from .mixture_overlap import dataset_reads, overlap_warnings
-from .mixture_sources import OPTIONS_KEY, SourceEntry, parse_sources
+from .mixture_sources import OPTIONS_KEY, MixtureSource, SourceEntry, parse_sources
 from .options import DatasetOptions
 from .permutation import KeyedPermutation, growing_chunks
 from .registry import Split, get_dataset_builder, register_dataset
@@ -45,20 +44,6 @@ from .sampling import EpochOrderSampler
 # The permutation stream of source s is _SOURCE_STREAM + s: apart from the stream 0 of a plain
 # dataset's shuffle, so a source is not shuffled like the same data trained on its own.
 _SOURCE_STREAM = 0x6D69_7800
-
-
-@dataclass(frozen=True)
-class MixtureSource:
-    """A dataset of a mixture: ``label`` names it in logs and ``plan``; ``weight`` is its share of
-    the samples, relative to the other sources' weights."""
-
-    label: str
-    dataset: Any
-    weight: float
-    # What the source reads, equal for two sources reading the same data (the builder gives its
-    # dataset's name and options); None: the dataset object. Token files are compared by file
-    # (``mixture_overlap``).
-    reads: str | None = None
 
 
 def source_problem(dataset: Any) -> str | None:

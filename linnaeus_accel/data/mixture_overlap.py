@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from .token_files import TokenFiles
 
 if TYPE_CHECKING:
-    from .mixture import MixtureSource  # mixture imports this module
+    from .mixture_sources import MixtureSource
 
 
 def dataset_reads(name: str, options: dict[str, Any]) -> str:

@@ -40,6 +40,20 @@ class SourceEntry:
     labelled: bool = True
 
 
+@dataclass(frozen=True)
+class MixtureSource:
+    """A dataset of a mixture: ``label`` names it in logs and ``plan``; ``weight`` is its share of
+    the samples, relative to the other sources' weights."""
+
+    label: str
+    dataset: Any
+    weight: float
+    # What the source reads, equal for two sources reading the same data (the builder gives its
+    # dataset's name and options); None: the dataset object. Token files are compared by file
+    # (``mixture_overlap``).
+    reads: str | None = None
+
+
 def _parse_entry(options: DatasetOptions, index: int, entry: Any) -> SourceEntry | None:
     """The ``index``-th source, or None after recording its problems in ``options``."""
     key = f"sources.{index}"

@@ -47,6 +47,15 @@ class TokenFile:
         return max(0, (self.layout.num_tokens - 1) // (seq_len - 1))
 
 
+@dataclass(frozen=True)
+class FileWindows:
+    """Windows ``first .. first + count - 1`` of a file (a split takes a range of each file)."""
+
+    file: TokenFile
+    first: int
+    count: int
+
+
 def expand_paths(patterns: Sequence[str]) -> list[Path]:
     """Files and glob patterns, each pattern's matches in sorted order, in the order given. A
     pattern matches token files only (``.bin``, ``.npy``), never their ``.json`` sidecars."""

@@ -32,7 +32,6 @@ import os
 import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -44,22 +43,19 @@ from ..schedule.steps import decimal_of, round_half_up
 from .options import DatasetOptions
 from .registry import Split, register_dataset
 from .sampling import EpochOrderSampler
-from .token_corpus import OptionConflict, corpus_vocabulary, expand_paths, open_token_file
-from .token_corpus import TokenFile as TokenFile  # where it was (token_vocab and others import it here)
+from .token_corpus import (
+    FileWindows,
+    OptionConflict,
+    TokenFile,
+    corpus_vocabulary,
+    expand_paths,
+    open_token_file,
+)
 from .token_format import BIN_DTYPES, TokenFileError
 from .token_vocab import NO_LIMIT, out_of_vocab
 from .token_windows import ALIGNED, RandomOffsets, WindowDraws, file_spans, window_option, window_sampler
 
 _OPEN_FILES = 64  # file descriptors kept open per process, the least recently read closed first
-
-
-@dataclass(frozen=True)
-class FileWindows:
-    """Windows ``first .. first + count - 1`` of a file (a split takes a range of each file)."""
-
-    file: TokenFile
-    first: int
-    count: int
 
 
 def _close_all(descriptors: OrderedDict[int, int]) -> None:

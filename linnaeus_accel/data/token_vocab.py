@@ -25,7 +25,7 @@ import numpy as np
 from .token_format import TokenOutOfVocab, sidecar_path
 
 if TYPE_CHECKING:
-    from .token_files import TokenFile
+    from .token_corpus import TokenFile
 
 NO_LIMIT = 2**63  # no vocabulary known: the unsigned view of a negative int64 is at least this
 _UINT16_IDS = 2**16

@@ -38,7 +38,7 @@ from .registry import Split
 from .sampling import EpochOrderSampler, EpochSeededSampler
 
 if TYPE_CHECKING:
-    from .token_files import FileWindows  # token_files imports this module
+    from .token_corpus import FileWindows
 
 WINDOWS = ("aligned", "random")
 TRAIN_STREAM = 0x7769_6E00  # keyed-draw stream of training windows' offsets ("win\0")

@@ -23,11 +23,11 @@ from accelerate import Accelerator
 from .. import json_files
 from ..checkpoint import MARKER, step_name
 from ..config import Config, output_dir_problem
-from ..schedule.plan import ResolvedPlan
-from ..schedule.plot import write_schedule_plot
-from ..schedule.summary import write_schedule_summary
+from ..process.failures import OutputWriteError
+from ..schedule.report.plot import write_schedule_plot
+from ..schedule.report.summary import write_schedule_summary
+from ..schedule.resolved import ResolvedPlan
 from .console import Console
-from .failures import OutputWriteError
 from .run_lock import RunLock, RunLocked
 from .trackers import TENSORBOARD_DIR
 

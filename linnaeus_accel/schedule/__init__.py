@@ -1,11 +1,12 @@
 """Schedules as pure functions of the global optimizer step, resolved once from the config."""
 
+from .boundaries import Interval
 from .early_stopping import EarlyStopping, StopDecision
-from .events import Interval
 from .lr import LRCurve
 from .ops import OpsSchedule
-from .plan import ResolvedPlan, resolve_plan
+from .plan import resolve_plan
 from .ramps import PartialMasking, Ramp
+from .resolved import ResolvedPlan
 from .sanity import sanity_warnings
 from .steps import batches_per_process, optimizer_steps_per_epoch, steps_from_epochs, steps_from_fraction
 

@@ -17,7 +17,6 @@ from .steps import steps_from_fraction
 
 if TYPE_CHECKING:
     from ..config.callbacks import CallbackConfig
-    from .plan import ResolvedPlan
 
 
 @dataclass(frozen=True)
@@ -56,10 +55,11 @@ def resolve_callbacks(entries: list[CallbackConfig], total_steps: int) -> tuple[
     return tuple(out)
 
 
-def next_call(plan: ResolvedPlan, timing: CallbackTiming, step: int) -> int | None:
-    """The first global step after ``step`` at which ``timing`` calls ``on_step_end``; None when
+def next_call(timing: CallbackTiming, step: int, total_steps: int, steps_per_epoch: int | None) -> int | None:
+    """The first global step after ``step`` at which ``timing`` calls ``on_step_end`` in a run of
+    ``total_steps`` (``steps_per_epoch``: optimizer steps an epoch, None when unknown); None when
     there is none left in the run. The loop compares one int per step against it."""
-    t = plan.total_steps
+    t = total_steps
     if step >= t or timing.unit == "never":
         return None
     if timing.unit == "step":
@@ -67,7 +67,7 @@ def next_call(plan: ResolvedPlan, timing: CallbackTiming, step: int) -> int | No
     if timing.unit == "steps":
         due = (step // timing.every + 1) * timing.every
         return due if due <= t else None
-    ope = plan.optimizer_steps_per_epoch
+    ope = steps_per_epoch
     if ope is None:
         raise ValueError("INTERVAL_EPOCHS needs epochs of known length")
     n = timing.every
@@ -77,11 +77,13 @@ def next_call(plan: ResolvedPlan, timing: CallbackTiming, step: int) -> int | No
     return min(epoch * ope, t)  # the run's last epoch ends at T, partial or not
 
 
-def callback_steps(plan: ResolvedPlan, timing: CallbackTiming, columns: int) -> list[int]:
+def callback_steps(
+    timing: CallbackTiming, columns: int, total_steps: int, steps_per_epoch: int | None
+) -> list[int]:
     """The steps at which ``timing`` fires, at most the first of each of ``columns`` equal spans of
     the run (for ``plan``'s timeline and plot)."""
-    t, found, step = plan.total_steps, [], 0
-    while (due := next_call(plan, timing, step)) is not None:
+    t, found, step = total_steps, [], 0
+    while (due := next_call(timing, step, total_steps, steps_per_epoch)) is not None:
         found.append(due)
         column = min(columns - 1, (due - 1) * columns // t)
         step = max(due, -(-((column + 1) * t) // columns))  # the next call in a later column

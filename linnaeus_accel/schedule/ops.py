@@ -8,23 +8,23 @@ STEPS or TARGET_TOKENS run's last epoch may be partial and ends at ``total_steps
 
 Where the loop itself knows the point better than the plan (an epoch of a stream of unknown
 length ends where the stream ends; a mid-epoch validation or checkpoint after a step), it asks a
-view bound to that ``EventPoint``: ``ops.at(point)``."""
+view bound to that ``Boundary``: ``ops.at(point)``."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator
 
-from .events import EventPoint, Interval, mask_pass_name
-from .plan import ResolvedPlan
+from .boundaries import Boundary, Interval, mask_pass_name
+from .resolved import ResolvedPlan
 
 
 class OpsSchedule:
-    def __init__(self, plan: ResolvedPlan, point: EventPoint | None = None) -> None:
+    def __init__(self, plan: ResolvedPlan, point: Boundary | None = None) -> None:
         self.plan = plan
         self._point = point
 
-    def at(self, point: EventPoint) -> OpsSchedule:
+    def at(self, point: Boundary) -> OpsSchedule:
         """This schedule with its boundary questions answered at ``point``, whatever ``(epoch,
         final)`` they are asked with: a mid-epoch point, or a boundary whose steps the loop found
         itself (a stream of unknown length ends where it ends). A task's ``validation_passes(ops,
@@ -32,25 +32,25 @@ class OpsSchedule:
         return OpsSchedule(self.plan, point)
 
     # -- events (SPEC §5, §12) ---------------------------------------------------------------------
-    def boundary(self, epoch: int, final: bool = False) -> EventPoint:
+    def boundary(self, epoch: int, final: bool = False) -> Boundary:
         """The boundary after ``epoch`` completed epochs (the point this view is bound to, if any)."""
         if self._point is not None:
             return self._point
         plan = self.plan
         last = plan.epochs is not None and epoch >= plan.epochs
-        return EventPoint(epoch, plan.boundary_step(epoch), plan.boundary_step(epoch - 1), final or last)
+        return Boundary(epoch, plan.boundary_step(epoch), plan.boundary_step(epoch - 1), final or last)
 
-    def final_point(self) -> EventPoint:
+    def final_point(self) -> Boundary:
         """The run's last boundary, at ``total_steps``. Epochs of unknown length: where the last
         pass began is found as the run goes; taken as step 0, every step interval counts as crossed."""
         plan = self.plan
         if plan.epochs is not None and plan.known_epochs:
             return self.boundary(plan.epochs, True)
-        return EventPoint(0, plan.total_steps, 0, final=True)
+        return Boundary(0, plan.total_steps, 0, final=True)
 
-    def after_step(self, epoch: int, global_step: int) -> EventPoint:
+    def after_step(self, epoch: int, global_step: int) -> Boundary:
         """The point after optimizer step ``global_step - 1`` inside epoch ``epoch`` (1-based)."""
-        return EventPoint(epoch, global_step, global_step - 1, mid=True)
+        return Boundary(epoch, global_step, global_step - 1, mid=True)
 
     def is_final_epoch(self, epoch: int) -> bool:
         return self.boundary(epoch).final
@@ -69,7 +69,7 @@ class OpsSchedule:
         return global_step >= self.plan.total_steps or (ope is not None and global_step % ope == 0)
 
     @staticmethod
-    def _fires(interval: Interval | None, point: EventPoint, at_step: bool) -> bool:
+    def _fires(interval: Interval | None, point: Boundary, at_step: bool) -> bool:
         return interval is not None and interval.fires_at(point, at_step)
 
     def should_save_checkpoint(self, epoch: int, final: bool = False) -> bool:

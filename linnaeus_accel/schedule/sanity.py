@@ -8,10 +8,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..config import Config
-from .events import Interval
+from .boundaries import Interval
 
 if TYPE_CHECKING:
-    from .plan import ResolvedPlan
+    from .resolved import ResolvedPlan
 
 LR_SCALE_WARNING = 4.0  # a scale beyond 4x either way is warned about
 # TRAIN.EARLY_STOP's stopping conditions (the rule that ACTIVE needs one is config's)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from accelerate import Accelerator
@@ -23,17 +23,11 @@ from torch import Tensor
 from ..config import ConfigError
 from ..data.keyed_random import python_keyed_bits
 from ..data.sampling import real_in_batch
+from .micro_batch import MicroBatch
 from .stream_agreement import UnsizedStream
 
 STATE_VERSION = 1
 _WORKER_SEED_STREAM = 7  # keyed-draw stream of the DataLoader workers' base seed
-
-
-class MicroBatch(NamedTuple):
-    position: int  # this process's batch index in the epoch
-    data: Any
-    real: Tensor | None  # rows that are not even-batch repeats; None when every row is real
-    samples: int | None = None  # real rows of this micro-batch over all processes, when not computed
 
 
 class BatchSource:

@@ -21,6 +21,7 @@ class CallbackList:
     def __init__(self, callbacks: list[Callback], plan: ResolvedPlan, main_process: bool) -> None:
         self.callbacks = callbacks
         self.plan = plan
+        self._length = (plan.total_steps, plan.optimizer_steps_per_epoch)  # what next_call reads of it
         self.labels = [timing.label for timing in plan.callbacks]
         self._next = [NEVER] * len(callbacks)
         self.next_due = NEVER
@@ -48,7 +49,7 @@ class CallbackList:
             callback.on_fit_start(trainer)
         for i, (timing, callback) in enumerate(zip(self.plan.callbacks, self.callbacks, strict=True)):
             asks = _overrides(callback, "on_step_end") and not callback.finished
-            due = next_call(self.plan, timing, step) if asks else None
+            due = next_call(timing, step, *self._length) if asks else None
             self._next[i] = NEVER if due is None else due
         self.next_due = min(self._next, default=NEVER)
         self.announce_commits(trainer)  # the checkpoint resumed from, at once
@@ -58,7 +59,7 @@ class CallbackList:
         for i, callback in enumerate(self.callbacks):
             if self._next[i] <= step:
                 callback.on_step_end(trainer, step)
-                due = None if callback.finished else next_call(self.plan, self.plan.callbacks[i], step)
+                due = None if callback.finished else next_call(self.plan.callbacks[i], step, *self._length)
                 self._next[i] = NEVER if due is None else due
         self.announce_commits(trainer)
         self.next_due = min(self._next, default=NEVER)

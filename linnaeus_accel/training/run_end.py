@@ -18,21 +18,21 @@ from torch import nn
 
 from ..config import Config
 from ..data.token_format import TokenOutOfVocab
-from ..progress import TrainingProgress
-from ..run_directory.failures import (
-    NonFiniteGuard,
+from ..process.failures import (
     OutputWriteError,
     RunFailed,
     attempt_write,
     collective_timeout,
     disk_failure,
 )
-from ..run_directory.first_failure import first_failure
-from ..run_directory.launcher import stop_if_launcher_gone
-from ..run_state.saver import Checkpointer
-from ..run_state.write_failures import agree_on_output, resume_clause
+from ..process.first_failure import first_failure
+from ..process.launcher import stop_if_launcher_gone
+from ..progress import TrainingProgress
+from ..save.failures import agree_on_output, resume_clause
+from ..save.writer import Checkpointer
 from ..schedule import ResolvedPlan, StopDecision
 from .final_weights import run_tokenizer, save_final
+from .nonfinite import NonFiniteGuard
 
 
 class RunEnd:

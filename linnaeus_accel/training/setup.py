@@ -27,7 +27,7 @@ from ..data.worker_signals import shield_workers
 from ..optim import build_from_config
 from ..optim.checks import check_first_step
 from ..optim.groups import parameter_kinds, unused_settings
-from ..run_directory.launcher import follow_launcher, startup_deadline
+from ..process.launcher import follow_launcher, startup_deadline
 from ..run_directory.trackers import check_log_with, log_with
 from ..schedule import ResolvedPlan, resolve_plan
 from ..schedule.steps import batches_per_process

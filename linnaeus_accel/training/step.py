@@ -25,9 +25,9 @@ from torch import Tensor, nn
 from ..schedule import OpsSchedule, ResolvedPlan
 from ..tasks import Task
 from .backends import scaler_skips_steps
-from .batches import MicroBatch
 from .gradnorm import GradNorm
 from .meter import TrainMeter
+from .micro_batch import MicroBatch
 
 
 def direct_optimizer(

@@ -22,15 +22,14 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
 from accelerate import Accelerator
 from accelerate.utils import find_batch_size, send_to_device
 
-if TYPE_CHECKING:
-    from .batches import MicroBatch
+from .micro_batch import MicroBatch
 
 
 class Fetched(NamedTuple):
@@ -128,6 +127,4 @@ class UnsizedStream:
 
 
 def _micro_batch(index: int, data: Any, real: torch.Tensor | None, samples: int) -> MicroBatch:
-    from .batches import MicroBatch
-
     return MicroBatch(index, data, real, samples)

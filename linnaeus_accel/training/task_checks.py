@@ -18,7 +18,7 @@ from torch.utils.data import IterableDataset, default_collate
 
 from ..config import Config, ConfigError
 from ..schedule import OpsSchedule, ResolvedPlan
-from ..schedule.events import EventPoint
+from ..schedule.boundaries import Boundary
 from ..tasks import Task
 
 Problem = tuple[str, str]
@@ -65,7 +65,7 @@ def validation_prefixes(task: Task, plan: ResolvedPlan) -> set[str]:
     else:  # epochs of unknown length: the first multiple of each step interval that falls in the run
         for interval in (plan.validation, plan.mask_meta_validation, plan.partial_mask_meta_validation):
             if interval is not None and interval.every < plan.total_steps:
-                point = EventPoint(1, interval.every, interval.every - 1, mid=plan.mid_epoch_validation)
+                point = Boundary(1, interval.every, interval.every - 1, mid=plan.mid_epoch_validation)
                 prefixes |= {p.prefix for p in task.validation_passes(ops.at(point), 1, False)}
     return prefixes
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 from typing import Any
 
 from ..progress import TrainingProgress
-from ..run_directory.failures import NonFiniteGuard
-from ..run_state.saver import Checkpointer
+from ..save.writer import Checkpointer
 from ..schedule import OpsSchedule
 from .batches import BatchSource
 from .meter import NonFiniteLoss, TrainMeter
+from .nonfinite import NonFiniteGuard
 
 
 class TrainLog:

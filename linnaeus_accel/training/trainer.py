@@ -5,7 +5,7 @@ owns everything that depends on what is trained; the trainer owns *when* things 
 the resolved plan (``OpsSchedule``) every time. The LR is set from the global step before each
 optimizer step; no LR scheduler is prepared (Accelerate would step it once per process, SPEC §1).
 
-The loop asks components: ``RunEvents`` (checkpoints and validation at boundaries and mid-epoch
+The loop asks components: ``Boundaries`` (checkpoints and validation at boundaries and mid-epoch
 points), ``TrainLog`` (metrics and the console), ``CallbackList``, ``RunCheckpoints`` (what a
 checkpoint holds: every part registered in the ``StateRegistry``; resuming from one).
 """
@@ -27,26 +27,27 @@ from ..callbacks import Callback, build_callbacks, callback_name
 from ..config import Config, ConfigError
 from ..models.init_from import check_overwrite, load_init_from
 from ..optim.groups import optimizer_line
+from ..process.failures import RunFailed
+from ..process.faults import fault_point
+from ..process.preemption import PreemptionWatch
 from ..progress import TrainingConsistencyChecker, TrainingProgress
-from ..run_directory.failures import NonFiniteGuard, RunFailed
-from ..run_directory.faults import fault_point
 from ..run_directory.outputs import claim_output_dir, run_outputs
-from ..run_directory.preemption import PreemptionWatch
 from ..run_directory.run_info import model_line, run_info
 from ..run_directory.run_lock import RunLock
 from ..run_directory.shared_storage import check_shared_output
 from ..run_directory.trackers import init_trackers
-from ..run_state import tensor_state
-from ..run_state.components import REGISTERED, Stateful, StateRegistry
-from ..run_state.run_checkpoints import RunCheckpoints
-from ..run_state.saver import Checkpointer
+from ..save.writer import Checkpointer
 from ..schedule import EarlyStopping, OpsSchedule, StopDecision
-from ..schedule.summary import summary_text
+from ..schedule.report.summary import summary_text
+from ..state import tensor_state
+from ..state.registry import REGISTERED, Stateful, StateRegistry
 from ..tasks import Task, TaskContext, build_task
+from .boundaries import Boundaries
 from .callback_list import CallbackList
-from .events import RunEvents
+from .checkpoints import RunCheckpoints
 from .gradnorm import gradnorm_for
 from .meter import meter_for
+from .nonfinite import NonFiniteGuard
 from .run_end import RunEnd
 from .setup import (
     OptimizerFactory,
@@ -158,7 +159,7 @@ class Trainer:
             self.optimizer,
         )  # fmt: skip
         self.checkpoints.after_save.append(self.callbacks.checkpoint_saved)
-        self.events = RunEvents(
+        self.boundaries = Boundaries(
             acc, config, self.model, self.task, ops, self.progress, self.val_batches, self.checkpoints,
             self.preemption, self.early_stopping, self.meter, ranking_mode,
             on_validation_end=lambda step, metrics: self.callbacks.validation_end(self, step, metrics),
@@ -166,7 +167,7 @@ class Trainer:
         self.train_log = TrainLog(ops, self.progress, self.meter, self.train_batches, self.checkpointer, self.nonfinite)  # fmt: skip
         self.end = RunEnd(
             acc, config, self.plan, self.model, self.progress, self.checkpointer, self.nonfinite, self.meter.take_tokens,
-            train_data=train.dataset, last_validation=lambda: self.events.last_validation,
+            train_data=train.dataset, last_validation=lambda: self.boundaries.last_validation,
         )  # fmt: skip
         self.lock = RunLock(config.output_dir)  # taken by the main process in fit()
         self.allow_config_change = False
@@ -182,7 +183,7 @@ class Trainer:
     def register_state(self, name: str, part: Stateful) -> None:
         """Save ``part.state_dict()`` in every checkpoint under ``name`` and hand it back to
         ``part.load_state_dict`` on resume. The state may hold tensors (on any device) and plain
-        values (``run_state.tensor_state`` says which): tensors go to a safetensors file, the rest
+        values (``state.tensor_state`` says which): tensors go to a safetensors file, the rest
         to JSON, nothing is pickled. The main process's state is saved (under DDP every process
         holds the same); every process loads it. Register before ``fit`` (a callback's ``on_setup``);
         a checkpoint without ``name`` (a part new since) leaves the part as it is."""
@@ -242,8 +243,8 @@ class Trainer:
             "validation": {
                 "pending": progress["pending_validations"],
                 "completed": progress["completed_validations"],
-                "passes": {prefix: dict(m) for prefix, m in self.events.passes_done.items()},
-                "last": dict(self.events.last_validation),
+                "passes": {prefix: dict(m) for prefix, m in self.boundaries.passes_done.items()},
+                "last": dict(self.boundaries.last_validation),
             },
             "best_metric": progress["best_metric"],
             "early_stopping": self.early_stopping.state_dict(),
@@ -299,9 +300,9 @@ class Trainer:
             self.lock.release()
 
     def _run(self) -> StopDecision | None:
-        stop = self.events.finish_interrupted()
+        stop = self.boundaries.finish_interrupted()
         epoch = self.progress.current_epoch
-        while stop is None and not self.events.final_done:
+        while stop is None and not self.boundaries.final_done:
             stop, over = self._train_epoch(epoch)
             if stop is not None and stop.reason not in ("preempted", "max_steps"):
                 break  # decided by a mid-epoch validation, which has run: the run ends there
@@ -316,7 +317,7 @@ class Trainer:
             final = (stop is not None and not preempted) or self._reached_end(epoch)
             # Preempted on the epoch's last step: its checkpoint is this boundary's, taken with the
             # validation passes still due (the flag is still up), so a rerun runs them and goes on.
-            stop = self.events.epoch_boundary(epoch, final=final, preempted=preempted) or stop
+            stop = self.boundaries.epoch_boundary(epoch, final=final, preempted=preempted) or stop
             if cut:
                 self.progress.end_epoch()  # trained, as far as this run goes
             epoch += 1
@@ -380,7 +381,7 @@ class Trainer:
                 self.checkpoints.save(boundary=None)
             stop = StopDecision("preempted", f"preempted by a signal: checkpointed step {step}")
         elif stop is None and not epoch_ends:
-            stop = self.events.mid_epoch(epoch, step)
+            stop = self.boundaries.mid_epoch(epoch, step)
         return stop
 
     # -- start and end ---------------------------------------------------------------------------
@@ -402,7 +403,7 @@ class Trainer:
         self.checkpoints.verify_explicit(resume_from)  # a refusal writes nothing
         if acc.is_main_process:
             self.checkpointer.store.remove_stale_staging()
-        self.out = self.events.out = self.train_log.out = self.end.out = run_outputs(
+        self.out = self.boundaries.out = self.train_log.out = self.end.out = run_outputs(
             acc, config, self.plan.total_steps
         )
         if acc.is_main_process:

@@ -14,7 +14,7 @@ import torch
 from accelerate import Accelerator
 from torch import nn
 
-from ..run_directory.faults import fault_point
+from ..process.faults import fault_point
 from ..tasks import Task, ValidationPass
 from .batches import BatchSource
 

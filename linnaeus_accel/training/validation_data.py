@@ -11,12 +11,12 @@ a fixed budget of batches per process.
   has no random access; validation reads it in its listed order).
 
 The validation at the run's last boundary reads the whole split when
-``SCHEDULE.VALIDATION.FINAL_EPOCH.WHOLE_SPLIT`` (the default): ``RunEvents`` says which point the
+``SCHEDULE.VALIDATION.FINAL_EPOCH.WHOLE_SPLIT`` (the default): ``Boundaries`` says which point the
 passes belong to (``select``). Outside the run's own validations (``evaluate``, which measures a
 checkpoint with the final boundary's passes) the final validation's data is read.
 
 A pass always starts from its first batch, so a run killed during one reruns it on the same data:
-the validation journal (``run_state.validation_journal``) works as for the whole split.
+the validation journal (``state.journal``) works as for the whole split.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from accelerate import Accelerator
 
 from ..config import Config
 from ..data.sampling import EpochOrderSampler, subset_dataloader
-from .batches import BatchSource, MicroBatch
+from .batches import BatchSource
+from .micro_batch import MicroBatch
 
 if TYPE_CHECKING:
     from .setup import Loader

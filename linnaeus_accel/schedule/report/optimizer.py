@@ -8,8 +8,8 @@ from __future__ import annotations
 import numbers
 from typing import Any, Protocol
 
-from ..config import Config
-from ..config.optimizer import BUILTIN_OPTIMIZERS
+from ...config import Config
+from ...config.optimizer import BUILTIN_OPTIMIZERS
 
 
 class Optimizer(Protocol):

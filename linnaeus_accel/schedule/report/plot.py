@@ -18,9 +18,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..config import Config, ConfigError
-from .event_steps import event_steps
-from .plan import ResolvedPlan
+from ...config import Config, ConfigError
+from ..resolved import ResolvedPlan
+from .boundary_steps import event_steps
 from .timeline import drawn, drawn_ramps
 
 if TYPE_CHECKING:

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .callback_steps import callback_steps
-from .events import Interval
-from .ops import EventEpochs, OpsSchedule
-from .plan import ResolvedPlan
+from ..boundaries import Interval
+from ..callback_steps import callback_steps
+from ..ops import EventEpochs, OpsSchedule
+from ..resolved import ResolvedPlan
 
 EVENT_KINDS = ("validation", "mask_meta_validation", "partial_mask_meta_validation", "checkpoint")
 
@@ -51,7 +51,8 @@ def event_steps(plan: ResolvedPlan, kind: str, columns: int) -> list[int]:
     on_step_end), the first of each of ``columns`` equal spans of the run, in order."""
     if kind.startswith("callback:"):
         label = kind.removeprefix("callback:")
-        return callback_steps(plan, next(c for c in plan.callbacks if c.label == label), columns)
+        timing = next(c for c in plan.callbacks if c.label == label)
+        return callback_steps(timing, columns, plan.total_steps, plan.optimizer_steps_per_epoch)
     t = plan.total_steps
     found = _boundary_steps(plan, kind, columns) if plan.known_epochs else []
     if not plan.known_epochs and forced_at_end(plan, kind):

@@ -16,20 +16,20 @@ from accelerate.utils import broadcast_object_list
 from torch import nn
 
 from ..config import Config
+from ..process.faults import fault_point
+from ..process.preemption import PreemptionWatch
 from ..progress import TrainingProgress
-from ..run_directory.faults import fault_point
-from ..run_directory.preemption import PreemptionWatch
-from ..run_state.run_checkpoints import RunCheckpoints
 from ..schedule import EarlyStopping, OpsSchedule, StopDecision
-from ..schedule.events import EventPoint
+from ..schedule.boundaries import Boundary
 from ..tasks import Task, ValidationPass
 from .batches import BatchSource
+from .checkpoints import RunCheckpoints
 from .meter import TrainMeter
 from .validation import PassStopped, run_pass, validation_line
 from .validation_data import ValidationBatches
 
 
-class RunEvents:
+class Boundaries:
     def __init__(
         self,
         accelerator: Accelerator,
@@ -74,7 +74,7 @@ class RunEvents:
         if self.ops.plan.known_epochs:
             point = self.ops.boundary(epoch, final)
         else:  # the pass ended where the stream did: the loop knows the steps, not the plan
-            point = EventPoint(epoch, self.progress.global_step, self.progress.epoch_start_step, final)
+            point = Boundary(epoch, self.progress.global_step, self.progress.epoch_start_step, final)
         ops = self.ops.at(point)
         passes = self.task.validation_passes(ops, epoch, final) if self.val_batches is not None else []
         self.final_done = final
@@ -106,7 +106,7 @@ class RunEvents:
         assert self.checkpointer.current is not None
         return {e["prefix"]: e["metrics"] for e in self.checkpointer.journal(self.checkpointer.current)}
 
-    def _extend_from(self, old_end: EventPoint) -> StopDecision | None:
+    def _extend_from(self, old_end: Boundary) -> StopDecision | None:
         """A finished run trained longer, from the checkpoint of its last boundary. What the old run
         validated there is its history (kept in metrics.jsonl); from here on the run does what a
         fresh run of the new length does at that step: if the old end cut an epoch short (its data
@@ -132,11 +132,11 @@ class RunEvents:
         whole_at_end = isinstance(self.val_batches, ValidationBatches) and self.val_batches.final_whole
         return self._validate(point, passes, self._journal() if not point.mid and not whole_at_end else {})
 
-    def _recorded_point(self, record: dict[str, Any]) -> EventPoint:
+    def _recorded_point(self, record: dict[str, Any]) -> Boundary:
         """The event point a checkpoint recorded (before mid-epoch events, only epoch and final)."""
         epoch, final = int(record["epoch"]), bool(record["final"])
         if "step" in record:
-            return EventPoint(
+            return Boundary(
                 epoch,
                 int(record["step"]),
                 int(record["previous_step"]),
@@ -146,7 +146,7 @@ class RunEvents:
         return self.ops.boundary(epoch, final)
 
     # -- what happens there --------------------------------------------------------------------
-    def _run(self, point: EventPoint, passes: list[ValidationPass], checkpoint: bool) -> StopDecision | None:
+    def _run(self, point: Boundary, passes: list[ValidationPass], checkpoint: bool) -> StopDecision | None:
         """The passes due at ``point``, after its checkpoint (which records them as pending)."""
         if point.mid:
             self.progress.clear_validations()  # the previous mid-epoch point's are done
@@ -157,7 +157,7 @@ class RunEvents:
         return self._validate(point, passes, done={})
 
     def _validate(
-        self, point: EventPoint, passes: list[ValidationPass], done: dict[str, dict[str, float]]
+        self, point: Boundary, passes: list[ValidationPass], done: dict[str, dict[str, float]]
     ) -> StopDecision | None:
         step = self.progress.global_step
         journal = self.checkpointer.current if self.checkpointer.current_step == step else None

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .event_steps import event_steps
-from .plan import ResolvedPlan
+from ..resolved import ResolvedPlan
+from .boundary_steps import event_steps
 
 TIMELINE_WIDTH = 64
 BARS = " ▁▂▃▄▅▆▇█"

@@ -25,7 +25,7 @@ from ..checkpoint.layout import JOURNAL_FILE as JOURNAL_FILE
 from ..checkpoint.layout import RANK_FILE as RANK_FILE
 from ..checkpoint.layout import STATE_FILE as STATE_FILE
 from ..progress import TrainingStage
-from .checkpoint_content import content_problem
+from .content import content_problem
 
 STATE_VERSION = 1
 

@@ -17,7 +17,7 @@ from accelerate import Accelerator
 from accelerate.utils import gather_object
 
 from ..checkpoint import MARKER, CheckpointStore
-from ..run_directory.failures import RunFailed
+from ..process.failures import RunFailed
 
 Failure = tuple[int, str, BaseException]  # (checkpoint step, the error in words, the exception)
 

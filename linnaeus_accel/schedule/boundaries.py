@@ -14,7 +14,7 @@ from typing import Literal
 
 
 @dataclass(frozen=True)
-class EventPoint:
+class Boundary:
     """A point where the loop asks which events are due: an epoch boundary, or (``mid``) the end of
     an optimizer step inside an epoch (SPEC §12: mid-epoch validation and checkpoints).
 
@@ -39,7 +39,7 @@ class Interval:
             return epoch % self.every == 0
         return previous_step // self.every != step // self.every
 
-    def fires_at(self, point: EventPoint, at_step: bool) -> bool:
+    def fires_at(self, point: Boundary, at_step: bool) -> bool:
         """Whether the interval fires at ``point``. ``at_step`` (MID_EPOCH): a step interval fires at
         each multiple itself, so at a boundary only when the boundary's step is one; otherwise at
         the first boundary that crosses a multiple, never mid-epoch. An epoch interval fires at

@@ -48,13 +48,12 @@ from safetensors.torch import load_file, save_file
 from ..checkpoint import MARKER, EarlySeal, EarlyWriteback, Mode
 from ..checkpoint.background import SerialWorker
 from ..config import Config, ConfigError
-from ..run_directory.failures import OutputWriteError, attempt_write
-from ..run_directory.faults import fault_point
-from . import tensor_state
-from .checkpoint_content import TENSORS_FILE, CheckpointLoadError, first_line, rng_problem
-from .host_snapshot import HostSnapshot
-from .resume_point import ResumeRefused, discard_after, find_checkpoint
-from .state_files import (
+from ..process.failures import OutputWriteError, attempt_write
+from ..process.faults import fault_point
+from ..resume.find import ResumeRefused, discard_after, find_checkpoint
+from ..state import tensor_state
+from ..state.content import TENSORS_FILE, CheckpointLoadError, first_line, rng_problem
+from ..state.files import (
     JOURNAL_FILE,
     RANK_FILE,
     STATE_FILE,
@@ -64,8 +63,9 @@ from .state_files import (
     rank_files,
     read_json,
 )
-from .validation_journal import ValidationJournals
-from .write_failures import CheckpointWriteError, StepFailed, abandon, agree_on_failure, background_failure
+from ..state.journal import ValidationJournals
+from .failures import CheckpointWriteError, StepFailed, abandon, agree_on_failure, background_failure
+from .host_snapshot import HostSnapshot
 
 __all__ = [
     "JOURNAL_FILE",

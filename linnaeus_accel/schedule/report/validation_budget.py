@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config import Config
-from .plan import ResolvedPlan
+from ...config import Config
+from ..resolved import ResolvedPlan
 
 
 def validation_budget(config: Config, plan: ResolvedPlan) -> dict[str, Any] | None:

@@ -178,7 +178,7 @@ def resume_notes(
             lines.append(
                 f"LR of group {curve.label} at step {done + 1}: {new:.6g} ({old:.6g} under the checkpoint's schedule)"
             )
-    from ..schedule.event_steps import next_event_step
+    from ..schedule.report.boundary_steps import next_event_step
 
     upcoming = [
         f"{name} at step {step}"

@@ -17,18 +17,18 @@ from ..checkpoint import MarkerError, read_marker
 from ..checkpoint.marker import KEY_ENV, SIGNATURE, checkpoint_key, key_disagreement, key_setting
 from ..config import Config, ConfigError
 from ..progress import TrainingProgress
-from ..run_directory.failures import NonFiniteGuard
+from ..resume.config_changes import resume_notes, review_changes
+from ..resume.elastic import check_resume, compatible_position, own_rank_state, plan_identity
+from ..resume.find import ResumeRefused
+from ..resume.optimizer import changed_group_keys, group_settings, put_back, regrouping_problems
+from ..save.writer import Checkpointer, CheckpointLoadError
 from ..schedule import ResolvedPlan
-from . import tensor_state
-from .checkpoint_content import LAYOUT, LAYOUT_KEY, legacy_pickles
-from .components import REGISTERED, StateRegistry
-from .config_changes import resume_notes, review_changes
-from .elastic import check_resume, compatible_position, own_rank_state, plan_identity
-from .frozen_weights import STATE_KEY as FROZEN_KEY
-from .frozen_weights import frozen_weights_for
-from .optimizer_resume import changed_group_keys, group_settings, put_back, regrouping_problems
-from .resume_point import ResumeRefused
-from .saver import Checkpointer, CheckpointLoadError
+from ..state import tensor_state
+from ..state.content import LAYOUT, LAYOUT_KEY, legacy_pickles
+from ..state.frozen_weights import STATE_KEY as FROZEN_KEY
+from ..state.frozen_weights import frozen_weights_for
+from ..state.registry import REGISTERED, StateRegistry
+from .nonfinite import NonFiniteGuard
 
 RESUME_NOTE = "at the resume step: "  # what a new run length changes there (config_changes.resume_notes)
 
@@ -57,7 +57,7 @@ class RunCheckpoints:
         self.boundary: dict[str, Any] | None = None  # the event point it was taken at
         self.wandb_run_id: str | None = None
         self._verified: tuple[Path | None, list[str]] | None = None  # an explicit --resume, checked
-        frozen = frozen_weights_for(accelerator, config, checkpointer)  # a LoRA model's base
+        frozen = frozen_weights_for(accelerator, config, checkpointer.load_options)  # a LoRA model's base
         if frozen is not None:
             registry.register(FROZEN_KEY, frozen)
 

@@ -9,12 +9,12 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from ..config import Config
-from .event_steps import EVENT_KINDS, event_steps, forced_at_end, interval_of, mid_epoch_multiples
-from .lr import LRCurve
-from .ops import EventEpochs, OpsSchedule
-from .optimizer_summary import Optimizer, built_optimizer_lines, optimizer_lines
-from .plan import ResolvedPlan
+from ...config import Config
+from ..lr import LRCurve
+from ..ops import EventEpochs, OpsSchedule
+from ..resolved import ResolvedPlan
+from .boundary_steps import EVENT_KINDS, event_steps, forced_at_end, interval_of, mid_epoch_multiples
+from .optimizer import Optimizer, built_optimizer_lines, optimizer_lines
 from .timeline import timeline
 from .validation_budget import validation_budget, validation_budget_line
 

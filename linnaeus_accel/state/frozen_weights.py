@@ -24,8 +24,7 @@ from safetensors import safe_open
 
 from ..config import Config, ConfigError
 from ..models.lora import LoraRun, frozen_digest, is_peft_model
-from .saver import Checkpointer
-from .state_files import STATE_FILE, read_json
+from .files import STATE_FILE, read_json
 
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")
 STATE_KEY = "frozen_weights"
@@ -43,15 +42,16 @@ class FrozenWeights:
     """See the module docstring. ``digest``: of the frozen weights the model was built with."""
 
     def __init__(
-        self, accelerator: Accelerator, model: Any, digest: str, source: str, checkpointer: Checkpointer
+        self, accelerator: Accelerator, model: Any, digest: str, source: str, load_options: dict[str, Any]
     ) -> None:
+        """``load_options``: the keyword arguments the run's checkpoints are loaded with."""
         self.digest, self.source = digest, source
         named = list(model.named_parameters(remove_duplicate=False))  # tied names too
         self.frozen = {name for name, p in named if not p.requires_grad}
         self.trainable = {name for name, p in named if p.requires_grad}
         accelerator.register_save_state_pre_hook(self._drop_frozen)
         accelerator.register_load_state_pre_hook(self._check_before_load)
-        checkpointer.load_options["strict"] = False
+        load_options["strict"] = False  # the frozen weights are not in the file
 
     def _drop_frozen(self, models: list[Any], weights: list[dict[str, Any]], output_dir: str) -> None:
         for state in weights[:1]:  # the run's model is Accelerate's first
@@ -114,7 +114,7 @@ def base_source(config: Config) -> str:
 
 
 def frozen_weights_for(
-    accelerator: Accelerator, config: Config, checkpointer: Checkpointer
+    accelerator: Accelerator, config: Config, load_options: dict[str, Any]
 ) -> FrozenWeights | None:
     """The run's ``FrozenWeights`` when its model is a LoRA model (``models.lora``), else None."""
     model = accelerator.unwrap_model(accelerator._models[0]) if accelerator._models else None
@@ -133,4 +133,4 @@ def frozen_weights_for(
                 )
             ]
         )
-    return FrozenWeights(accelerator, model, lora.digest, base_source(config), checkpointer)
+    return FrozenWeights(accelerator, model, lora.digest, base_source(config), load_options)

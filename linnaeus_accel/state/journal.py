@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..checkpoint import MARKER
-from .state_files import JOURNAL_FILE, decode_journal, encode_journal_entry
+from .files import JOURNAL_FILE, decode_journal, encode_journal_entry
 
 log = logging.getLogger(__name__)
 

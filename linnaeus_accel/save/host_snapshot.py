@@ -31,8 +31,8 @@ from accelerate.checkpointing import save_accelerator_state
 from accelerate.utils import RNG_STATE_NAME, SAFE_WEIGHTS_NAME
 from safetensors.torch import save_file
 
-from .checkpoint_content import TENSORS_FILE
-from .tensor_state import storage_view
+from ..state.content import TENSORS_FILE
+from ..state.tensor_state import storage_view
 
 _WEIGHTS_PREFIX = SAFE_WEIGHTS_NAME.split(".")[0]  # model.safetensors, model_1.safetensors, ...
 

@@ -15,7 +15,7 @@ from typing import Any
 from ..checkpoint import MARKER, CheckpointStore, MarkerError, read_marker
 from ..checkpoint.marker import KEY_ENV, SIGNATURE, checkpoint_key, signature_problem
 from ..config import ConfigError
-from .checkpoint_content import UNSAFE_FLAG, legacy_pickles
+from ..state.content import UNSAFE_FLAG, legacy_pickles
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from ..config import Config
 from ..schedule import ResolvedPlan
+from ..state.files import STATE_FILE, checkpoint_store, read_json
 from .config_changes import resume_notes
-from .state_files import STATE_FILE, checkpoint_store, read_json
 
 
 def resume_preview(config: Config, plan: ResolvedPlan, explicit: str | Path | None) -> list[str]:
