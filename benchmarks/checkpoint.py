@@ -4,7 +4,7 @@ in both modes, against a bare ``accelerator.save_state`` of the same state.
 The state is the default task's MLP widened to ~50 MB of fp32 weights, with AdamW's two moments
 (~150 MB in all). One round saves it three ways back to back on the same Accelerator: a bare
 ``save_state`` into a fresh directory (the reference, as a hand-written loop would checkpoint), the
-trainer's own checkpoint (``RunCheckpoints.save``: the non-finite check, the state, the
+trainer's own checkpoint (``CheckpointManager.save``: the non-finite check, the state, the
 commit) with ``SCHEDULE.CHECKPOINT.ASYNC`` false, then true. For ours, "blocked" is the time until
 the call returns (the loop goes on), "commit" the time until the background commit has finished
 (hashes and fsync, marker; retention follows it). Each round's ratios are taken against that
@@ -65,14 +65,14 @@ def with_optimizer_state(trainer: Any) -> None:
 
 def save_ours(trainer: Any, step: int) -> tuple[float, float]:
     """Our checkpoint of ``step``: (seconds until the loop may go on, until it is committed)."""
-    trainer.checkpointer.worker.wait()  # the previous round's work is not this round's cost
+    trainer.checkpoints.writer.worker.wait()  # the previous round's work is not this round's cost
     trainer.progress.global_step = step
     started = time.perf_counter()
     trainer.checkpoints.save(boundary=None)
     blocked = time.perf_counter() - started
-    trainer.checkpointer.worker.wait()  # retention follows the commit: not part of it
-    committed = trainer.checkpointer.committed_at - started
-    failure = trainer.checkpointer.worker.take_failure()
+    trainer.checkpoints.writer.worker.wait()  # retention follows the commit: not part of it
+    committed = trainer.checkpoints.writer.committed_at - started
+    failure = trainer.checkpoints.writer.worker.take_failure()
     if failure is not None:
         raise RuntimeError(f"checkpoint of step {step} failed: {failure.__cause__}")
     return blocked, committed

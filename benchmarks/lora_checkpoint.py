@@ -91,7 +91,7 @@ def _measure(root: Path, widen: list[str], rounds: int) -> tuple[dict[str, Any],
             full_s.append(blocked[id(full)])
             lora_s.append(blocked[id(lora)])
     for trainer in (full, lora):
-        trainer.checkpointer.worker.wait()
+        trainer.checkpoints.writer.worker.wait()
     return paired(lora_s, full_s), sizes
 
 

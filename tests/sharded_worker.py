@@ -1,5 +1,5 @@
 """Worker for ``test_sharded_checkpoints``: a tiny deterministic training under torch-level FSDP2
-(``fully_shard``) on gloo, checkpointed through linnaeus-accel's ``Checkpointer``.
+(``fully_shard``) on gloo, checkpointed through linnaeus-accel's ``CheckpointWriter`` and read back by its ``CheckpointReader``.
 
 Launched by ``python -m torch.distributed.run --nproc_per_node 2 tests/sharded_worker.py``. The
 Accelerator (``cpu=True``) only joins the gloo group: the sharded model is not ``prepare``d
@@ -8,7 +8,7 @@ FSDP2 ``save_state`` writes it (``save_fsdp_model`` / ``save_fsdp_optimizer`` wi
 SHARDED_STATE_DICT): a ``torch.distributed.checkpoint`` directory ``pytorch_model_fsdp_0/``
 (``{"model": ...}``) and one ``optimizer_0/`` (``{"optimizer": ...}``), from every process,
 through Accelerate's documented save/load pre-hooks, so that it happens inside
-``Checkpointer.save``'s collective protocol and ``Checkpointer.load``.
+``CheckpointWriter.save``'s collective protocol and ``CheckpointReader.load``.
 
 Fault injection: with ``SHARDED_WORKER_KILL_AT_STEP=<step>`` (and ``SHARDED_WORKER_KILL_RANK``,
 default 1), that process SIGKILLs itself right after writing its own shard of the model in the
@@ -45,8 +45,9 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 from linnaeus_accel.config import load_config
-from linnaeus_accel.process.failures import parameters_finite
-from linnaeus_accel.save.writer import Checkpointer
+from linnaeus_accel.resume.reader import CheckpointReader
+from linnaeus_accel.save.writer import CheckpointWriter
+from linnaeus_accel.training.nonfinite import parameters_finite
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL_DIR = "pytorch_model_fsdp_0"  # Accelerate's names (FSDP_MODEL_NAME, OPTIMIZER_NAME), model 0
@@ -159,21 +160,23 @@ def main() -> int:
         REPO / "configs" / "default.yaml",
         opts=["ENV.OUTPUT.BASE_DIR", args.base_dir, "EXPERIMENT.NAME", args.name],
     )
-    checkpointer = Checkpointer(accelerator, config)
+    writer = CheckpointWriter(accelerator, config)
+    reader = CheckpointReader(accelerator, config, writer.store)
 
     # Resume as the trainer does: stale staging removed, the newest checkpoint that verifies.
     if accelerator.is_main_process:
-        checkpointer.store.remove_stale_staging()
-    path, skipped = checkpointer.find_everywhere(None)
+        writer.store.remove_stale_staging()
+    path, skipped = reader.find_everywhere(None)
     if accelerator.is_main_process:
         for message in skipped:
             print(f"skipping checkpoint {message}", flush=True)
-        resume_step = checkpointer.store.step_of(path) if path is not None else None
-        checkpointer.discard_after(resume_step or 0)
+        resume_step = reader.store.step_of(path) if path is not None else None
+        reader.discard_after(resume_step or 0)
     accelerator.wait_for_everyone()
     start = 0
     if path is not None:
-        state = checkpointer.load(path)
+        state = reader.load(path)
+        writer.resumed_at(path, state)
         start = int(state["progress"]["global_step"])
         if accelerator.is_main_process:
             print(f"resumed from {path.name} (global step {start})", flush=True)
@@ -200,8 +203,8 @@ def main() -> int:
                     "batch_size": BATCH,
                 },
             }
-            final = checkpointer.save(step, state, {"data": {"batches_seen": step}})
-            checkpointer.settle()  # its commit runs in the background: committed from here on
+            final = writer.save(step, state, {"data": {"batches_seen": step}})
+            writer.settle()  # its commit runs in the background: committed from here on
             if accelerator.is_main_process:
                 print(f"committed {final.name}", flush=True)
 

@@ -17,7 +17,7 @@ from conftest import reset_accelerate
 from linnaeus_accel.checkpoint import MARKER, CheckpointStore
 from linnaeus_accel.cli import main
 from linnaeus_accel.config import load_config
-from linnaeus_accel.save.writer import Checkpointer
+from linnaeus_accel.save.writer import CheckpointWriter
 
 REPO = Path(__file__).resolve().parent.parent
 CFG = str(REPO / "configs" / "default.yaml")
@@ -87,7 +87,7 @@ def test_the_next_checkpoint_waits_for_a_slow_commit_and_says_how_long(
     config = load_config(CFG, ["ENV.OUTPUT.BASE_DIR", str(tmp_path), "EXPERIMENT.NAME", "run"])
     acc = Accelerator(cpu=True)
     acc.prepare(torch.nn.Linear(4, 4), torch.optim.AdamW(torch.nn.Linear(4, 4).parameters()))
-    checkpointer = Checkpointer(acc, config)
+    writer = CheckpointWriter(acc, config)
     commit = CheckpointStore.commit
 
     def slow_commit(store: CheckpointStore, *args: Any, **kwargs: Any) -> Path:
@@ -100,17 +100,17 @@ def test_the_next_checkpoint_waits_for_a_slow_commit_and_says_how_long(
         return {"progress": {"global_step": step, "epoch": 0, "batches_seen_in_epoch": step}}
 
     started = time.perf_counter()
-    first = checkpointer.save(1, state(1), {"meter": None, "data": None})
+    first = writer.save(1, state(1), {"meter": None, "data": None})
     assert time.perf_counter() - started < 0.5  # the loop did not wait for the commit
     assert not (first / MARKER).exists()  # still committing
-    checkpointer.save(2, state(2), {"meter": None, "data": None})
-    assert checkpointer.waited_s >= 0.3  # the second waited for the first
+    writer.save(2, state(2), {"meter": None, "data": None})
+    assert writer.waited_s >= 0.3  # the second waited for the first
     assert (first / MARKER).is_file()
-    timings = checkpointer.take_timings()
+    timings = writer.take_timings()
     assert timings["perf/checkpoint_wait_s"] >= 0.3
     assert timings["perf/checkpoint_blocked_s"] < timings["perf/checkpoint_wait_s"]
-    assert checkpointer.take_timings() == {}  # once
-    checkpointer.settle()
+    assert writer.take_timings() == {}  # once
+    writer.settle()
     assert CheckpointStore(tmp_path / "run" / "checkpoints").complete_steps() == [1, 2]
 
 

@@ -675,32 +675,32 @@ import torch
 from accelerate import Accelerator
 
 from linnaeus_accel.config import load_config
-from linnaeus_accel.save.writer import Checkpointer, CheckpointWriteError
+from linnaeus_accel.save.writer import CheckpointWriter, CheckpointWriteError
 
 disk = Path(sys.argv[1])
 config = load_config(sys.argv[2], ["ENV.OUTPUT.BASE_DIR", str(disk), "EXPERIMENT.NAME", "run"])
 acc = Accelerator(cpu=True)
 model, optimizer = acc.prepare(torch.nn.Linear(64, 64), torch.optim.AdamW(torch.nn.Linear(1, 1).parameters()))
-checkpointer = Checkpointer(acc, config)
+writer = CheckpointWriter(acc, config)
 
 def state(step):
     return {"progress": {"global_step": step, "epoch": 0, "batches_seen_in_epoch": step}}
 
-first = checkpointer.save(1, state(1), {"meter": None, "data": None})
-checkpointer.settle()  # committed in the background: wait for it
+first = writer.save(1, state(1), {"meter": None, "data": None})
+writer.settle()  # committed in the background: wait for it
 pages = sum(math.ceil(p.stat().st_size / 4096) for p in first.iterdir() if p.name != "COMMITTED.json")
 free = os.statvfs(disk).f_bavail
 with (disk / "filler").open("wb") as f:
     f.write(bytes((free - pages) * 4096))
 try:
-    checkpointer.save(2, state(2), {"meter": None, "data": None})
-    checkpointer.settle()  # the background commit's failure is raised here, on every process
+    writer.save(2, state(2), {"meter": None, "data": None})
+    writer.settle()  # the background commit's failure is raised here, on every process
     report = {"error": None}
 except CheckpointWriteError as e:
     frames = [frame.name for frame in traceback.extract_tb(e.__cause__.__traceback__)]
     report = {"error": str(e), "in_mark": "_mark" in frames}
-report["left"] = sorted(p.name for p in checkpointer.store.root.iterdir())
-report["previous"] = checkpointer.store.verify(first)
+report["left"] = sorted(p.name for p in writer.store.root.iterdir())
+report["previous"] = writer.store.verify(first)
 print(json.dumps(report))
 """
 
@@ -744,7 +744,7 @@ FILL_DISK_AT = """
 import os, sys, threading
 from pathlib import Path
 from linnaeus_accel.cli import main
-from linnaeus_accel.run_directory import faults
+from linnaeus_accel.process import faults
 
 def fill():
     for thread in threading.enumerate():  # the schedule plot's write would race the run's

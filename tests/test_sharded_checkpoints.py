@@ -1,8 +1,8 @@
-"""Sharded (FSDP2) model state through our checkpoint machinery: ``Checkpointer.save``'s collective
+"""Sharded (FSDP2) model state through our checkpoint machinery: ``CheckpointWriter.save``'s collective
 protocol, ``CheckpointStore``'s commit and verification, and resume.
 
 ``tests/sharded_worker.py`` trains a tiny MLP sharded with torch's FSDP2 (``fully_shard``) on 2
-gloo processes under ``torchrun`` and checkpoints it every 4 steps through ``Checkpointer.save``;
+gloo processes under ``torchrun`` and checkpoints it every 4 steps through ``CheckpointWriter.save``;
 its model and optimizer state are written as Accelerate's FSDP2 ``save_state`` writes them with
 SHARDED_STATE_DICT: ``torch.distributed.checkpoint`` (DCP) directories ``pytorch_model_fsdp_0/``
 and ``optimizer_0/`` (``__0_0.distcp``, ``__1_0.distcp``, ``.metadata``), written by every process,
@@ -41,7 +41,8 @@ from safetensors.torch import load_file
 
 from linnaeus_accel.checkpoint import read_marker
 from linnaeus_accel.config import load_config
-from linnaeus_accel.save.writer import Checkpointer, checkpoint_store
+from linnaeus_accel.resume.reader import CheckpointReader
+from linnaeus_accel.state.files import checkpoint_store
 
 REPO = Path(__file__).resolve().parent.parent
 WORKER = REPO / "tests" / "sharded_worker.py"
@@ -213,22 +214,22 @@ def test_corrupt_shard_is_rejected_and_previous_checkpoint_chosen(
     )
     shutil.copytree(ref_dir / "outputs" / "ref" / "checkpoints", config.output_dir / "checkpoints")
     # find() runs on the main process only and needs nothing else of the Accelerator.
-    checkpointer = Checkpointer(SimpleNamespace(is_main_process=True), config)
-    newest = checkpointer.store.final_path(12)
+    reader = CheckpointReader(SimpleNamespace(is_main_process=True), config)  # type: ignore[arg-type]
+    newest = reader.store.final_path(12)
     shard = newest / "pytorch_model_fsdp_0" / "__1_0.distcp"
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0x01
     shard.write_bytes(bytes(data))
-    assert checkpointer.store.verify(newest, deep=False) is None  # same size: only the hash sees it
+    assert reader.store.verify(newest, deep=False) is None  # same size: only the hash sees it
 
-    path, skipped = checkpointer.find(None)
+    path, skipped = reader.find(None)
 
-    assert path == checkpointer.store.final_path(8)
+    assert path == reader.store.final_path(8)
     assert len(skipped) == 1, skipped
     assert "step_00000012" in skipped[0]
     assert "pytorch_model_fsdp_0/__1_0.distcp: checksum mismatch" in skipped[0]
     assert "using step_00000008" in skipped[0]
-    moved = checkpointer.store.rejected_root / "step_00000012"
+    moved = reader.store.rejected_root / "step_00000012"
     assert (moved / "REJECTED.txt").is_file()
     assert (moved / "pytorch_model_fsdp_0" / "__1_0.distcp").is_file()  # moved aside, not deleted
-    assert checkpointer.store.complete_steps() == [8]
+    assert reader.store.complete_steps() == [8]

@@ -90,7 +90,7 @@ def run_part(ctx: Context) -> Part:
         part.figures[f"{key} / bare"] = round(statistics.median(ratios), 3)
     part.figures["rounds"] = rounds
     for trainer in ours.values():
-        trainer.checkpointer.worker.wait()
+        trainer.checkpoints.writer.worker.wait()
     part.check(
         "every checkpoint committed", all(len(v) == rounds for v in samples.values()), f"{rounds} rounds"
     )

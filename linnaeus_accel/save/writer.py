@@ -1,5 +1,6 @@
-"""Checkpoints of a run: saved through ``accelerator.save_state`` (collective: every process calls
-it, SPEC §9), committed atomically by the main process, found again on resume.
+"""Writing a run's checkpoints: saved through ``accelerator.save_state`` (collective: every process
+calls it), committed atomically by the main process (``checkpoint.CheckpointStore``), retained and
+uploaded; ``resume.reader`` finds and loads them again.
 
 Training waits only for what the next step needs. The loop is blocked while every process saves
 its state into the staging directory (or, with ``SCHEDULE.CHECKPOINT.ASYNC``, while the main
@@ -18,11 +19,7 @@ pickled, and Accelerate's pickles are opened as data before they are loaded
 validation passes that follow a boundary checkpoint are recorded, one line each, in that
 checkpoint's journal, so that a run killed mid-validation runs only the passes still missing.
 
-Everything a resume reads is verified first (``state_files``): the files the marker lists, no
-file it does not list but the journal, our JSON state, and each journal line (a line that fails is
-ignored with everything after it). A checkpoint that fails is moved to ``checkpoints/rejected/``,
-never deleted; a run whose checkpoints all fail refuses to start over (``ResumeRefused``). A
-checkpoint that cannot be written (a full or read-only disk) stops every process together with
+A checkpoint that cannot be written (a full or read-only disk) stops every process together with
 ``CheckpointWriteError``, the partial checkpoint removed and the previous one still the resume point.
 A run that fails elsewhere (a full disk under metrics.jsonl while the background thread writes)
 removes what that thread left unfinished too (``abandon``).
@@ -42,48 +39,34 @@ from pathlib import Path
 from typing import Any
 
 from accelerate import Accelerator
-from accelerate.utils import broadcast_object_list
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from ..checkpoint import MARKER, EarlySeal, EarlyWriteback, Mode
 from ..checkpoint.background import SerialWorker
 from ..config import Config, ConfigError
 from ..process.failures import OutputWriteError, attempt_write
 from ..process.faults import fault_point
-from ..resume.find import ResumeRefused, discard_after, find_checkpoint
-from ..state import tensor_state
-from ..state.content import TENSORS_FILE, CheckpointLoadError, first_line, rng_problem
+from ..state.content import TENSORS_FILE
 from ..state.files import (
     JOURNAL_FILE,
     RANK_FILE,
     STATE_FILE,
     STATE_VERSION,
-    check_state,
     checkpoint_store,
-    rank_files,
-    read_json,
 )
 from ..state.journal import ValidationJournals
 from .failures import CheckpointWriteError, StepFailed, abandon, agree_on_failure, background_failure
 from .host_snapshot import HostSnapshot
 
-__all__ = [
-    "JOURNAL_FILE",
-    "RANK_FILE",
-    "STATE_FILE",
-    "STATE_VERSION",
-    "CheckpointLoadError",
-    "CheckpointWriteError",
-    "Checkpointer",
-    "ResumeRefused",
-    "check_state",
-    "checkpoint_store",
-]
+__all__ = ["CheckpointWriteError", "CheckpointWriter"]
 
 log = logging.getLogger(__name__)
 
 
-class Checkpointer:
+class CheckpointWriter:
+    """Writes a run's checkpoints (see the module docstring); ``resume.reader.CheckpointReader`` reads
+    them back."""
+
     def __init__(
         self, accelerator: Accelerator, config: Config, remote: Any = None, mode: Mode | None = None
     ) -> None:
@@ -118,8 +101,6 @@ class Checkpointer:
         self.total_waited_s = 0.0
         self._untaken: tuple[float, float] | None = None  # (blocked, waited) since take_timings
         self.committed_at = 0.0
-        self.load_options: dict[str, Any] = {}  # for load_state (strict=False: frozen weights)
-        self.allow_pickles = False  # --unsafe-load-pickles: a previous layout's pickled state loads
 
     def _remote(self, remote: Any) -> tuple[Any, Any]:
         bucket = self.config.ENV.OUTPUT.BUCKET
@@ -313,11 +294,6 @@ class Checkpointer:
             what = f"journal validation pass {entry['prefix']} of {checkpoint.name}"
             raise OutputWriteError(what, checkpoint / JOURNAL_FILE, exc) from exc
 
-    def journal(self, path: Path) -> list[dict[str, Any]]:
-        """The passes the journal of the checkpoint at ``path`` records as complete (see
-        ``ValidationJournals.read``)."""
-        return self.journals.read(path, cut=self.accelerator.is_main_process)
-
     def record_metric(self, step: int, metrics: dict[str, float]) -> None:
         """The ranking metric of the checkpoint at ``step`` (known only after its validation);
         retention and the upload with its journal follow in the background."""
@@ -358,78 +334,12 @@ class Checkpointer:
             keep = set(self.store.complete_steps()) | {s for s in rejected_steps if s is not None}
             self.uploader.retention(keep)
 
-    # -- resuming ----------------------------------------------------------------------------------
-    def find_everywhere(self, explicit: str | Path | None) -> tuple[Path | None, list[str]]:
-        """``find`` on the main process, its answer (or refusal) on every process (collective)."""
-        found: Any = (None, [])
-        if self.accelerator.is_main_process:
-            try:
-                found = self.find(explicit)
-            except ResumeRefused as exc:  # every process stops with it: none waits at a barrier
-                found = exc
-        found = broadcast_object_list([found], from_process=0)[0]
-        if isinstance(found, ResumeRefused):
-            raise found
-        path, skipped = found
-        return path, skipped
-
-    def find(self, explicit: str | Path | None) -> tuple[Path | None, list[str]]:
-        """The checkpoint to resume from and what was skipped on the way (main process)."""
-        auto = self.config.TRAIN.AUTO_RESUME
-        return find_checkpoint(self.store, self.remote, auto, explicit, self.allow_pickles)
-
-    def discard_after(self, step: int) -> list[int]:
-        """Before resuming at ``step`` (main process): drop the checkpoints after it."""
-        return discard_after(self.store, step)
-
-    def read_state(self, path: Path) -> dict[str, Any]:
-        """Our JSON state of the checkpoint at ``path`` (``check_state`` has passed for it), as
-        written: for the trainer's own entries (progress, plan, config). The parts' state in it is
-        still encoded (``tensor_state``): ``load`` decodes it, the one reader that hands it back."""
-        state, problem = read_json(path / STATE_FILE)
-        if problem is None and not isinstance(state, dict):
-            problem = f"{STATE_FILE} is not a JSON object"
-        if problem is not None:
-            raise ResumeRefused([("", f"{path}: {problem}")])
-        return state  # type: ignore[no-any-return]
-
-    def load(self, path: Path) -> dict[str, Any]:
-        """Restore model, optimizer, RNG states (Accelerate) and return our state, its tensors in
-        place. Every file was checked to be data when the checkpoint was verified; a load that
-        fails anyway (a valid file of another run's shapes), or RNG states Accelerate could not
-        restore, is a ``CheckpointLoadError`` naming what."""
-        try:
-            self.accelerator.load_state(str(path), **self.load_options)
-        except ConfigError:
-            raise  # a load hook's finding about this run's config (a LoRA base that changed)
-        except Exception as exc:  # Accelerate's and torch's errors do not say which file
-            raise CheckpointLoadError(
-                f"loading its model, optimizer and data state failed ({first_line(exc)})"
-            ) from exc
-        problem = rng_problem(path, self.accelerator.process_index)
-        if problem is not None:
-            raise CheckpointLoadError(problem)
-        # Checkpoints are taken between optimizer steps, where the micro-batch counter is a multiple
-        # of the accumulation; the restored count is another run's when resuming elastically.
-        self.accelerator.step = 0
-        try:
-            tensors = load_file(str(path / TENSORS_FILE)) if (path / TENSORS_FILE).is_file() else {}
-        except Exception as exc:
-            raise CheckpointLoadError(f"{TENSORS_FILE}: {first_line(exc)}") from exc
-        try:  # tensors or not: a part's NaN, tuples and int keys are encoded too
-            state: dict[str, Any] = tensor_state.join(self.read_state(path), tensors)
-        except (KeyError, TypeError, ValueError) as exc:  # what split cannot have written
-            raise CheckpointLoadError(f"{STATE_FILE} does not decode: {first_line(exc)}") from exc
+    def resumed_at(self, path: Path, state: dict[str, Any]) -> None:
+        """The run resumed from the checkpoint at ``path`` (``state``: its state, as loaded): it is
+        the resume point, retention protects it and keeps ranking the checkpoints it ranked."""
         self.metric_at = {int(k): v for k, v in state.get("checkpoint_metrics", {}).items()}
         self.resumed_from = int(state["progress"]["global_step"])
         self.current = self._committed = path
-        return state
-
-    def rank_states(self, path: Path) -> list[dict[str, Any]]:
-        """Every process's own state saved in the checkpoint at ``path``, by rank (none in a
-        checkpoint written before they existed)."""
-        states = [read_json(file)[0] for file in rank_files(path)]
-        return [state if isinstance(state, dict) else {} for state in states]
 
 
 def _rankable(metric_at: dict[int, float | None]) -> dict[str, float | None]:

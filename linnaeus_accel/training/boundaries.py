@@ -23,7 +23,7 @@ from ..schedule import EarlyStopping, OpsSchedule, StopDecision
 from ..schedule.boundaries import Boundary
 from ..tasks import Task, ValidationPass
 from .batches import BatchSource
-from .checkpoints import RunCheckpoints
+from .checkpoints import CheckpointManager
 from .meter import TrainMeter
 from .validation import PassStopped, run_pass, validation_line
 from .validation_data import ValidationBatches
@@ -39,7 +39,7 @@ class Boundaries:
         ops: OpsSchedule,
         progress: TrainingProgress,
         val_batches: BatchSource | None,
-        checkpoints: RunCheckpoints,
+        checkpoints: CheckpointManager,
         preemption: PreemptionWatch,
         early_stopping: EarlyStopping,
         meter: TrainMeter,
@@ -48,7 +48,7 @@ class Boundaries:
     ) -> None:
         self.accelerator, self.config, self.model, self.task, self.ops = accelerator, config, model, task, ops
         self.progress, self.val_batches, self.checkpoints = progress, val_batches, checkpoints
-        self.checkpointer = checkpoints.checkpointer
+        self.writer, self.reader = checkpoints.writer, checkpoints.reader
         self.preemption, self.early_stopping, self.meter = preemption, early_stopping, meter
         self.ranking_mode, self.on_validation_end = ranking_mode, on_validation_end
         self.out: Any = None  # the run's outputs, once the run has started
@@ -103,8 +103,8 @@ class Boundaries:
 
     def _journal(self) -> dict[str, dict[str, float]]:
         """The passes the resumed checkpoint's journal records as complete, by prefix."""
-        assert self.checkpointer.current is not None
-        return {e["prefix"]: e["metrics"] for e in self.checkpointer.journal(self.checkpointer.current)}
+        assert self.writer.current is not None
+        return {e["prefix"]: e["metrics"] for e in self.reader.journal(self.writer.current)}
 
     def _extend_from(self, old_end: Boundary) -> StopDecision | None:
         """A finished run trained longer, from the checkpoint of its last boundary. What the old run
@@ -160,7 +160,7 @@ class Boundaries:
         self, point: Boundary, passes: list[ValidationPass], done: dict[str, dict[str, float]]
     ) -> StopDecision | None:
         step = self.progress.global_step
-        journal = self.checkpointer.current if self.checkpointer.current_step == step else None
+        journal = self.writer.current if self.writer.current_step == step else None
         self.passes_done = done  # filled pass by pass: Trainer.dump_metrics_state() shows it
         if isinstance(self.val_batches, ValidationBatches):  # SCHEDULE.VALIDATION.MAX_BATCHES
             self.val_batches.select(final=point.final)
@@ -179,7 +179,7 @@ class Boundaries:
                     )  # fmt: skip
                 except PassStopped:
                     return self._preempt(dataclasses.asdict(point), journal, done)
-                self.checkpointer.record_validation(journal, {"prefix": vpass.prefix, "metrics": metrics})
+                self.writer.record_validation(journal, {"prefix": vpass.prefix, "metrics": metrics})
                 done[vpass.prefix] = metrics
                 fault_point("validation_pass")
             self.progress.complete_validation(vpass.stage, vpass.partial_index)
@@ -192,7 +192,7 @@ class Boundaries:
         label = f"step {step} (epoch {point.epoch})" if point.mid else f"epoch {point.epoch}"
         self.out.say(validation_line(label, results, self.task.metric_directions))
         self.last_validation = results
-        self.checkpointer.record_metric(step, results)
+        self.writer.record_metric(step, results)
         return self._early_stop(results)
 
     def _preempt(
@@ -204,9 +204,7 @@ class Boundaries:
         if journal is None:
             self.checkpoints.save(boundary=boundary)
             for prefix, metrics in done.items():
-                self.checkpointer.record_validation(
-                    self.checkpointer.current, {"prefix": prefix, "metrics": metrics}
-                )
+                self.writer.record_validation(self.writer.current, {"prefix": prefix, "metrics": metrics})
         return StopDecision(
             "preempted", f"preempted by a signal during validation at step {self.progress.global_step}"
         )

@@ -1,7 +1,9 @@
-"""The run's checkpoints as the loop sees them: ``save`` writes what every registered part holds
-(``components.StateRegistry``) with the event point it was taken at; ``resume`` finds the newest
-usable checkpoint, checks it fits this run (layout, effective batch, config changes), and hands
-each part its state back. The loop asks; what a checkpoint holds is decided here."""
+"""The run's checkpoints as the loop sees them (``CheckpointManager``): ``save`` writes what every
+registered part holds (``state.registry.StateRegistry``) with the boundary it was taken at;
+``resume`` finds the newest usable checkpoint, checks it fits this run (layout, effective batch,
+config changes), and hands each part its state back. The loop asks; what a checkpoint holds is
+decided here. Beneath it: ``save.writer.CheckpointWriter`` writes checkpoints,
+``resume.reader.CheckpointReader`` reads them, both in the ``checkpoint.CheckpointStore``."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import gather_object
 
-from ..checkpoint import MarkerError, read_marker
+from ..checkpoint import MarkerError, Mode, read_marker
 from ..checkpoint.marker import KEY_ENV, SIGNATURE, checkpoint_key, key_disagreement, key_setting
 from ..config import Config, ConfigError
 from ..progress import TrainingProgress
@@ -21,10 +23,11 @@ from ..resume.config_changes import resume_notes, review_changes
 from ..resume.elastic import check_resume, compatible_position, own_rank_state, plan_identity
 from ..resume.find import ResumeRefused
 from ..resume.optimizer import changed_group_keys, group_settings, put_back, regrouping_problems
-from ..save.writer import Checkpointer, CheckpointLoadError
+from ..resume.reader import CheckpointReader
+from ..save.writer import CheckpointWriter
 from ..schedule import ResolvedPlan
 from ..state import tensor_state
-from ..state.content import LAYOUT, LAYOUT_KEY, legacy_pickles
+from ..state.content import LAYOUT, LAYOUT_KEY, CheckpointLoadError, legacy_pickles
 from ..state.frozen_weights import STATE_KEY as FROZEN_KEY
 from ..state.frozen_weights import frozen_weights_for
 from ..state.registry import REGISTERED, StateRegistry
@@ -33,23 +36,29 @@ from .nonfinite import NonFiniteGuard
 RESUME_NOTE = "at the resume step: "  # what a new run length changes there (config_changes.resume_notes)
 
 
-class RunCheckpoints:
+class CheckpointManager:
     def __init__(
         self,
         accelerator: Accelerator,
         config: Config,
         plan: ResolvedPlan,
-        checkpointer: Checkpointer,
         registry: StateRegistry,
         progress: TrainingProgress,
         nonfinite: NonFiniteGuard,
         take_tokens: Callable[[], int],
         optimizer: torch.optim.Optimizer,
+        *,
+        remote: Any = None,
+        mode: Mode | None = None,
     ) -> None:
+        """``remote``: a ``RemoteCheckpoints`` (default: ENV.OUTPUT.BUCKET's); ``mode``: whether the
+        ranking metric is better lower or higher (the task says)."""
         self.accelerator, self.config, self.plan = accelerator, config, plan
+        self.writer = CheckpointWriter(accelerator, config, remote, mode)
+        self.reader = CheckpointReader(accelerator, config, self.writer.store, self.writer.remote)
         # Its groups as built: what a resume whose OPTIMIZER changed puts back after loading.
         self.optimizer, self.built_groups = optimizer, group_settings(optimizer)
-        self.checkpointer, self.registry, self.progress = checkpointer, registry, progress
+        self.registry, self.progress = registry, progress
         self.nonfinite, self.take_tokens = nonfinite, take_tokens
         self.after_save: list[Callable[[int], None]] = []  # told the step of each checkpoint saved
         # What the checkpoint resumed from says (None: a fresh start).
@@ -57,7 +66,7 @@ class RunCheckpoints:
         self.boundary: dict[str, Any] | None = None  # the event point it was taken at
         self.wandb_run_id: str | None = None
         self._verified: tuple[Path | None, list[str]] | None = None  # an explicit --resume, checked
-        frozen = frozen_weights_for(accelerator, config, checkpointer.load_options)  # a LoRA model's base
+        frozen = frozen_weights_for(accelerator, config, self.reader.load_options)  # a LoRA model's base
         if frozen is not None:
             registry.register(FROZEN_KEY, frozen)
 
@@ -65,7 +74,7 @@ class RunCheckpoints:
         """A checkpoint of the current step; ``boundary``: the event point (None: a preemption)."""
         step = self.progress.global_step
         parameters_finite = self.nonfinite.start_parameters_check()  # read while the state is saved
-        resume_point = self.checkpointer.current
+        resume_point = self.writer.current
         self.progress.tokens_seen += self.take_tokens()
         # Registered state may hold tensors (an EMA): JSON with references, the tensors safetensors.
         parts, tensors = tensor_state.split(self.registry.state(per_rank=False), "state")
@@ -77,7 +86,7 @@ class RunCheckpoints:
             "plan": plan_identity(self.plan),
             "config": self.config.model_dump(mode="json"),
         }
-        self.checkpointer.save(
+        self.writer.save(
             step,
             state,
             self.registry.state(per_rank=True),
@@ -96,7 +105,7 @@ class RunCheckpoints:
         they were."""
         agree_on_key()
         if resume_from is not None:
-            self._verified = self.checkpointer.find_everywhere(resume_from)
+            self._verified = self.reader.find_everywhere(resume_from)
 
     def resume(
         self,
@@ -110,16 +119,16 @@ class RunCheckpoints:
         stream under another layout), checked before any pass or step runs. A checkpoint that
         verifies but fails to load (on any process) stops an explicit resume (exit 2); when
         resuming on its own, it is moved to ``rejected/`` and the previous one is tried."""
-        acc, checkpointer = self.accelerator, self.checkpointer
+        acc, reader = self.accelerator, self.reader
         while True:
             # A refusal stops every process. An explicit --resume was verified already.
-            path, skipped = self._verified or checkpointer.find_everywhere(resume_from)
+            path, skipped = self._verified or reader.find_everywhere(resume_from)
             self._verified = None
             for message in skipped:
                 out.say(f"skipping checkpoint {message}")
-            resume_step = checkpointer.store.step_of(path) if path is not None else 0
+            resume_step = reader.store.step_of(path) if path is not None else 0
             if acc.is_main_process:
-                dropped = checkpointer.discard_after(resume_step or 0)
+                dropped = reader.discard_after(resume_step or 0)
                 if dropped:
                     out.say(f"removed checkpoints after the resume point: steps {dropped}")
             acc.wait_for_everyone()
@@ -136,14 +145,15 @@ class RunCheckpoints:
             if resume_from is not None:
                 raise ResumeRefused([("--resume", f"{path} could not be loaded: {problem}")], "arguments")
             if acc.is_main_process:
-                moved = checkpointer.store.reject(path, f"could not be loaded: {problem}")
+                moved = reader.store.reject(path, f"could not be loaded: {problem}")
                 out.say(f"skipping checkpoint {path.name}: could not be loaded: {problem}; moved to {moved}")
             acc.wait_for_everyone()
         state, changes, batches_seen = loaded
+        self.writer.resumed_at(path, state)
         progress = self.progress
         notes = self.registry.load(state, per_rank=False)
         progress.batches_seen_in_epoch = batches_seen  # in this run's layout
-        own = own_rank_state(checkpointer.rank_states(path), acc.process_index, acc.num_processes)
+        own = own_rank_state(reader.rank_states(path), acc.process_index, acc.num_processes)
         notes += self.registry.load(own, per_rank=True)
         problem = data_problem(batches_seen)
         if problem is not None:  # before any pass or step of the resumed run
@@ -173,8 +183,8 @@ class RunCheckpoints:
         """The checkpoint's state (tensors in place), the config changes applied, and the data
         position in this run's layout; or, when its files cannot be loaded, why (the caller agrees
         with the other processes). A checkpoint that does not fit this run raises ``ConfigError``."""
-        acc, checkpointer = self.accelerator, self.checkpointer
-        saved = checkpointer.read_state(path)
+        acc, reader = self.accelerator, self.reader
+        saved = reader.read_state(path)
         check_resume(acc, saved.get("plan"))
         batches_seen = compatible_position(  # first: another effective batch cannot resume at all
             saved.get("plan"),
@@ -204,7 +214,7 @@ class RunCheckpoints:
         collected = [_Collected() for _ in pickles]
         acc._custom_objects[:] = collected  # Accelerate loads them, as it wrote them (weights_only=False)
         try:
-            state = checkpointer.load(path)
+            state = reader.load(path)
         except CheckpointLoadError as exc:
             return str(exc)
         finally:

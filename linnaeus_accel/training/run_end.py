@@ -29,7 +29,7 @@ from ..process.first_failure import first_failure
 from ..process.launcher import stop_if_launcher_gone
 from ..progress import TrainingProgress
 from ..save.failures import agree_on_output, resume_clause
-from ..save.writer import Checkpointer
+from ..save.writer import CheckpointWriter
 from ..schedule import ResolvedPlan, StopDecision
 from .final_weights import run_tokenizer, save_final
 from .nonfinite import NonFiniteGuard
@@ -43,16 +43,16 @@ class RunEnd:
         plan: ResolvedPlan,
         model: nn.Module,
         progress: TrainingProgress,
-        checkpointer: Checkpointer,
+        writer: CheckpointWriter,
         nonfinite: NonFiniteGuard,
         take_tokens: Callable[[], int],
         train_data: Any = None,
         last_validation: Callable[[], dict[str, float]] = dict,
     ) -> None:
         self.accelerator, self.config, self.plan, self.model = accelerator, config, plan, model
-        self.progress, self.checkpointer, self.nonfinite, self.take_tokens = (
+        self.progress, self.writer, self.nonfinite, self.take_tokens = (
             progress,
-            checkpointer,
+            writer,
             nonfinite,
             take_tokens,
         )
@@ -86,16 +86,16 @@ class RunEnd:
         progress = self.progress
         preempted = stop is not None and stop.reason == "preempted"
         progress.tokens_seen += self.take_tokens()
-        self.checkpointer.settle()  # the last checkpoint is committed, or every process stops here
+        self.writer.settle()  # the last checkpoint is committed, or every process stops here
         before_summary()
         if not preempted:  # a preempted run's weights are in its last checkpoint
-            self.nonfinite.check(progress.global_step, "the final weights", self.checkpointer.current)
+            self.nonfinite.check(progress.global_step, "the final weights", self.writer.current)
             self._save_final()
         status = "preempted" if preempted else ("early_stopped" if stop is not None else "completed")
         summary = self.summary(status, stop)
-        summary["remote_sync_errors"] = self.checkpointer.close()
-        summary["checkpoint_blocked_s"] = round(self.checkpointer.total_blocked_s, 3)
-        summary["checkpoint_wait_s"] = round(self.checkpointer.total_waited_s, 3)
+        summary["remote_sync_errors"] = self.writer.close()
+        summary["checkpoint_blocked_s"] = round(self.writer.total_blocked_s, 3)
+        summary["checkpoint_wait_s"] = round(self.writer.total_waited_s, 3)
         self.out.write_json("summary.json", summary)
         return summary
 
@@ -107,7 +107,7 @@ class RunEnd:
         if failure is not None and acc.is_main_process:
             shutil.rmtree(final, ignore_errors=True)
         removed = f"removed {final} (not written whole)"
-        agree_on_output(acc, "the final weights", failure, removed, self.checkpointer.resume_point)
+        agree_on_output(acc, "the final weights", failure, removed, self.writer.resume_point)
 
     def tear_down(self) -> None:
         """Every process tears the process group down together (PyTorch's advice for
@@ -139,10 +139,10 @@ class RunEnd:
         if self.out is None:
             return message
         with contextlib.suppress(Exception):
-            if lost := self.checkpointer.abandon(timeout=60.0):
+            if lost := self.writer.abandon(timeout=60.0):
                 message = f"{message}; {lost}"
         with contextlib.suppress(Exception):
-            self.checkpointer.close(timeout=60.0)
+            self.writer.close(timeout=60.0)
         try:
             self.out.write_json("summary.json", self.summary("failed", error=message))
         except OutputWriteError as exc:
@@ -186,6 +186,6 @@ class RunEnd:
         if not self.accelerator.is_main_process:
             return words
         with contextlib.suppress(Exception):
-            if lost := self.checkpointer.abandon(timeout=60.0):
+            if lost := self.writer.abandon(timeout=60.0):
                 words = f"{words}; {lost}"
-        return f"{words}; {resume_clause(self.checkpointer.resume_point)}"
+        return f"{words}; {resume_clause(self.writer.resume_point)}"

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..progress import TrainingProgress
-from ..save.writer import Checkpointer
+from ..save.writer import CheckpointWriter
 from ..schedule import OpsSchedule
 from .batches import BatchSource
 from .meter import NonFiniteLoss, TrainMeter
@@ -25,11 +25,11 @@ class TrainLog:
         progress: TrainingProgress,
         meter: TrainMeter,
         batches: BatchSource,
-        checkpointer: Checkpointer,
+        writer: CheckpointWriter,
         nonfinite: NonFiniteGuard,
     ) -> None:
         self.ops, self.plan, self.progress, self.meter = ops, ops.plan, progress, meter
-        self.batches, self.checkpointer, self.nonfinite = batches, checkpointer, nonfinite
+        self.batches, self.writer, self.nonfinite = batches, writer, nonfinite
         self.out: Any = None  # the run's outputs, once the run has started
 
     def after_step(self, epoch: int, last: bool) -> None:
@@ -45,10 +45,10 @@ class TrainLog:
             metrics = self.meter.flush(self.progress.samples_seen, self.progress.tokens_seen, lrs, wait)
         except NonFiniteLoss as bad:
             what = f"the training loss was {bad.value} at step {step - bad.steps_ago}"
-            raise self.nonfinite.failure(what, self.checkpointer.current) from None
+            raise self.nonfinite.failure(what, self.writer.current) from None
         self.progress.tokens_seen = int(metrics.get("tokens_seen", self.progress.tokens_seen))
         metrics.update(self.source_metrics())
-        metrics.update(self.checkpointer.take_timings())
+        metrics.update(self.writer.take_timings())
         # SCHEDULE.METRICS.TRACKER_INTERVAL: the other records send the trackers their LR alone.
         to_trackers = last or ops.should_log_to_trackers(step)
         out.log(metrics, step, metrics if to_trackers else {f"lr/{label}": lr for label, lr in lrs.items()})

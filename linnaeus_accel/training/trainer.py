@@ -6,7 +6,7 @@ the resolved plan (``OpsSchedule``) every time. The LR is set from the global st
 optimizer step; no LR scheduler is prepared (Accelerate would step it once per process, SPEC §1).
 
 The loop asks components: ``Boundaries`` (checkpoints and validation at boundaries and mid-epoch
-points), ``TrainLog`` (metrics and the console), ``CallbackList``, ``RunCheckpoints`` (what a
+points), ``TrainLog`` (metrics and the console), ``CallbackList``, ``CheckpointManager`` (what a
 checkpoint holds: every part registered in the ``StateRegistry``; resuming from one).
 """
 
@@ -36,7 +36,6 @@ from ..run_directory.run_info import model_line, run_info
 from ..run_directory.run_lock import RunLock
 from ..run_directory.shared_storage import check_shared_output
 from ..run_directory.trackers import init_trackers
-from ..save.writer import Checkpointer
 from ..schedule import EarlyStopping, OpsSchedule, StopDecision
 from ..schedule.report.summary import summary_text
 from ..state import tensor_state
@@ -44,7 +43,7 @@ from ..state.registry import REGISTERED, Stateful, StateRegistry
 from ..tasks import Task, TaskContext, build_task
 from .boundaries import Boundaries
 from .callback_list import CallbackList
-from .checkpoints import RunCheckpoints
+from .checkpoints import CheckpointManager
 from .gradnorm import gradnorm_for
 from .meter import meter_for
 from .nonfinite import NonFiniteGuard
@@ -140,8 +139,6 @@ class Trainer:
             skip_nonfinite=config.TRAIN.NONFINITE == "skip",
         )  # fmt: skip
         self.consistency = TrainingConsistencyChecker.for_plan(self.plan, config.DATA.DROP_LAST)
-        self.checkpointer = Checkpointer(acc, config, remote, mode=ranking_mode)
-        self.checkpointer.on_commit = self.callbacks.committed
         self.nonfinite = NonFiniteGuard(acc, self.meter, self.model, config.TRAIN.NONFINITE)
         self.preemption = PreemptionWatch(acc)
         # Every stateful part of the run, under the names its checkpoints have always used.
@@ -154,19 +151,20 @@ class Trainer:
         state.register("meter", self.meter, per_rank=True)
         self.resumed_data_state: dict[str, Any] | None = None  # where the resumed epoch's data stands
         state.register("data", save=self._data_state, load=self._hold_data_state, per_rank=True)
-        self.checkpoints = RunCheckpoints(
-            acc, config, self.plan, self.checkpointer, state, self.progress, self.nonfinite, self.meter.take_tokens,
-            self.optimizer,
+        self.checkpoints = CheckpointManager(
+            acc, config, self.plan, state, self.progress, self.nonfinite, self.meter.take_tokens,
+            self.optimizer, remote=remote, mode=ranking_mode,
         )  # fmt: skip
         self.checkpoints.after_save.append(self.callbacks.checkpoint_saved)
+        self.checkpoints.writer.on_commit = self.callbacks.committed
         self.boundaries = Boundaries(
             acc, config, self.model, self.task, ops, self.progress, self.val_batches, self.checkpoints,
             self.preemption, self.early_stopping, self.meter, ranking_mode,
             on_validation_end=lambda step, metrics: self.callbacks.validation_end(self, step, metrics),
         )  # fmt: skip
-        self.train_log = TrainLog(ops, self.progress, self.meter, self.train_batches, self.checkpointer, self.nonfinite)  # fmt: skip
+        self.train_log = TrainLog(ops, self.progress, self.meter, self.train_batches, self.checkpoints.writer, self.nonfinite)  # fmt: skip
         self.end = RunEnd(
-            acc, config, self.plan, self.model, self.progress, self.checkpointer, self.nonfinite, self.meter.take_tokens,
+            acc, config, self.plan, self.model, self.progress, self.checkpoints.writer, self.nonfinite, self.meter.take_tokens,
             train_data=train.dataset, last_validation=lambda: self.boundaries.last_validation,
         )  # fmt: skip
         self.lock = RunLock(config.output_dir)  # taken by the main process in fit()
@@ -266,7 +264,7 @@ class Trainer:
         code its writer put in it; refused otherwise). Raises ``RunFailed`` when the run cannot go on
         (``summary.json`` then says ``status: failed``)."""
         self.allow_config_change = allow_config_change
-        self.checkpointer.allow_pickles = unsafe_load_pickles
+        self.checkpoints.reader.allow_pickles = unsafe_load_pickles
         self._adopt_accelerate_state()
         check_overwrite(self.config, self.init_from, overwrite)  # its source gone, and no resume left
         self._check_state_is_data()  # before the output directory is claimed: nothing is written
@@ -402,7 +400,7 @@ class Trainer:
         check_shared_output(acc, config.output_dir)  # every machine sees the directory, or all stop
         self.checkpoints.verify_explicit(resume_from)  # a refusal writes nothing
         if acc.is_main_process:
-            self.checkpointer.store.remove_stale_staging()
+            self.checkpoints.writer.store.remove_stale_staging()
         self.out = self.boundaries.out = self.train_log.out = self.end.out = run_outputs(
             acc, config, self.plan.total_steps
         )
