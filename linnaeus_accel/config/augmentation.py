@@ -4,24 +4,20 @@ and the partial masking of metadata components."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import AliasChoices, Field
 
 from .base import (
-    Fraction,
     NonNegativeFloat,
-    NonNegativeInt,
     PositiveFloat,
     PositiveInt,
     Probability,
     Problem,
     Section,
-    merge_problems,
-    one_unit_problems,
+    Timed,
+    timed,
 )
-
-POSITION_UNITS = ("STEPS", "FRACTION", "EPOCHS")
 
 
 def combination_problems(key: str, combos: list[list[str]]) -> list[Problem]:
@@ -42,21 +38,15 @@ class ProbabilityRamp(Section):
     ENABLED: bool = Field(False, description="Turns the ramp on; off, the probability is 0 at every step.")
     START_PROB: Probability = Field(1.0, description="Probability at global step 0.")
     END_PROB: Probability = Field(0.0, description="Probability from the END step on.")
-    END_STEPS: NonNegativeInt | None = Field(
-        None,
-        description="Global step at which END_PROB is reached (0: END_PROB from the start); one of "
-        "END_* is required when ENABLED.",
-    )
-    END_FRACTION: Fraction | None = Field(
-        None, description="The END step as a fraction of total steps (0: END_PROB from the start)."
-    )
-    END_EPOCHS: NonNegativeFloat | None = Field(
-        None, description="The END step in epochs (may be fractional)."
+    END: ClassVar[Timed] = timed(
+        steps="Global step at which END_PROB is reached (0: END_PROB from the start); one of END_* is required when ENABLED.",
+        fraction="The END step as a fraction of total steps (0: END_PROB from the start).",
+        epochs="The END step in epochs (may be fractional).",
     )
 
     def problems(self) -> list[Problem]:
-        required = "when ENABLED is true (the step at which END_PROB is reached)" if self.ENABLED else None
-        return one_unit_problems(self, "END", units=POSITION_UNITS, required_because=required)
+        because = "when ENABLED is true (the step at which END_PROB is reached)"
+        return ProbabilityRamp.END.required(self, because) if self.ENABLED else []
 
 
 class PartialMetaMasking(Section):
@@ -67,38 +57,25 @@ class PartialMetaMasking(Section):
         description="Turns partial masking on: within the window, a sample not fully masked has one "
         "WHITELIST combination masked with the ramp's probability.",
     )
-    START_STEPS: NonNegativeInt | None = Field(
-        None, description="Window start in global steps (inclusive); unset: step 0."
+    START: ClassVar[Timed] = timed(
+        steps="Window start in global steps (inclusive); unset: step 0.",
+        fraction="Window start as a fraction of total steps; unset: step 0.",
+        epochs="Window start in epochs (may be fractional); unset: step 0.",
     )
-    START_FRACTION: Fraction | None = Field(
-        None, description="Window start as a fraction of total steps; unset: step 0."
-    )
-    START_EPOCHS: NonNegativeFloat | None = Field(
-        None, description="Window start in epochs (may be fractional); unset: step 0."
-    )
-    END_STEPS: NonNegativeInt | None = Field(
-        None, description="Window end in global steps (exclusive); unset: end of training."
-    )
-    END_FRACTION: Fraction | None = Field(
-        None, description="Window end as a fraction of total steps (exclusive); unset: end of training."
-    )
-    END_EPOCHS: NonNegativeFloat | None = Field(
-        None, description="Window end in epochs (exclusive, may be fractional); unset: end of training."
+    END: ClassVar[Timed] = timed(
+        steps="Window end in global steps (exclusive); unset: end of training.",
+        fraction="Window end as a fraction of total steps (exclusive); unset: end of training.",
+        epochs="Window end in epochs (exclusive, may be fractional); unset: end of training.",
     )
     START_PROB: Probability = Field(
         0.0,
         description="Probability at global step 0 (the ramp counts from step 0, not from the window start).",
     )
     END_PROB: Probability = Field(0.0, description="Probability from the PROB_END step on.")
-    PROB_END_STEPS: NonNegativeInt | None = Field(
-        None,
-        description="Global step at which END_PROB is reached; one of PROB_END_* is required when ENABLED.",
-    )
-    PROB_END_FRACTION: Fraction | None = Field(
-        None, description="The PROB_END step as a fraction of total steps."
-    )
-    PROB_END_EPOCHS: NonNegativeFloat | None = Field(
-        None, description="The PROB_END step in epochs (may be fractional)."
+    PROB_END: ClassVar[Timed] = timed(
+        steps="Global step at which END_PROB is reached; one of PROB_END_* is required when ENABLED.",
+        fraction="The PROB_END step as a fraction of total steps.",
+        epochs="The PROB_END step in epochs (may be fractional).",
     )
     WHITELIST: list[list[str]] = Field(
         default_factory=list, description="Component combinations to draw from."
@@ -106,19 +83,10 @@ class PartialMetaMasking(Section):
     WEIGHTS: list[NonNegativeFloat] | None = Field(None, description="Draw weights, one per WHITELIST entry.")
 
     def problems(self) -> list[Problem]:
-        problems = merge_problems(
-            one_unit_problems(self, "START", units=POSITION_UNITS),
-            one_unit_problems(self, "END", units=POSITION_UNITS),
-            one_unit_problems(
-                self,
-                "PROB_END",
-                units=POSITION_UNITS,
-                required_because="when ENABLED is true (the step at which END_PROB is reached)"
-                if self.ENABLED
-                else None,
-            ),
-            combination_problems("WHITELIST", self.WHITELIST),
-        )
+        problems = combination_problems("WHITELIST", self.WHITELIST)
+        if self.ENABLED:
+            because = "when ENABLED is true (the step at which END_PROB is reached)"
+            problems[:0] = PartialMetaMasking.PROB_END.required(self, because)
         if self.ENABLED and not self.WHITELIST:
             problems.append(
                 Problem(("WHITELIST",), "{0} is empty while ENABLED is true: list the combinations to mask")
@@ -133,11 +101,9 @@ class PartialMetaMasking(Section):
                 )
             elif self.WEIGHTS and sum(self.WEIGHTS) <= 0:
                 problems.append(Problem(("WEIGHTS",), "{0} sum to 0: at least one weight must be positive"))
-        if (
-            self.START_FRACTION is not None
-            and self.END_FRACTION is not None
-            and self.START_FRACTION >= self.END_FRACTION
-        ):
+        start = PartialMetaMasking.START.values(self).get("fraction")
+        end = PartialMetaMasking.END.values(self).get("fraction")
+        if start is not None and end is not None and start >= end:
             problems.append(
                 Problem(
                     ("START_FRACTION", "END_FRACTION"),

@@ -8,24 +8,27 @@ them into fully qualified dotted keys (see ``loading.format_problems``).
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, TypeVar, cast, overload
 
 from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
+    Field,
     ModelWrapValidatorHandler,
     PrivateAttr,
     model_validator,
 )
+from pydantic._internal._model_construction import ModelMetaclass
 from pydantic_core import PydanticCustomError
 
-RULES_ERROR_TYPE = "config_rules"
+from .duration import UNITS, Duration, Unit
 
-TIME_UNITS = ("STEPS", "FRACTION", "EPOCHS")
+RULES_ERROR_TYPE = "config_rules"
 
 
 @dataclass(frozen=True)
@@ -65,7 +68,83 @@ class _Pruned:
 PRUNED = _Pruned()
 
 
-class Section(BaseModel):
+class Timed:
+    """One timed parameter, declared once in a section's body::
+
+        WARMUP: ClassVar[Timed] = timed(steps="...", fraction="...", epochs="...")
+
+    declares the keys ``WARMUP_STEPS``, ``WARMUP_FRACTION`` and ``WARMUP_EPOCHS`` there, in the
+    order the units are given (the order error messages name them in), each with its description;
+    every section checks that at most one of them is set. ``section.WARMUP`` is the
+    :class:`Duration` of the one that is set, or None; ``SectionClass.WARMUP`` this declaration.
+    """
+
+    def __init__(self, units: Mapping[Unit, tuple[str, Any, str]], stem: str = "") -> None:
+        self.units = dict(units)  # unit -> (key suffix, annotation, description), in the order given
+        self.stem = stem
+        self.keys = {unit: f"{stem}_{suffix}" for unit, (suffix, _, _) in self.units.items()}
+
+    def values(self, section: BaseModel) -> dict[Unit, float]:
+        """The units that are set in ``section``, with their values."""
+        return {u: value for u, key in self.keys.items() if (value := getattr(section, key)) is not None}
+
+    @overload
+    def __get__(self, section: None, owner: type) -> Timed: ...
+    @overload
+    def __get__(self, section: BaseModel, owner: type) -> Duration | None: ...
+    def __get__(self, section: BaseModel | None, owner: type) -> Timed | Duration | None:
+        if section is None:
+            return self
+        # A validated section has at most one unit set.
+        return next((Duration(value, unit) for unit, value in self.values(section).items()), None)
+
+    def given(self, section: BaseModel) -> list[str]:
+        """The keys set in ``section``; a pruned key (already reported invalid) counts as given."""
+        pruned = section._pruned if isinstance(section, Section) else frozenset()
+        return [k for k in self.keys.values() if getattr(section, k) is not None or k in pruned]
+
+    def problems(self, section: BaseModel) -> list[Problem]:
+        """The "exactly one unit per timed parameter" rule (docs/semantics.md, section 2)."""
+        given, choices = self.given(section), ", ".join(self.keys.values())
+        if len(given) < 2:
+            return []
+        refs = " and ".join(f"{{{i}}}" for i in range(len(given)))
+        message = f"{refs} are set together: keep exactly one of {choices}"
+        return [Problem(tuple(given), message, counts_pruned=True)]
+
+    def required(self, section: BaseModel, because: str) -> list[Problem]:
+        """The parameter must be given (``because`` says when and why)."""
+        if self.given(section):
+            return []
+        first, choices = next(iter(self.keys.values())), ", ".join(self.keys.values())
+        return [Problem((first,), f"{{0}} (or one of {choices}) is required {because}")]
+
+
+@functools.cache
+def timed_parameters(model: type[BaseModel]) -> dict[str, Timed]:
+    """The timed parameters of a section class, its bases' first, by stem."""
+    found = (item for klass in reversed(model.__mro__) for item in vars(klass).items())
+    return {name: value for name, value in found if isinstance(value, Timed)}
+
+
+class _SectionMeta(ModelMetaclass):
+    """Expands each ``Timed`` declaration of a section's body into its unit fields, where it is
+    written, before pydantic collects the fields: their order is the reference's and the dumps'."""
+
+    def __new__(mcs, name: str, bases: tuple[type, ...], namespace: dict[str, Any], **kwargs: Any) -> type:
+        expanded: dict[str, Any] = {}
+        for field, annotation in namespace.get("__annotations__", {}).items():
+            expanded[field] = annotation
+            if isinstance(spec := namespace.get(field), Timed):
+                namespace[field] = spec = Timed(spec.units, stem=field)
+                for unit, (_, unit_annotation, description) in spec.units.items():
+                    expanded[spec.keys[unit]] = unit_annotation | None
+                    namespace[spec.keys[unit]] = Field(None, description=description)
+        namespace["__annotations__"] = expanded
+        return super().__new__(mcs, name, bases, namespace, **kwargs)
+
+
+class Section(BaseModel, metaclass=_SectionMeta):
     """Base of every config section: unknown keys are errors, values are immutable once loaded.
 
     Rules that involve several fields live in ``problems()``; all of a section's problems are
@@ -86,7 +165,9 @@ class Section(BaseModel):
         model = handler(data)
         model._pruned = pruned
         silent = model.pruned_paths()
-        raise_if_problems([p for p in model.problems() if p.counts_pruned or not silent.intersection(p.keys)])
+        problems = [p for spec in timed_parameters(type(model)).values() for p in spec.problems(model)]
+        problems += model.problems()
+        raise_if_problems([p for p in problems if p.counts_pruned or not silent.intersection(p.keys)])
         return model
 
     def pruned_paths(self) -> set[str]:
@@ -205,44 +286,26 @@ NonNegativeInt = Annotated[int, AfterValidator(_check_non_negative_int)]
 StepsOrOff = Annotated[int, AfterValidator(_check_interval)]
 
 
-def set_keys(model: BaseModel, stem: str, units: Iterable[str] = TIME_UNITS) -> list[str]:
-    """Names of the ``<stem>_<unit>`` fields of ``model`` that are set (not None)."""
-    pruned = model._pruned if isinstance(model, Section) else frozenset()
-    names = [f"{stem}_{u}" for u in units]
-    return [n for n in names if getattr(model, n, None) is not None or n in pruned]
+def _timed(types: tuple[Any, Any, Any], descriptions: dict[str, str], steps_suffix: str = "STEPS") -> Timed:
+    """The keys of the units ``descriptions`` names (steps, fraction, epochs), in its order."""
+    suffixes = (steps_suffix, "FRACTION", "EPOCHS")
+    kinds: dict[str, tuple[str, Any]] = dict(zip(UNITS, zip(suffixes, types, strict=True), strict=True))
+    return Timed({cast(Unit, unit): (*kinds[unit], text) for unit, text in descriptions.items()})
 
 
-def one_unit_problems(
-    model: BaseModel, stem: str, *, units: Iterable[str] = TIME_UNITS, required_because: str | None = None
-) -> list[Problem]:
-    """The "exactly one unit per timed parameter" rule (SPEC §2) for ``<stem>_{STEPS,...}``.
-
-    With ``required_because`` the parameter must be given; the text says why.
-    """
-    units = tuple(units)
-    given = set_keys(model, stem, units)
-    choices = ", ".join(f"{stem}_{u}" for u in units)
-    if len(given) > 1:
-        refs = " and ".join(f"{{{i}}}" for i in range(len(given)))
-        return [
-            Problem(
-                tuple(given), f"{refs} are set together: keep exactly one of {choices}", counts_pruned=True
-            )
-        ]
-    if not given and required_because:
-        return [
-            Problem((f"{stem}_{units[0]}",), f"{{0}} (or one of {choices}) is required {required_because}")
-        ]
-    return []
+def timed(**descriptions: str) -> Timed:
+    """A duration or position (>= 0): steps, a fraction of the run, or (fractional) epochs."""
+    return _timed((NonNegativeInt, Fraction, NonNegativeFloat), descriptions)
 
 
-def merge_problems(*groups: Iterable[Problem]) -> list[Problem]:
-    return [p for group in groups for p in group]
+def period(**descriptions: str) -> Timed:
+    """A period (> 0), such as the step schedule's decay period."""
+    return _timed((PositiveInt, Fraction, PositiveFloat), descriptions)
 
 
-def prefixed(prefix: str, problems: Iterable[Problem]) -> list[Problem]:
-    """Problems of a nested model, re-keyed relative to its parent."""
-    return [Problem(tuple(f"{prefix}.{k}" for k in p.keys), p.message) for p in problems]
+def interval(*, steps_suffix: str = "STEPS", **descriptions: str) -> Timed:
+    """An event's interval: whole steps or epochs (null, not 0, is off), or a fraction (0: never)."""
+    return _timed((StepsOrOff, Fraction, StepsOrOff), descriptions, steps_suffix)
 
 
 def canonical_metric_name(name: str) -> str:

@@ -7,13 +7,11 @@ steps its ``on_step_end`` runs (resolved once with the plan and drawn in ``plan`
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .base import Fraction, Problem, Section, StepsOrOff, one_unit_problems
-
-INTERVAL_UNITS = ("STEPS", "FRACTION", "EPOCHS")
+from .base import Section, Timed, interval
 
 
 class CallbackConfig(Section):
@@ -26,20 +24,11 @@ class CallbackConfig(Section):
         default_factory=dict,
         description="The callback's options: keyword arguments of its class, checked against its Options model when it has one (unknown keys are errors).",
     )
-    INTERVAL_STEPS: StepsOrOff | None = Field(
-        None, description="Call on_step_end at every multiple of N global steps."
+    INTERVAL: ClassVar[Timed] = interval(
+        steps="Call on_step_end at every multiple of N global steps.",
+        fraction="Call on_step_end at every multiple of this fraction of the total steps (0: never).",
+        epochs="Call on_step_end at the last step of every N-th epoch. With no INTERVAL_*: after every optimizer step.",
     )
-    INTERVAL_FRACTION: Fraction | None = Field(
-        None, description="Call on_step_end at every multiple of this fraction of the total steps (0: never)."
-    )
-    INTERVAL_EPOCHS: StepsOrOff | None = Field(
-        None,
-        description="Call on_step_end at the last step of every N-th epoch. With no INTERVAL_*: after every "
-        "optimizer step.",
-    )
-
-    def problems(self) -> list[Problem]:
-        return one_unit_problems(self, "INTERVAL", units=INTERVAL_UNITS)
 
 
 # -- the options of the built-in callbacks (their classes: linnaeus_accel.callbacks.<name>) -----------

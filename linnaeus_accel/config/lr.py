@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -10,13 +10,13 @@ from .base import (
     DecayRate,
     Fraction,
     NonNegativeFloat,
-    NonNegativeInt,
     PositiveFloat,
     PositiveInt,
     Problem,
     Section,
-    merge_problems,
-    one_unit_problems,
+    Timed,
+    period,
+    timed,
 )
 
 ScheduleName = Literal["cosine", "linear", "step", "wsd"]
@@ -44,27 +44,15 @@ class ParameterGroup(Section):
     WARMUP_LR: NonNegativeFloat | None = Field(
         None, description="Absolute warmup start; default: global x multiplier."
     )
-    WARMUP_STEPS: NonNegativeInt | None = Field(
-        None, description="This group's warmup length in optimizer steps; default: the global warmup."
+    WARMUP: ClassVar[Timed] = timed(
+        steps="This group's warmup length in optimizer steps; default: the global warmup.",
+        fraction="This group's warmup length as a fraction of total steps; default: the global warmup.",
+        epochs="This group's warmup length in epochs (may be fractional); default: the global warmup.",
     )
-    WARMUP_FRACTION: Fraction | None = Field(
-        None,
-        description="This group's warmup length as a fraction of total steps; default: the global warmup.",
-    )
-    WARMUP_EPOCHS: NonNegativeFloat | None = Field(
-        None,
-        description="This group's warmup length in epochs (may be fractional); default: the global warmup.",
-    )
-    DECAY_STEPS: PositiveInt | None = Field(
-        None,
-        description="step schedule: this group's decay period in optimizer steps; default: the global one.",
-    )
-    DECAY_FRACTION: Fraction | None = Field(
-        None,
-        description="step schedule: this group's decay period as a fraction of total steps; default: the global one.",
-    )
-    DECAY_EPOCHS: PositiveFloat | None = Field(
-        None, description="step schedule: this group's decay period in epochs; default: the global one."
+    DECAY: ClassVar[Timed] = period(
+        steps="step schedule: this group's decay period in optimizer steps; default: the global one.",
+        fraction="step schedule: this group's decay period as a fraction of total steps; default: the global one.",
+        epochs="step schedule: this group's decay period in epochs; default: the global one.",
     )
     DECAY_RATE: DecayRate | None = Field(
         None,
@@ -83,7 +71,7 @@ class ParameterGroup(Section):
     )
 
     def problems(self) -> list[Problem]:
-        problems = merge_problems(one_unit_problems(self, "WARMUP"), one_unit_problems(self, "DECAY"))
+        problems: list[Problem] = []
         if not self.LABEL:
             problems.append(Problem(("LABEL",), "{0} is required: name the group, e.g. 'head'"))
         if self.LABEL == "default":
@@ -97,9 +85,6 @@ class ParameterGroup(Section):
                 Problem(("MATCH",), "{0} is empty: give at least one parameter-name pattern, e.g. ['head.*']")
             )
         return problems
-
-    def has_decay_period(self) -> bool:
-        return any(getattr(self, f"DECAY_{u}") is not None for u in ("STEPS", "FRACTION", "EPOCHS"))
 
 
 class LRSchedulerConfig(Section):
@@ -132,20 +117,16 @@ class LRSchedulerConfig(Section):
         "steps): with the default 0 the first update has LR 0. nanoGPT and torchtitan start at B / (W + 1): "
         "set WARMUP_LR to that to match them.",
     )
-    WARMUP_STEPS: NonNegativeInt | None = Field(
-        None, description="Warmup length in optimizer steps (none of WARMUP_*: no warmup)."
+    WARMUP: ClassVar[Timed] = timed(
+        steps="Warmup length in optimizer steps (none of WARMUP_*: no warmup).",
+        fraction="Warmup length as a fraction of total steps.",
+        epochs="Warmup length in epochs (may be fractional).",
     )
-    WARMUP_FRACTION: Fraction | None = Field(None, description="Warmup length as a fraction of total steps.")
-    WARMUP_EPOCHS: NonNegativeFloat | None = Field(
-        None, description="Warmup length in epochs (may be fractional)."
+    DECAY: ClassVar[Timed] = period(
+        steps="step schedule: optimizer steps between decays (NAME step needs one of DECAY_*).",
+        fraction="step schedule: decay period as a fraction of total.",
+        epochs="step schedule: decay period in epochs.",
     )
-    DECAY_STEPS: PositiveInt | None = Field(
-        None, description="step schedule: optimizer steps between decays (NAME step needs one of DECAY_*)."
-    )
-    DECAY_FRACTION: Fraction | None = Field(
-        None, description="step schedule: decay period as a fraction of total."
-    )
-    DECAY_EPOCHS: PositiveFloat | None = Field(None, description="step schedule: decay period in epochs.")
     DECAY_RATE: DecayRate = Field(0.1, description="step schedule: multiplier applied every decay period.")
     STABLE_DURATION_FRACTION: Fraction = Field(
         0.8, description="wsd: share of post-warmup steps held at BASE_LR."
@@ -160,10 +141,8 @@ class LRSchedulerConfig(Section):
     )
 
     def problems(self) -> list[Problem]:
-        problems = merge_problems(one_unit_problems(self, "WARMUP"), one_unit_problems(self, "DECAY"))
-        has_global_decay = (
-            self.DECAY_STEPS is not None or self.DECAY_FRACTION is not None or self.DECAY_EPOCHS is not None
-        )
+        problems: list[Problem] = []
+        has_global_decay = self.DECAY is not None
         if self.NAME == "step" and not has_global_decay:
             problems.append(
                 Problem(
@@ -178,7 +157,7 @@ class LRSchedulerConfig(Section):
                     Problem((key,), f"{{0}}: label '{group.LABEL}' is used twice; labels must be unique")
                 )
             seen.add(group.LABEL)
-            if (group.NAME or self.NAME) == "step" and not (group.has_decay_period() or has_global_decay):
+            if (group.NAME or self.NAME) == "step" and not (group.DECAY is not None or has_global_decay):
                 problems.append(
                     Problem(
                         (f"PARAMETER_GROUPS.{i}.DECAY_STEPS",),

@@ -22,12 +22,10 @@ import yaml
 from pydantic import AfterValidator, AliasChoices, BaseModel
 from pydantic.fields import FieldInfo
 
-from .base import RULE_NAMES
+from .base import RULE_NAMES, timed_parameters
 from .root import Config
 
 COMMAND = "python -m linnaeus_accel.config.reference > docs/config.md"
-# Suffixes of a timed parameter's units: `<STEM>_<UNIT>` fields sharing a stem are one parameter.
-UNIT_SUFFIXES = ("STEPS", "FRACTION", "EPOCHS", "INTERVAL")
 
 
 @dataclass(frozen=True)
@@ -75,13 +73,7 @@ def all_keys() -> list[Key]:
 
 def unit_families(model: type[BaseModel]) -> list[list[str]]:
     """Groups of fields that are one timed parameter in several units (at most one may be set)."""
-    stems: dict[str, list[str]] = {}
-    for name, field in model.model_fields.items():
-        stem, _, unit = name.rpartition("_")
-        # Units are optional (null: not given); LEVEL_SWITCH_STEPS and _EPOCHS, lists, are not units.
-        if stem and unit in UNIT_SUFFIXES and type(None) in get_args(field.annotation):
-            stems.setdefault(stem, []).append(name)
-    return [names for names in stems.values() if len(names) > 1]
+    return [list(spec.keys.values()) for spec in timed_parameters(model).values()]
 
 
 def type_text(annotation: Any, metadata: Sequence[Any] = ()) -> str:

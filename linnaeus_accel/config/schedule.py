@@ -9,23 +9,20 @@ multiple (SPEC §5).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import AliasChoices, Field
 
 from .augmentation import MetaMasking, Mixup, combination_problems
 from .base import (
-    Fraction,
     NonNegativeInt,
     PositiveInt,
     Problem,
     Section,
     StepsOrOff,
-    merge_problems,
-    one_unit_problems,
+    Timed,
+    interval,
 )
-
-INTERVAL_UNITS = ("EPOCHS", "STEPS", "FRACTION")
 
 
 class PartialMaskMetaValidation(Section):
@@ -36,14 +33,10 @@ class PartialMaskMetaValidation(Section):
         description="Run the WHITELIST passes (metric prefix val_mask_<A>_<B>) at the boundaries of "
         "INTERVAL_*; with no INTERVAL_* they never run.",
     )
-    INTERVAL_EPOCHS: StepsOrOff | None = Field(None, description="Partial-mask passes every N epochs.")
-    INTERVAL_STEPS: StepsOrOff | None = Field(
-        None, description="Partial-mask passes at the first epoch boundary at or after every N global steps."
-    )
-    INTERVAL_FRACTION: Fraction | None = Field(
-        None,
-        description="Partial-mask passes at the first epoch boundary at or after every fraction of total "
-        "steps (0: never).",
+    INTERVAL: ClassVar[Timed] = interval(
+        epochs="Partial-mask passes every N epochs.",
+        steps="Partial-mask passes at the first epoch boundary at or after every N global steps.",
+        fraction="Partial-mask passes at the first epoch boundary at or after every fraction of total steps (0: never).",
     )
     WHITELIST: list[list[str]] = Field(
         default_factory=list,
@@ -51,7 +44,7 @@ class PartialMaskMetaValidation(Section):
     )
 
     def problems(self) -> list[Problem]:
-        problems = one_unit_problems(self, "INTERVAL", units=INTERVAL_UNITS)
+        problems: list[Problem] = []
         if self.ENABLED and not self.WHITELIST:
             problems.append(
                 Problem(("WHITELIST",), "{0} is empty while ENABLED is true: list the combinations to mask")
@@ -98,31 +91,15 @@ class FinalEpochValidation(Section):
 class ValidationSchedule(Section):
     """Validation passes, run at epoch boundaries (and, with MID_EPOCH, at steps inside epochs)."""
 
-    INTERVAL_EPOCHS: StepsOrOff | None = Field(
-        None,
-        description="Standard validation (metric prefix val) every N epochs. With any INTERVAL_* set the "
-        "final epoch always validates; with none, validation never runs.",
+    INTERVAL: ClassVar[Timed] = interval(
+        epochs="Standard validation (metric prefix val) every N epochs. With any INTERVAL_* set the final epoch always validates; with none, validation never runs.",
+        steps="Standard validation at the first epoch boundary at or after every N global steps.",
+        fraction="Standard validation at the first epoch boundary at or after every fraction of total steps (0: never).",
     )
-    INTERVAL_STEPS: StepsOrOff | None = Field(
-        None, description="Standard validation at the first epoch boundary at or after every N global steps."
-    )
-    INTERVAL_FRACTION: Fraction | None = Field(
-        None,
-        description="Standard validation at the first epoch boundary at or after every fraction of total "
-        "steps (0: never).",
-    )
-    MASK_META_INTERVAL_EPOCHS: StepsOrOff | None = Field(
-        None,
-        description="A pass with all metadata masked (metric prefix val_mask_meta) every N epochs; not "
-        "forced at the final epoch.",
-    )
-    MASK_META_INTERVAL_STEPS: StepsOrOff | None = Field(
-        None, description="The all-masked pass at the first epoch boundary at or after every N global steps."
-    )
-    MASK_META_INTERVAL_FRACTION: Fraction | None = Field(
-        None,
-        description="The all-masked pass at the first epoch boundary at or after every fraction of total "
-        "steps (0: never).",
+    MASK_META_INTERVAL: ClassVar[Timed] = interval(
+        epochs="A pass with all metadata masked (metric prefix val_mask_meta) every N epochs; not forced at the final epoch.",
+        steps="The all-masked pass at the first epoch boundary at or after every N global steps.",
+        fraction="The all-masked pass at the first epoch boundary at or after every fraction of total steps (0: never).",
     )
     PARTIAL_MASK_META: PartialMaskMetaValidation = Field(default_factory=PartialMaskMetaValidation)
     FINAL_EPOCH: FinalEpochValidation = Field(default_factory=FinalEpochValidation)
@@ -148,23 +125,20 @@ class ValidationSchedule(Section):
 
     def step_intervals(self) -> list[str]:
         """The validation intervals set in steps or as a fraction (what MID_EPOCH applies to)."""
-        blocks = (
-            ("", self, "INTERVAL"),
-            ("", self, "MASK_META_INTERVAL"),
-            ("PARTIAL_MASK_META.", self.PARTIAL_MASK_META, "INTERVAL"),
+        blocks: tuple[tuple[str, Section, Timed], ...] = (
+            ("", self, ValidationSchedule.INTERVAL),
+            ("", self, ValidationSchedule.MASK_META_INTERVAL),
+            ("PARTIAL_MASK_META.", self.PARTIAL_MASK_META, PartialMaskMetaValidation.INTERVAL),
         )
         return [
-            f"{prefix}{stem}_{unit}"
-            for prefix, block, stem in blocks
-            for unit in ("STEPS", "FRACTION")
-            if getattr(block, f"{stem}_{unit}") is not None
+            f"{prefix}{spec.keys[unit]}"
+            for prefix, block, spec in blocks
+            for unit in ("steps", "fraction")
+            if unit in spec.values(block)
         ]
 
     def problems(self) -> list[Problem]:
-        problems = merge_problems(
-            one_unit_problems(self, "INTERVAL", units=INTERVAL_UNITS),
-            one_unit_problems(self, "MASK_META_INTERVAL", units=INTERVAL_UNITS),
-        )
+        problems: list[Problem] = []
         if self.MID_EPOCH and not self.step_intervals():
             problems.append(
                 Problem(
@@ -179,19 +153,10 @@ class ValidationSchedule(Section):
 class CheckpointSchedule(Section):
     """When checkpoints are written and which are kept."""
 
-    INTERVAL_EPOCHS: StepsOrOff | None = Field(
-        None,
-        description="Checkpoint every N epochs (the final epoch always checkpoints, even with no INTERVAL_*).",
-    )
-    INTERVAL_STEPS: StepsOrOff | None = Field(
-        None,
-        description="Checkpoint at the first epoch boundary at or after every N global steps (at the step "
-        "itself with MID_EPOCH).",
-    )
-    INTERVAL_FRACTION: Fraction | None = Field(
-        None,
-        description="Checkpoint at the first epoch boundary at or after every fraction of total steps (at "
-        "the step itself with MID_EPOCH; 0: never).",
+    INTERVAL: ClassVar[Timed] = interval(
+        epochs="Checkpoint every N epochs (the final epoch always checkpoints, even with no INTERVAL_*).",
+        steps="Checkpoint at the first epoch boundary at or after every N global steps (at the step itself with MID_EPOCH).",
+        fraction="Checkpoint at the first epoch boundary at or after every fraction of total steps (at the step itself with MID_EPOCH; 0: never).",
     )
     KEEP_TOP_N: NonNegativeInt = Field(
         1, description="Keep the N best by METRIC (0 with KEEP_LAST_N 0: keep all)."
@@ -215,8 +180,8 @@ class CheckpointSchedule(Section):
     )
 
     def problems(self) -> list[Problem]:
-        problems = one_unit_problems(self, "INTERVAL", units=INTERVAL_UNITS)
-        if self.MID_EPOCH and self.INTERVAL_STEPS is None and self.INTERVAL_FRACTION is None:
+        problems: list[Problem] = []
+        if self.MID_EPOCH and not {"steps", "fraction"} & CheckpointSchedule.INTERVAL.values(self).keys():
             problems.append(
                 Problem(
                     ("MID_EPOCH",),
@@ -231,14 +196,10 @@ class MetricsSchedule(Section):
     device only every STEP_INTERVAL steps (the window's one host sync): the console and tracker
     intervals pick among those records, so they are rounded up to a multiple of it."""
 
-    STEP_INTERVAL: StepsOrOff | None = Field(
-        None,
-        description="Every N global steps (and at the last step), the training metrics of the steps since "
-        "(loss, per-group LR, gradient norm, throughput, data-loading time share) are read from the "
-        "device and written to metrics.jsonl; default 50 when STEP_FRACTION is not set either.",
-    )
-    STEP_FRACTION: Fraction | None = Field(
-        None, description="Instead of STEP_INTERVAL: every this fraction of the run's total steps."
+    STEP: ClassVar[Timed] = interval(
+        steps="Every N global steps (and at the last step), the training metrics of the steps since (loss, per-group LR, gradient norm, throughput, data-loading time share) are read from the device and written to metrics.jsonl; default 50 when STEP_FRACTION is not set either.",
+        fraction="Instead of STEP_INTERVAL: every this fraction of the run's total steps.",
+        steps_suffix="INTERVAL",
     )
     CONSOLE_INTERVAL: StepsOrOff | None = Field(
         None,
@@ -270,7 +231,7 @@ class MetricsSchedule(Section):
     )
 
     def problems(self) -> list[Problem]:
-        problems = one_unit_problems(self, "STEP", units=("INTERVAL", "FRACTION"))
+        problems: list[Problem] = []
         if self.PIPELINE_INTERVAL is not None:
             problems.append(
                 Problem(

@@ -13,8 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from .steps import steps_from_fraction
-
 if TYPE_CHECKING:
     from ..config.callbacks import CallbackConfig
 
@@ -43,15 +41,14 @@ def resolve_callbacks(entries: list[CallbackConfig], total_steps: int) -> tuple[
     for entry in entries:
         seen[entry.NAME] = seen.get(entry.NAME, 0) + 1
         label = entry.NAME if seen[entry.NAME] == 1 else f"{entry.NAME}#{seen[entry.NAME]}"
-        if entry.INTERVAL_STEPS is not None:
-            out.append(CallbackTiming(label, "steps", entry.INTERVAL_STEPS))
-        elif entry.INTERVAL_FRACTION is not None:
-            every = steps_from_fraction(entry.INTERVAL_FRACTION, total_steps)
-            out.append(CallbackTiming(label, "steps", every) if every else CallbackTiming(label, "never", 0))
-        elif entry.INTERVAL_EPOCHS is not None:
-            out.append(CallbackTiming(label, "epochs", entry.INTERVAL_EPOCHS))
-        else:
+        interval = entry.INTERVAL
+        if interval is None:
             out.append(CallbackTiming(label, "step"))
+        elif interval.unit == "epochs":
+            out.append(CallbackTiming(label, "epochs", int(interval.value)))
+        else:
+            every = interval.steps(total_steps, None)  # in steps or a fraction: no epoch length needed
+            out.append(CallbackTiming(label, "steps", every) if every else CallbackTiming(label, "never", 0))
     return tuple(out)
 
 

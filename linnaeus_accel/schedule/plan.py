@@ -13,15 +13,16 @@ from typing import Any
 
 from ..config import Config, ConfigError
 from ..config.augmentation import ProbabilityRamp
+from ..config.duration import Duration
 from ..config.lr import LRSchedulerConfig, ParameterGroup
-from .boundaries import Interval, exhaustive_combinations, interval_from
+from .boundaries import Interval, exhaustive_combinations
 from .callback_steps import resolve_callbacks
 from .lr import LRCurve
 from .ramps import DISABLED, PartialMasking, Ramp
 from .resolved import MAX_TOTAL_STEPS, DataSource, ResolvedPlan
 from .run_length import epoch_unit_keys, run_length
 from .sanity import sanity_warnings
-from .steps import ceil_div, floor_fraction_of, optimizer_steps_per_epoch, resolve_steps, steps_from_fraction
+from .steps import ceil_div, floor_fraction_of, optimizer_steps_per_epoch
 
 
 def resolve_plan(
@@ -94,52 +95,46 @@ def resolve_plan(
         )
     scale = effective / lrc.REFERENCE_BS if lrc.REFERENCE_BS else 1.0
 
-    def steps(block: Any, stem: str) -> int | None:
-        return resolve_steps(
-            steps=getattr(block, f"{stem}_STEPS", None),
-            fraction=getattr(block, f"{stem}_FRACTION", None),
-            epochs=getattr(block, f"{stem}_EPOCHS", None),
-            total_steps=total,
-            steps_per_epoch=ope or 0,  # unknown: no *_EPOCHS key is set (checked above)
-        )
+    def steps(duration: Duration | None) -> int | None:
+        # Epochs of unknown length (ope None) were refused above when a duration is in epochs.
+        return None if duration is None else duration.steps(total, ope)
 
-    def interval(block: Any, stem: str) -> Interval | None:
-        fraction = getattr(block, f"{stem}_FRACTION")
-        return interval_from(
-            epochs=getattr(block, f"{stem}_EPOCHS"),
-            steps=getattr(block, f"{stem}_STEPS"),
-            fraction_steps=None if fraction is None else steps_from_fraction(fraction, total),
-        )
+    def interval(duration: Duration | None) -> Interval | None:
+        """Epochs stay epochs (they fire on ``epoch % N``); a fraction that resolved to 0 steps
+        disables the interval."""
+        if duration is None:
+            return None
+        if duration.unit == "epochs":
+            return Interval("epochs", int(duration.value))
+        every = duration.steps(total, ope)
+        return Interval("steps", every) if every else None
 
     def ramp(block: ProbabilityRamp) -> Ramp:
         if not block.ENABLED:
             return DISABLED
-        return Ramp(True, block.START_PROB, block.END_PROB, steps(block, "END") or 0)
+        return Ramp(True, block.START_PROB, block.END_PROB, steps(block.END) or 0)
 
     curves = [_curve("default", lrc, None, scale, total, steps)]
     curves += [_curve(g.LABEL, lrc, g, scale, total, steps) for g in lrc.PARAMETER_GROUPS]
     _check_lr_bounds(curves, lrc, effective)
 
     pm = sched.META_MASKING.PARTIAL
-    partial_start = steps(pm, "START") or 0
-    partial_end = steps(pm, "END")
+    partial_start = steps(pm.START) or 0
+    partial_end = steps(pm.END)
     partial_end = total if partial_end is None else partial_end
     whitelist = tuple(tuple(c) for c in pm.WHITELIST)
     partial = PartialMasking(
         enabled=pm.ENABLED,
         start_step=partial_start,
         end_step=partial_end,
-        prob=Ramp(pm.ENABLED, pm.START_PROB, pm.END_PROB, steps(pm, "PROB_END") or 0),
+        prob=Ramp(pm.ENABLED, pm.START_PROB, pm.END_PROB, steps(pm.PROB_END) or 0),
         whitelist=whitelist,
         weights=tuple(pm.WEIGHTS) if pm.WEIGHTS is not None else tuple(1.0 for _ in whitelist),
     )
 
     val, final = sched.VALIDATION, sched.VALIDATION.FINAL_EPOCH
     metrics = sched.METRICS
-    log_every = metrics.STEP_INTERVAL or (
-        steps_from_fraction(metrics.STEP_FRACTION, total) if metrics.STEP_FRACTION else 0
-    )
-    log_every = log_every or 50
+    log_every = steps(metrics.STEP) or 50  # a fraction that resolved to 0 steps too
     gradnorm = config.LOSS.GRAD_WEIGHTING.TASK
     plan = ResolvedPlan(
         world_size=world_size,
@@ -153,16 +148,16 @@ def resolve_plan(
         lr_scale=scale,
         lr_curves=tuple(curves),
         group_patterns=tuple(tuple(g.MATCH) for g in lrc.PARAMETER_GROUPS),
-        validation=interval(val, "INTERVAL"),
-        mask_meta_validation=interval(val, "MASK_META_INTERVAL"),
-        partial_mask_meta_validation=interval(val.PARTIAL_MASK_META, "INTERVAL")
+        validation=interval(val.INTERVAL),
+        mask_meta_validation=interval(val.MASK_META_INTERVAL),
+        partial_mask_meta_validation=interval(val.PARTIAL_MASK_META.INTERVAL)
         if val.PARTIAL_MASK_META.ENABLED
         else None,
         partial_validation_whitelist=tuple(tuple(c) for c in val.PARTIAL_MASK_META.WHITELIST),
         exhaustive_combinations=exhaustive_combinations(tuple(final.EXHAUSTIVE_META_COMPONENTS))
         if final.EXHAUSTIVE_PARTIAL_META_VALIDATION
         else (),
-        checkpoint=interval(sched.CHECKPOINT, "INTERVAL"),
+        checkpoint=interval(sched.CHECKPOINT.INTERVAL),
         mid_epoch_checkpoints=sched.CHECKPOINT.MID_EPOCH,
         mid_epoch_validation=val.MID_EPOCH,
         meta_mask=ramp(sched.META_MASKING),
@@ -212,7 +207,7 @@ def multiple_of(step: int, interval: int | None) -> int:
     return step if interval is None else ceil_div(interval, step) * step
 
 
-StepResolver = Callable[[Any, str], "int | None"]
+StepResolver = Callable[[Duration | None], "int | None"]
 
 
 def _curve(
@@ -231,14 +226,13 @@ def _curve(
         own = getattr(group, name, None) if group else None
         return own if own is not None else getattr(lrc, name)
 
-    def own_or_global_steps(stem: str) -> int | None:
-        own = steps(group, stem) if group is not None else None
-        return own if own is not None else steps(lrc, stem)
+    def own_or_global(own: Duration | None, default: Duration | None) -> int | None:
+        return steps(own if own is not None else default)
 
     kind = group.NAME if group and group.NAME else lrc.NAME
-    warmup = min(own_or_global_steps("WARMUP") or 0, total)
+    warmup = min(own_or_global(group.WARMUP if group else None, lrc.WARMUP) or 0, total)
     post = max(1, total - warmup)
-    decay_every = own_or_global_steps("DECAY")
+    decay_every = own_or_global(group.DECAY if group else None, lrc.DECAY)
     return LRCurve(
         label=label,
         kind=kind,

@@ -11,6 +11,7 @@ from typing import NamedTuple
 from pydantic import BaseModel
 
 from ..config import Config, ConfigError
+from ..config.base import timed_parameters
 from .steps import ceil_div, optimizer_steps_per_epoch
 
 
@@ -76,11 +77,13 @@ def epoch_unit_keys(config: Config) -> list[str]:
     keys = ["TRAIN.EPOCHS"] if config.TRAIN.epochs is not None else []
 
     def walk(model: BaseModel, prefix: str) -> None:
+        timed = timed_parameters(type(model)).values()
+        in_epochs = {spec.keys["epochs"] for spec in timed if "epochs" in spec.values(model)}
         for name in type(model).model_fields:
             value = getattr(model, name)
             if isinstance(value, BaseModel):
                 walk(value, f"{prefix}{name}.")
-            elif name.endswith("_EPOCHS") and value is not None and not isinstance(value, list):
+            elif name in in_epochs:
                 keys.append(f"{prefix}{name}")
             elif isinstance(value, list):
                 for i, item in enumerate(value):
