@@ -51,17 +51,6 @@ class Interval:
         return not point.mid and self.fires(point.epoch, point.step, point.previous_step)
 
 
-def interval_from(*, epochs: int | None, steps: int | None, fraction_steps: int | None) -> Interval | None:
-    """The interval of whichever unit is set; a fraction that resolved to 0 steps disables it."""
-    if epochs is not None:
-        return Interval("epochs", epochs)
-    if steps is not None:
-        return Interval("steps", steps)
-    if fraction_steps:
-        return Interval("steps", fraction_steps)
-    return None
-
-
 def exhaustive_combinations(components: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:
     """Every non-empty proper subset, smallest first, in the components' order."""
     return tuple(c for size in range(1, len(components)) for c in combinations(components, size))
