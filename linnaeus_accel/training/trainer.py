@@ -140,7 +140,7 @@ class Trainer:
         )  # fmt: skip
         self.consistency = TrainingConsistencyChecker.for_plan(self.plan, config.DATA.DROP_LAST)
         self.nonfinite = NonFiniteGuard(acc, self.meter, self.model, config.TRAIN.NONFINITE)
-        self.preemption = PreemptionWatch(acc)
+        self.preemption = PreemptionWatch(acc, timeout_s=config.ENV.DIST_TIMEOUT_S)
         # Every stateful part of the run, under the names its checkpoints have always used.
         self.state = state = StateRegistry()
         state.register("progress", self.progress)
