@@ -1,4 +1,4 @@
-"""A Backblaze B2 copy of the run's checkpoints (``ENV.OUTPUT.BUCKET``; SPEC §6, §10).
+"""A Backblaze B2 copy of the run's checkpoints (``ENV.OUTPUT.BUCKET``; docs/semantics.md §6 and docs/design.md §4).
 
 The bucket mirrors the local layout: ``<PREFIX>/<EXPERIMENT.NAME>/checkpoints/step_00001234/<files>``.
 B2 has no atomic multi-file commit, so the rule of the local store is kept by ordering: the commit

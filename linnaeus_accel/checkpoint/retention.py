@@ -1,4 +1,4 @@
-"""Which checkpoints retention keeps (SPEC §6): a pure function, so the rule is testable on its own.
+"""Which checkpoints retention keeps (docs/semantics.md §6): a pure function, so the rule is testable on its own.
 
 The union of the ``keep_top`` best (by the ranking metric) and the ``keep_last`` most recent; the
 newest checkpoint, the best one and every protected one (the checkpoint a run resumed from) are
@@ -54,7 +54,7 @@ def retained(
             if metric is not None and math.isfinite(metric)
         ),
     )
-    # The single best is kept even with keep_top == 0: SPEC §6 never deletes the best.
+    # The single best is kept even with keep_top == 0: docs/semantics.md §6 never deletes the best.
     keep.update(step for _, _, step in ranked[: max(1, keep_top)])
 
     keep.update(set(protect) & set(steps))

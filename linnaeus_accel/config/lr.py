@@ -27,7 +27,7 @@ class ParameterGroup(Section):
     """A set of parameters, selected by name pattern, with its own LR curve.
 
     Unset fields follow the global curve times ``LR_MULTIPLIER``; a set field replaces the
-    scaled global value (SPEC §3).
+    scaled global value (docs/semantics.md §3).
     """
 
     LABEL: str = Field("", description="Name shown in logs and metrics (lr/<LABEL>); 'default' is reserved.")
@@ -88,7 +88,7 @@ class ParameterGroup(Section):
 
 
 class LRSchedulerConfig(Section):
-    """The learning-rate curve, a pure function of the global optimizer step (SPEC §3)."""
+    """The learning-rate curve, a pure function of the global optimizer step (docs/semantics.md §3)."""
 
     NAME: ScheduleName = Field(
         "cosine",

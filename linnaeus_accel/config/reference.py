@@ -243,11 +243,11 @@ def _section_model(annotation: Any) -> type[BaseModel] | None:
 
 
 def _docstring(model: type[BaseModel]) -> str:
-    # Only the model's own docstring (not an inherited one), without references to design notes
-    # that are not part of the documentation.
+    # Only the model's own docstring (not an inherited one), without its pointers to the sections
+    # of docs/ that explain it to a reader of the code (the reference links semantics.md itself).
     doc = model.__dict__.get("__doc__") or ""
     text = " ".join(inspect.cleandoc(doc).split())
-    return re.sub(r"\s*\(SPEC §[^)]*\)", "", text).replace("``", "`")
+    return re.sub(r"\s*\(docs/\w+\.md §[^)]*\)", "", text).replace("``", "`")
 
 
 def _join(*parts: str) -> str:

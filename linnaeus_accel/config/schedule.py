@@ -2,9 +2,9 @@
 ramps are in ``augmentation.py``.
 
 Every timed field comes in units ``_STEPS`` (global optimizer steps), ``_FRACTION`` (of total
-steps) or ``_EPOCHS``; exactly one may be set (SPEC §2). Intervals given in epochs fire on
+steps) or ``_EPOCHS``; exactly one may be set (docs/semantics.md §2). Intervals given in epochs fire on
 ``epoch % N == 0``; in steps or fractions they fire at the first epoch boundary at or after each
-multiple (SPEC §5).
+multiple (docs/semantics.md §5).
 """
 
 from __future__ import annotations

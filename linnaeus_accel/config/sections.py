@@ -40,7 +40,7 @@ Seed = Annotated[NonNegativeInt, at_most(MAX_SEED, "numpy and torch take seeds f
 
 
 class EarlyStopConfig(Section):
-    """Stopping rules checked at validation points (SPEC §7); MAX_STEPS is checked every step."""
+    """Stopping rules checked at validation points (docs/semantics.md §5); MAX_STEPS is checked every step."""
 
     ACTIVE: bool = Field(
         False,

@@ -3,7 +3,7 @@
 ``keyed_uniform(seed, epoch, sample_index, stream)`` is a pure function (a splitmix64-style hash
 computed with int64 tensor ops on the sample indices' device, so no host sync): a resumed run, or
 one with another (world size, accumulation) factorisation, draws the same value for the same
-sample (SPEC §4). ``stream`` separates independent uses (full mask, partial mask, combination, ...).
+sample (docs/semantics.md §4). ``stream`` separates independent uses (full mask, partial mask, combination, ...).
 """
 
 from __future__ import annotations

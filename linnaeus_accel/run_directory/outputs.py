@@ -1,5 +1,5 @@
 """Everything a run writes or shows, in one place: only the main process writes files, logs to
-trackers or draws the progress bar; the other processes get a silent stand-in (SPEC §9).
+trackers or draws the progress bar; the other processes get a silent stand-in (docs/design.md §4).
 
 A file that cannot be written (a full or read-only disk) raises ``OutputWriteError`` naming it and
 the cause; the run ends with it (``RunEnd.record_exception``).

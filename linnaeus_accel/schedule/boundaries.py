@@ -1,4 +1,4 @@
-"""Epoch-boundary events (SPEC §5): validation passes and checkpoints.
+"""Epoch-boundary events (docs/semantics.md §5): validation passes and checkpoints.
 
 Epochs are counted 1-based as completed epochs. An epoch interval fires when ``e % N == 0``; a step
 interval fires at the first boundary at or after each multiple of ``S``, i.e. whenever the boundary
@@ -16,9 +16,9 @@ from typing import Literal
 @dataclass(frozen=True)
 class Boundary:
     """A point where the loop asks which events are due: an epoch boundary, or (``mid``) the end of
-    an optimizer step inside an epoch (SPEC §12: mid-epoch validation and checkpoints).
+    an optimizer step inside an epoch (docs/semantics.md §7: mid-epoch validation and checkpoints).
 
-    ``epoch``: completed epochs at a boundary (1-based, as SPEC §5 numbers them), the epoch being
+    ``epoch``: completed epochs at a boundary (1-based, as docs/semantics.md §5 numbers them), the epoch being
     trained mid-epoch; ``step``: global steps completed; ``previous_step``: the previous boundary's
     step (mid-epoch: ``step - 1``); ``final``: the run's last boundary (never mid-epoch)."""
 

@@ -1,4 +1,4 @@
-"""Learning rate as a pure function of the global optimizer step (SPEC §3).
+"""Learning rate as a pure function of the global optimizer step (docs/semantics.md §3).
 
 ``k`` is the index of the optimizer update about to be applied (0 for the first), ``W`` the warmup
 length, ``P = max(1, T - W)`` the post-warmup length and ``p = k - W``.

@@ -31,7 +31,7 @@ class OpsSchedule:
         epoch, final)`` is handed such a view, so a task of one's own needs no change for them."""
         return OpsSchedule(self.plan, point)
 
-    # -- events (SPEC §5, §12) ---------------------------------------------------------------------
+    # -- events (docs/semantics.md §5, §7) ---------------------------------------------------------------------
     def boundary(self, epoch: int, final: bool = False) -> Boundary:
         """The boundary after ``epoch`` completed epochs (the point this view is bound to, if any)."""
         if self._point is not None:
@@ -126,7 +126,7 @@ class OpsSchedule:
     def partial_pass_name(combination: tuple[str, ...]) -> str:
         return mask_pass_name(combination)
 
-    # -- per step (SPEC §3, §4, §8) -------------------------------------------------------------
+    # -- per step (docs/semantics.md §3, §4 and docs/design.md §5) -------------------------------------------------------------
     def get_meta_mask_prob(self, k: int) -> float:
         return self.plan.meta_mask(k)
 

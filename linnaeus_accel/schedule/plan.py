@@ -34,7 +34,7 @@ def resolve_plan(
     sources: Sequence[Any] = (),
 ) -> ResolvedPlan:
     """Resolve ``config`` for a dataloader of ``batches_per_epoch`` batches per process (None: a
-    stream without ``__len__``, whose epochs end where it ends: SPEC §12).
+    stream without ``__len__``, whose epochs end where it ends: docs/semantics.md §7).
 
     ``tokens_per_sample``: target tokens in every training sample, when the dataset declares a fixed
     count (packed sequences); TRAIN.TARGET_TOKENS needs it. ``sources``: a mixture's
@@ -218,7 +218,7 @@ def _curve(
     total: int,
     steps: StepResolver,
 ) -> LRCurve:
-    """SPEC §3: a group follows the global curve times LR_MULTIPLIER; a field it sets replaces the
+    """docs/semantics.md §3: a group follows the global curve times LR_MULTIPLIER; a field it sets replaces the
     scaled global value."""
     mult = group.LR_MULTIPLIER if group else 1.0
 

@@ -1,4 +1,4 @@
-"""Probability schedules of the global step (SPEC §4): full meta-masking, partial masking, mixup."""
+"""Probability schedules of the global step (docs/semantics.md §4): full meta-masking, partial masking, mixup."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""How long a run is (SPEC §1, §11, §12): ``T`` from ``TRAIN.EPOCHS``, ``TRAIN.STEPS`` or
+"""How long a run is (docs/semantics.md §1, §7): ``T`` from ``TRAIN.EPOCHS``, ``TRAIN.STEPS`` or
 ``TRAIN.TARGET_TOKENS``, the epochs it spans (None when a stream's epochs have no known length),
 and the target tokens it trains on; every way a config and its data cannot give a run of that
 length is a ``ConfigError`` naming the key."""
@@ -29,7 +29,7 @@ def run_length(
     dataset_size: int | None,
     tokens_per_sample: int | None,
 ) -> RunLength:
-    """SPEC §1, §11, §12: T from TRAIN.EPOCHS (T = steps per epoch x EPOCHS), TRAIN.STEPS (T = STEPS)
+    """docs/semantics.md §1, §7: T from TRAIN.EPOCHS (T = steps per epoch x EPOCHS), TRAIN.STEPS (T = STEPS)
     or TRAIN.TARGET_TOKENS (T = ceil(TARGET_TOKENS / tokens per step)); the last two end where T
     falls, possibly inside an epoch."""
     accum = config.TRAIN.accumulation
@@ -104,7 +104,7 @@ def _steps_for_target_tokens(
     dataset_size: int | None,
     tokens_per_sample: int | None,
 ) -> tuple[int, int]:
-    """SPEC §11: (T, tokens per step) of a TARGET_TOKENS run, T = ceil(TARGET_TOKENS / tokens per
+    """docs/semantics.md §1: (T, tokens per step) of a TARGET_TOKENS run, T = ceil(TARGET_TOKENS / tokens per
     step). That is exact only when every global step holds the same number of target tokens; every
     way this data and config break that is reported at once."""
     key = "TRAIN.TARGET_TOKENS"

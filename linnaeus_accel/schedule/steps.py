@@ -1,4 +1,4 @@
-"""Step accounting (SPEC §1). Turning steps / fractions / epochs into global steps is
+"""Step accounting (docs/semantics.md §1). Turning steps / fractions / epochs into global steps is
 ``linnaeus_accel.config.duration``'s (a ``Duration`` resolves itself); its rounding is re-exported
 here for the data and schedule modules."""
 

@@ -1,4 +1,4 @@
-"""Tasks: everything that depends on what is trained (layer 4 of DESIGN.md).
+"""Tasks: everything that depends on what is trained (layer 4 of docs/design.md).
 
 ``TASK.NAME`` selects a built-in task (``hierarchical``, ``classification``, ``causal_lm``) or one
 registered from your own script::

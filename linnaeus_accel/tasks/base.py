@@ -5,7 +5,7 @@ label levels; one ``loss`` otherwise), and counts the target units each sum runs
 samples, or target tokens for a language model). The Trainer divides every component's sum by that
 component's units over the whole optimizer step (all micro-batches, all processes), so the step's
 loss is the mean over every unit it holds, however the step is split into micro-batches and
-processes, and whatever padding the batches carry (SPEC §11).
+processes, and whatever padding the batches carry (docs/semantics.md §1).
 
 Padding: Accelerate repeats samples to even out the last global batch of an epoch. The Trainer
 knows which rows are repeats and hands ``prepare`` a mask of the real rows (None when all are

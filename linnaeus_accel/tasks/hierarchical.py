@@ -26,7 +26,7 @@ NULL_LABEL = -1
 
 
 def passes_at_boundary(ops: OpsSchedule, epoch: int, final: bool) -> list[ValidationPass]:
-    """The passes due at this boundary, in SPEC order: standard, mask-meta, partial."""
+    """The passes due at this boundary, in the order of docs/semantics.md §5: standard, mask-meta, partial."""
     passes = []
     if ops.should_validate(epoch, final):
         passes.append(ValidationPass(TrainingStage.VALIDATION_NORMAL, "val", None))

@@ -1,4 +1,4 @@
-"""Batch transforms driven by the schedule (SPEC §4): metadata masking and in-group mixup.
+"""Batch transforms driven by the schedule (docs/semantics.md §4): metadata masking and in-group mixup.
 
 Every random draw is keyed by what it is about, ``(seed, epoch, sample index, stream)``, or for
 the batch-level mixup decision by ``(seed, epoch, micro-batch key)``, never by rank or by a

@@ -1,5 +1,5 @@
-"""The events at a point of the run (SPEC §5, §12): an epoch boundary, or a step inside an epoch
-where a mid-epoch checkpoint or validation is due. In SPEC §5's order: the checkpoint first (it
+"""The events at a point of the run (docs/semantics.md §5, §7): an epoch boundary, or a step inside an epoch
+where a mid-epoch checkpoint or validation is due. In docs/semantics.md §5's order: the checkpoint first (it
 records the validation passes still due, so a run killed during them reruns exactly the missing
 ones), then the passes, then early stopping. A run resumed from a checkpoint taken at such a point
 finishes its passes first (``finish_interrupted``)."""
@@ -221,6 +221,6 @@ class Boundaries:
             lr=self.ops.plan.lr(max(0, step - 1)),
             grad_norm=self.meter.last_grad_norm(),
         )
-        # Taken on the main process, applied on all: no process keeps training alone (SPEC §7).
+        # Taken on the main process, applied on all: no process keeps training alone (docs/semantics.md §5).
         shared = broadcast_object_list([decision], from_process=0)
         return shared[0]  # type: ignore[no-any-return]

@@ -108,7 +108,7 @@ def parameter_groups(model: nn.Module, config: Config) -> list[dict[str, Any]]:
     - ``params``: its trained parameters (frozen ones, as a LoRA base's, are in no group), in
       ``model.named_parameters()`` order;
     - ``name``: the label of its LR_SCHEDULER group: ``default`` for group 0, which takes the
-      parameters no LR_SCHEDULER.PARAMETER_GROUPS entry matches (SPEC §3), else the entry's LABEL;
+      parameters no LR_SCHEDULER.PARAMETER_GROUPS entry matches (docs/semantics.md §3), else the entry's LABEL;
     - ``lr_group``: that LR group's index (0 for ``default``): the schedule sets the group's ``lr``
       from its curve before every step;
     - ``weight_decay``: where the config decides it: 0.0 on the groups of OPTIMIZER.NO_DECAY's

@@ -1,4 +1,4 @@
-"""One optimizer step from a window of micro-batches (SPEC §11).
+"""One optimizer step from a window of micro-batches (docs/semantics.md §1).
 
 Before any forward, the window's target units (labelled samples, target tokens) are counted per
 loss component and, with several processes, added up by one all-reduce that stays on the device.
@@ -165,7 +165,7 @@ class OptimizerStep:
         return loss.detach(), losses.detach()
 
     def _update_gradnorm(self, means: Tensor) -> None:
-        """SPEC §8: new weights from this micro-batch's per-component mean losses (every process
+        """docs/design.md §5: new weights from this micro-batch's per-component mean losses (every process
         joins the averaging); the loss backpropagated just after uses them."""
         assert self.gradnorm is not None
         metrics = self.gradnorm.update(means, self.shared_parameters, self._mean_over_processes)

@@ -3,7 +3,7 @@
 Accelerate owns devices, mixed precision, all-reduce and process control; the task (``tasks/``)
 owns everything that depends on what is trained; the trainer owns *when* things happen, and asks
 the resolved plan (``OpsSchedule``) every time. The LR is set from the global step before each
-optimizer step; no LR scheduler is prepared (Accelerate would step it once per process, SPEC §1).
+optimizer step; no LR scheduler is prepared (Accelerate would step it once per process, docs/semantics.md §1).
 
 The loop asks components: ``Boundaries`` (checkpoints and validation at boundaries and mid-epoch
 points), ``TrainLog`` (metrics and the console), ``CallbackList``, ``CheckpointManager`` (what a

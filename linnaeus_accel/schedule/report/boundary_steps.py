@@ -32,7 +32,7 @@ def interval_of(plan: ResolvedPlan, kind: str) -> tuple[Interval | None, bool]:
 
 
 def forced_at_end(plan: ResolvedPlan, kind: str) -> bool:
-    """Whether the run's last boundary always has this event (SPEC §5)."""
+    """Whether the run's last boundary always has this event (docs/semantics.md §5)."""
     if kind == "checkpoint":
         return True
     if kind == "validation":
