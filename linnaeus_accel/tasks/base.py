@@ -58,6 +58,12 @@ class TaskContext:
     rank: int
     world_size: int
     device: torch.device
+    ops: OpsSchedule | None = None  # the run's questions to the plan (None: the task asks the plan itself)
+
+    @property
+    def schedule(self) -> OpsSchedule:
+        """The run's ``OpsSchedule`` (one per run, not one per component that asks)."""
+        return self.ops if self.ops is not None else OpsSchedule(self.plan)
 
 
 class Task:

@@ -71,7 +71,7 @@ class HierarchicalTask(Task):
             "chain_acc": "max",
             **{f"acc_{level}": "max" for level in self.levels},
         }
-        self.ops = OpsSchedule(plan)
+        self.ops = context.schedule
         self.plan = plan
         seed = config.EXPERIMENT.SEED
         meta = tuple(getattr(dataset, "meta_components", ()))

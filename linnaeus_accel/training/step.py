@@ -22,7 +22,7 @@ from accelerate.optimizer import AcceleratedOptimizer
 from accelerate.utils import DistributedType
 from torch import Tensor, nn
 
-from ..schedule import OpsSchedule, ResolvedPlan
+from ..schedule import OpsSchedule
 from ..tasks import Task
 from .backends import scaler_skips_steps
 from .gradnorm import GradNorm
@@ -54,7 +54,7 @@ class OptimizerStep:
         model: nn.Module,
         optimizer: torch.optim.Optimizer,
         task: Task,
-        plan: ResolvedPlan,
+        ops: OpsSchedule,
         meter: TrainMeter,
         *,
         weights: list[float],
@@ -66,8 +66,7 @@ class OptimizerStep:
         """``skip_nonfinite`` (TRAIN.NONFINITE: skip): a step whose gradient norm is NaN or
         infinite is dropped (one host read per step, as a gradient scaler does)."""
         self.accelerator, self.model, self.optimizer = accelerator, model, optimizer
-        self.task, self.plan, self.meter = task, plan, meter
-        self.ops = OpsSchedule(plan)
+        self.task, self.ops, self.plan, self.meter = task, ops, ops.plan, meter
         self.weights = torch.tensor(weights, dtype=torch.float32, device=accelerator.device)
         # Weights of 1 (the default, without GradNorm) multiply nothing: x * 1 is x, so the step's
         # loss is the plain sum of its components, bit for bit, one op and one backward node less.

@@ -121,7 +121,7 @@ class Trainer:
         self.ops = ops = OpsSchedule(self.plan)
         self.callbacks = CallbackList(all_callbacks, self.plan, acc.is_main_process)
         self.task = task if task is not None else build_task(config)
-        self.task.bind(TaskContext(config, self.plan, train.dataset, rank, world, acc.device))
+        self.task.bind(TaskContext(config, self.plan, train.dataset, rank, world, acc.device, ops))
         self.progress = TrainingProgress(total_epochs=self.plan.epochs or 0, expected_total_steps=self.plan.total_steps)  # fmt: skip
         batch = first_batch(train.dataset, train.collate)
         for source in (self.train_batches, self.val_batches):
@@ -132,7 +132,7 @@ class Trainer:
         gradnorm = gradnorm_for(config, len(self.task.components))
         self.meter = meter_for(acc, config, self.task, self.model, self.plan.metrics_interval)
         self.step = OptimizerStep(
-            acc, self.model, self.optimizer, self.task, self.plan, self.meter,
+            acc, self.model, self.optimizer, self.task, ops, self.meter,
             weights=list(config.LOSS.TASK_WEIGHTS or [1.0] * len(self.task.components)),
             clip_grad=config.TRAIN.CLIP_GRAD, gradnorm=gradnorm,
             shared_parameters=shared_parameters(acc.unwrap_model(self.model)) if gradnorm else None,
