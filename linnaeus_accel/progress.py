@@ -5,7 +5,9 @@ the epoch being trained is ``epoch + 1``. ``global_step`` counts optimizer updat
 micro-batches nor processes; ``samples_seen`` counts samples over all processes, each once (not
 even-batch repeats); ``tokens_seen`` counts target tokens the same way (SPEC §11).
 
-Its state is versioned plain data (JSON) so that a checkpoint never needs unpickling.
+Its state is versioned plain data (JSON) so that a checkpoint never needs unpickling; its format
+is ``ProgressState``, which a checkpoint's ``trainer_state.json`` is verified against before a
+resume believes it.
 """
 
 from __future__ import annotations
@@ -14,8 +16,11 @@ import logging
 import math
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
+from pydantic import Field
+
+from .checkpoint.state_fields import Count, Int, Ints, Number, OptCount, StateModel, Text
 from .schedule.steps import batches_per_process, optimizer_steps_per_epoch
 
 if TYPE_CHECKING:
@@ -39,9 +44,50 @@ VALIDATION_ORDER = (
     TrainingStage.VALIDATION_PARTIAL_MASK_META,
 )
 
+# A stage is stored by its name (lax: JSON holds the string, not the enum).
+_Stage = Annotated[TrainingStage, Field(strict=False)]
+_STAGE_NAMES = sorted(stage.value for stage in TrainingStage)
+_Stages = Annotated[list[_Stage], Field(description="must be a list of stages")]
+
+
+class BestMetric(StateModel):
+    name: Text
+    value: Number
+    step: Int
+
+
+class ProgressState(StateModel):
+    """The format of ``TrainingProgress.state_dict()``. A checkpoint must say where the run is
+    (``epoch``, ``global_step``, ``batches_seen_in_epoch``); the rest may be missing (checkpoints
+    of earlier versions) and then keeps its fresh-start value on load."""
+
+    version: Int = STATE_VERSION
+    total_epochs: OptCount = None
+    expected_total_steps: OptCount = None
+    current_stage: Annotated[_Stage, Field(description=f"must be one of {_STAGE_NAMES}")] = (
+        TrainingStage.TRAINING
+    )
+    epoch: Count
+    global_step: Count
+    epoch_start_step: OptCount = None
+    batches_seen_in_epoch: Count
+    samples_seen: OptCount = None
+    tokens_seen: OptCount = None
+    pending_validations: _Stages = Field(default_factory=list)
+    completed_validations: _Stages = Field(default_factory=list)
+    partial_validation_indices: Ints = Field(default_factory=list)
+    completed_partial_indices: Ints = Field(default_factory=list)
+    best_metric: Annotated[BestMetric | None, Field(description="must be null or {name, value, step}")] = None
+
+
+# Null in a checkpoint for these means "none"; for the other counts, "not recorded" (kept as built).
+_NULLABLE = {"expected_total_steps", "best_metric"}
+
 
 @dataclass
 class TrainingProgress:
+    STATE_SCHEMA: ClassVar[type[ProgressState]] = ProgressState
+
     total_epochs: int
     expected_total_steps: int | None = None
     current_stage: TrainingStage = TrainingStage.TRAINING
@@ -144,27 +190,28 @@ class TrainingProgress:
     # -- fractions -------------------------------------------------------------------------------
     # -- state -----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "version": STATE_VERSION,
-            "total_epochs": self.total_epochs,
-            "expected_total_steps": self.expected_total_steps,
-            "current_stage": self.current_stage.value,
-            "epoch": self.epoch,
-            "global_step": self.global_step,
-            "epoch_start_step": self.epoch_start_step,
-            "batches_seen_in_epoch": self.batches_seen_in_epoch,
-            "samples_seen": self.samples_seen,
-            "tokens_seen": self.tokens_seen,
-            "pending_validations": [s.value for s in self.pending_validations],
-            "completed_validations": [s.value for s in self.completed_validations],
-            "partial_validation_indices": list(self.partial_validation_indices),
-            "completed_partial_indices": list(self.completed_partial_indices),
-            "best_metric": dict(self.best_metric) if self.best_metric else None,
-        }
+        return ProgressState(
+            version=STATE_VERSION,
+            total_epochs=self.total_epochs,
+            expected_total_steps=self.expected_total_steps,
+            current_stage=self.current_stage,
+            epoch=self.epoch,
+            global_step=self.global_step,
+            epoch_start_step=self.epoch_start_step,
+            batches_seen_in_epoch=self.batches_seen_in_epoch,
+            samples_seen=self.samples_seen,
+            tokens_seen=self.tokens_seen,
+            pending_validations=list(self.pending_validations),
+            completed_validations=list(self.completed_validations),
+            partial_validation_indices=list(self.partial_validation_indices),
+            completed_partial_indices=list(self.completed_partial_indices),
+            best_metric=BestMetric(**self.best_metric) if self.best_metric else None,
+        ).as_data()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Tolerant: unknown keys are ignored and missing ones keep their current value, so that
-        checkpoints of other versions still load."""
+        checkpoints of other versions still load (the values it has are read as ``ProgressState``
+        says, leniently: a checkpoint was verified strictly before it is loaded)."""
         version = state.get("version", STATE_VERSION)
         if version > STATE_VERSION:
             logger.warning(
@@ -172,31 +219,14 @@ class TrainingProgress:
                 version,
                 STATE_VERSION,
             )
-        ints = (
-            "total_epochs",
-            "epoch",
-            "global_step",
-            "epoch_start_step",
-            "batches_seen_in_epoch",
-            "samples_seen",
-            "tokens_seen",
-        )
-        for name in ints:
-            if state.get(name) is not None:
-                setattr(self, name, int(state[name]))
-        if "expected_total_steps" in state:
-            t = state["expected_total_steps"]
-            self.expected_total_steps = int(t) if t is not None else None
-        if "current_stage" in state:
-            self.current_stage = TrainingStage(state["current_stage"])
+        given = {k: v for k, v in state.items() if v is not None or k in _NULLABLE}
+        loaded = ProgressState.model_validate({**self.state_dict(), **given}, strict=False).as_data()
+        del loaded["version"]
+        loaded["current_stage"] = TrainingStage(loaded["current_stage"])
         for name in ("pending_validations", "completed_validations"):
-            if name in state:
-                setattr(self, name, [TrainingStage(s) for s in state[name]])
-        for name in ("partial_validation_indices", "completed_partial_indices"):
-            if name in state:
-                setattr(self, name, [int(i) for i in state[name]])
-        if "best_metric" in state:
-            self.best_metric = dict(state["best_metric"]) if state["best_metric"] else None
+            loaded[name] = [TrainingStage(s) for s in loaded[name]]
+        for name, value in loaded.items():
+            setattr(self, name, value)
 
 
 class TrainingConsistencyChecker:

@@ -40,19 +40,31 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sized
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
+from pydantic import ValidationError
 from torch.utils.data import IterableDataset, default_collate, get_worker_info
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from ..checkpoint.state_fields import Count, Int, StateModel
 from ..schedule.steps import batches_per_process
 from .sampling import real_in_batch, samples_in_global_batch
 from .sharded import BatchInfo, ShardedStream, ShardReaders, sharded_source
 from .stream_reader import END, StreamError, StreamReader
 
 STATE_VERSION = 1
-_STATE_KEYS = ("version", "epoch", "next_batch", "items_read", "stream")
+
+
+class StreamShardState(StateModel):
+    """The format of ``StreamShard.state_dict()``: one reader's next batch of the epoch and
+    stream position, and the stream's own state there (free-form; None: replay from the start)."""
+
+    version: Int
+    epoch: Count
+    next_batch: Count
+    items_read: Count
+    stream: Any
 
 
 @dataclass
@@ -85,6 +97,8 @@ class StreamShard(IterableDataset[Any]):
     ``w`` of ``n`` yields the batches ``j`` with ``(j - start) % n == w``, so a ``batch_size=None``
     DataLoader returns them in order.
     """
+
+    STATE_SCHEMA: ClassVar[type[StreamShardState]] = StreamShardState
 
     def __init__(
         self,
@@ -149,6 +163,7 @@ class StreamShard(IterableDataset[Any]):
         if pos.started:
             # A pass that has read nothing restarts from the stream's start; no state needed.
             stream_state = saver() if callable(saver) and pos.items_read > 0 else None
+        # StreamShardState's keys, built by hand: torchdata asks for this after every batch.
         return {
             "version": STATE_VERSION,
             "epoch": self.epoch,
@@ -159,19 +174,22 @@ class StreamShard(IterableDataset[Any]):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue the next iteration where ``state`` (from ``state_dict``) was saved."""
-        if not isinstance(state, dict) or any(key not in state for key in _STATE_KEYS):
+        keys = list(StreamShardState.model_fields)
+        if not isinstance(state, dict) or any(key not in state for key in keys):
             raise StreamError(
-                f"a stream state must be the dict StreamShard.state_dict() returns, with keys {list(_STATE_KEYS)}; got {state!r:.200}"
+                f"a stream state must be the dict StreamShard.state_dict() returns, with keys {keys}; got {state!r:.200}"
             )
         if state["version"] != STATE_VERSION:
             raise StreamError(
                 f"stream state version {state['version']!r} is not supported (this linnaeus-accel reads version {STATE_VERSION}); resume elastically with start_at() instead"
             )
-        for key in ("epoch", "next_batch", "items_read"):
-            if not _is_count(state[key]):
-                raise StreamError(
-                    f"stream state {key!r} must be an int >= 0, got {state[key]!r}: the checkpoint is damaged or not a StreamShard state"
-                )
+        try:
+            StreamShardState.model_validate(state)
+        except ValidationError as exc:
+            key = str(exc.errors()[0]["loc"][0])
+            raise StreamError(
+                f"stream state {key!r} must be an int >= 0, got {state[key]!r}: the checkpoint is damaged or not a StreamShard state"
+            ) from None
         next_batch, items_read = state["next_batch"], state["items_read"]
         if (
             self.size is not None

@@ -4,11 +4,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
+from ..checkpoint.state_fields import Int, OptInt, OptNumber, StateModel, Text, absent
 from ..config.sections import EarlyStopConfig
 
 STATE_VERSION = 1
+
+
+class EarlyStoppingState(StateModel):
+    """The format of ``EarlyStopping.state_dict()``: the best value of ``metric`` and its step."""
+
+    version: Int = STATE_VERSION
+    metric: Text = absent()  # a checkpoint without it: taken as this run's metric
+    best: OptNumber = None
+    step_of_best: OptInt = None
 
 
 @dataclass(frozen=True)
@@ -23,6 +33,8 @@ class EarlyStopping:
     ``check`` is called at validation points with the metrics of that point; the decision is meant
     to be taken on one process and broadcast (the trainer does that).
     """
+
+    STATE_SCHEMA: ClassVar[type[EarlyStoppingState]] = EarlyStoppingState
 
     def __init__(
         self, config: EarlyStopConfig, warmup_steps: int = 0, mode: Literal["min", "max"] | None = None
@@ -93,12 +105,9 @@ class EarlyStopping:
         return None
 
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "version": STATE_VERSION,
-            "metric": self.metric,
-            "best": self.best,
-            "step_of_best": self.step_of_best,
-        }
+        return EarlyStoppingState(
+            version=STATE_VERSION, metric=self.metric, best=self.best, step_of_best=self.step_of_best
+        ).as_data()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         # Tolerant: a checkpoint that monitored another metric restarts the search for a best.

@@ -11,6 +11,11 @@ window, its data position), one JSON file per rank, converted to another layout 
 Loading is tolerant: a name the checkpoint lacks (a part added since, e.g. a checkpoint written
 before callbacks existed) leaves that part as built; a ``null`` entry (a part that was off) too.
 The names are the keys checkpoints have always used, so older checkpoints resume unchanged.
+
+Each part may say its state's format (a pydantic model: ``schema=``, else the part's
+``STATE_SCHEMA``); a part registered under a key of the checkpoint files' tables
+(``schemas.RUN_PARTS``, ``schemas.RANK_PARTS``) must have that key's format, which is what a
+checkpoint is verified against before anything loads. Registered parts are free-form.
 """
 
 from __future__ import annotations
@@ -18,6 +23,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from pydantic import BaseModel
+
+from .schemas import RANK_PARTS, RUN_PARTS
 
 REGISTERED = "registered."  # the names of what Trainer.register_state registers
 
@@ -34,6 +43,7 @@ class _Part:
     save: Callable[[], Any]
     load: Callable[[Any], Any]
     per_rank: bool
+    schema: type[BaseModel] | None
 
 
 class StateRegistry:
@@ -48,20 +58,34 @@ class StateRegistry:
         save: Callable[[], Any] | None = None,
         load: Callable[[Any], Any] | None = None,
         per_rank: bool = False,
+        schema: type[BaseModel] | None = None,
     ) -> None:
         """``part``'s ``state_dict``/``load_state_dict`` under ``name``; or ``save``/``load`` where
-        a part needs more than that (a value saved only mid-epoch, a load that informs others)."""
+        a part needs more than that (a value saved only mid-epoch, a load that informs others).
+        ``schema``: the state's format; default: the ``STATE_SCHEMA`` of ``part`` (or of the object
+        ``save`` is a method of), else the format of ``name`` in the checkpoint files."""
         if any(p.name == name and p.per_rank == per_rank for p in self._parts):
             raise ValueError(f"state {name!r} is registered twice")
         save = save or (part.state_dict if part is not None else None)
         load = load or (part.load_state_dict if part is not None else None)
         if save is None or load is None:
             raise ValueError(f"state {name!r} needs a part, or save and load")
-        self._parts.append(_Part(name, save, load, per_rank))
+        known = (RANK_PARTS if per_rank else RUN_PARTS).get(name)
+        owner = part if part is not None else getattr(save, "__self__", None)
+        schema = schema or getattr(owner, "STATE_SCHEMA", None) or known
+        if known is not None and schema is not None and schema is not known:
+            raise ValueError(
+                f"state {name!r} has the format {schema.__name__} but checkpoints verify it as {known.__name__}"
+            )
+        self._parts.append(_Part(name, save, load, per_rank, schema))
 
     def names(self, per_rank: bool) -> list[str]:
         """The registered names, in the order they registered."""
         return [p.name for p in self._parts if p.per_rank == per_rank]
+
+    def schemas(self, per_rank: bool) -> dict[str, type[BaseModel] | None]:
+        """Each registered part's format (None: free-form), by name."""
+        return {p.name: p.schema for p in self._parts if p.per_rank == per_rank}
 
     def state(self, per_rank: bool) -> dict[str, Any]:
         return {p.name: p.save() for p in self._parts if p.per_rank == per_rank}

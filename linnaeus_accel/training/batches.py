@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from accelerate import Accelerator
@@ -23,6 +23,7 @@ from torch import Tensor
 from ..config import ConfigError
 from ..data.keyed_random import python_keyed_bits
 from ..data.sampling import real_in_batch
+from ..state.schemas import DataPosition
 from .micro_batch import MicroBatch
 from .stream_agreement import UnsizedStream
 
@@ -32,6 +33,8 @@ _WORKER_SEED_STREAM = 7  # keyed-draw stream of the DataLoader workers' base see
 
 class BatchSource:
     """One process's view of a training or validation DataLoader."""
+
+    STATE_SCHEMA: ClassVar[type[DataPosition]] = DataPosition  # defined where verification reaches it
 
     def __init__(
         self,
@@ -184,11 +187,11 @@ class BatchSource:
         """The position inside the epoch of a stream (each worker's); map-style data needs none."""
         if not self.stream:
             return None
-        return {
-            "version": STATE_VERSION,
+        return DataPosition(
+            version=STATE_VERSION,
             **self._layout(),
-            "loader": self.unsized.state_dict() if self.unsized is not None else self.loader.state_dict(),
-        }
+            loader=self.unsized.state_dict() if self.unsized is not None else self.loader.state_dict(),
+        ).as_data()
 
     def _layout(self) -> dict[str, Any]:
         return {

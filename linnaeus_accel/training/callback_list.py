@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..callbacks import Callback
 from ..schedule.callback_steps import next_call
+from ..state.schemas import CallbacksState
 
 if TYPE_CHECKING:
     from ..schedule import ResolvedPlan
@@ -18,6 +19,9 @@ NEVER = 1 << 62  # no call due: the loop's comparison stays false
 
 
 class CallbackList:
+    # Each callback's own state is free-form (and may hold tensors): returned as built, not dumped.
+    STATE_SCHEMA: ClassVar[type[CallbacksState]] = CallbacksState
+
     def __init__(self, callbacks: list[Callback], plan: ResolvedPlan, main_process: bool) -> None:
         self.callbacks = callbacks
         self.plan = plan

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
 from ..config import Config
+from ..state.schemas import GradNormState
 
 _STATE_VERSION = 1
 
@@ -34,6 +35,8 @@ class GradNorm:
     Weights stay positive and sum to the number of tasks. Adam (not SGD) is used because it is
     invariant to the scale of the gradient norms, so one default ``lr`` suits any model.
     """
+
+    STATE_SCHEMA: ClassVar[type[GradNormState]] = GradNormState  # defined where verification reaches it
 
     def __init__(
         self,
@@ -153,15 +156,15 @@ class GradNorm:
 
     # -- checkpoint: plain JSON data (checkpoint time only, so .tolist() is fine here) -------------
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "version": _STATE_VERSION,
-            "num_tasks": self.num_tasks,
-            "weights": self.weights.tolist(),
-            "initial_losses": None if self.initial_losses is None else self.initial_losses.tolist(),
-            "step": self.step,
-            "exp_avg": self.exp_avg.tolist(),
-            "exp_avg_sq": self.exp_avg_sq.tolist(),
-        }
+        return GradNormState(
+            version=_STATE_VERSION,
+            num_tasks=self.num_tasks,
+            weights=self.weights.tolist(),
+            initial_losses=None if self.initial_losses is None else self.initial_losses.tolist(),
+            step=self.step,
+            exp_avg=self.exp_avg.tolist(),
+            exp_avg_sq=self.exp_avg_sq.tolist(),
+        ).as_data()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Missing keys keep their fresh-start meaning (L(0) re-recorded, Adam state zero)."""

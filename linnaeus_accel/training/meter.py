@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -18,6 +18,7 @@ from accelerate import Accelerator
 from torch import nn
 
 from ..config import Config
+from ..state.schemas import MeterState
 from ..tasks import Task
 from .backends import scaler_skips_steps
 
@@ -53,6 +54,8 @@ class NonFiniteLoss(ArithmeticError):
 class TrainMeter:
     """The open log window: this process's share of each step's loss (a step's loss is split over
     processes, so the shares add up), gradient norm and GradNorm weights, throughput."""
+
+    STATE_SCHEMA: ClassVar[type[MeterState]] = MeterState  # defined where verification reaches it
 
     def __init__(
         self,
@@ -150,25 +153,26 @@ class TrainMeter:
     def state_dict(self) -> dict[str, Any]:
         """The open log window, so that a resumed run's first logged average covers the same
         steps as the uninterrupted run's (checkpoint time: reading back is fine here)."""
-        return {
-            "sums": self._window()[0],
-            "steps": self._steps,
-            "nonfinite_skipped": self.nonfinite_skipped,
-            "skipped_steps": self.skipped_steps,
-            "samples_at_last_flush": self._samples_at_last_flush,
-            "tokens_at_last_flush": self._tokens_at_last_flush,
-        }
+        return MeterState(
+            sums=self._window()[0],
+            steps=self._steps,
+            nonfinite_skipped=self.nonfinite_skipped,
+            skipped_steps=self.skipped_steps,
+            samples_at_last_flush=self._samples_at_last_flush,
+            tokens_at_last_flush=self._tokens_at_last_flush,
+        ).as_data()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        sums = state.get("sums")
+        """A missing key is a fresh window's value (``MeterState``'s default)."""
+        saved = MeterState.model_validate(state, strict=False)
         self._reset_window()
-        if sums is not None and len(sums) == len(self._carried):
-            self._carried = torch.tensor(sums, dtype=self._carried.dtype, device=self._carried.device)
-        self._steps = int(state.get("steps", 0))
-        self.nonfinite_skipped = int(state.get("nonfinite_skipped", 0))
-        self.skipped_steps = int(state.get("skipped_steps", 0))
-        self._samples_at_last_flush = int(state.get("samples_at_last_flush", 0))
-        self._tokens_at_last_flush = int(state.get("tokens_at_last_flush", 0))
+        if saved.sums is not None and len(saved.sums) == len(self._carried):
+            self._carried = torch.tensor(saved.sums, dtype=self._carried.dtype, device=self._carried.device)
+        self._steps = saved.steps
+        self.nonfinite_skipped = saved.nonfinite_skipped
+        self.skipped_steps = saved.skipped_steps
+        self._samples_at_last_flush = saved.samples_at_last_flush
+        self._tokens_at_last_flush = saved.tokens_at_last_flush
 
     def last_grad_norm(self) -> float | None:
         return None if self.grad_norm is None else float(self.grad_norm)
