@@ -339,6 +339,9 @@ class CheckpointWriter:
         the resume point, retention protects it and keeps ranking the checkpoints it ranked."""
         self.metric_at = {int(k): v for k, v in state.get("checkpoint_metrics", {}).items()}
         self.resumed_from = int(state["progress"]["global_step"])
+        # Saved before its own commit, the state does not rank the checkpoint it is in: its
+        # validation, finished after the resume, still does (record_metric).
+        self.metric_at.setdefault(self.resumed_from, None)
         self.current = self._committed = path
 
 
