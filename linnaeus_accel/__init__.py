@@ -3,7 +3,7 @@
 The Python API: ``Trainer(load_config(...), model, train_data, val_data).fit()``;
 ``DistributedContext`` for rank-aware user code (both imported on first use, so that
 ``linnaeus-accel plan`` does not load torch); ``Callback`` and ``register_callback`` for code of
-your own run during training (``linnaeus_accel.callbacks``); ``register_optimizer`` for an
+your own run during training, handed a ``RunContext`` (``linnaeus_accel.callbacks``); ``register_optimizer`` for an
 ``OPTIMIZER.NAME`` of your own (``linnaeus_accel.optim``).
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .callbacks import Callback, register_callback
+from .callbacks import Callback, RunContext, register_callback
 from .config import load_config
 from .optim import register_optimizer
 
@@ -23,6 +23,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Callback",
     "DistributedContext",
+    "RunContext",
     "Trainer",
     "__version__",
     "load_config",

@@ -8,7 +8,7 @@
         def __init__(self):
             self.calls = 0
 
-        def on_step_end(self, trainer, step):
+        def on_step_end(self, run, step):         # run: a RunContext (what a callback sees)
             self.calls += 1
 
         def state_dict(self):                     # in every checkpoint: after kill -9 and a rerun,
@@ -25,11 +25,16 @@ it has one) and ``INTERVAL_*``.
 
 Built in: ``ema``, ``lm_samples`` and ``profile`` (their modules in ``linnaeus_accel.callbacks``).
 
+Every event gets the run's ``RunContext`` (``callbacks.context``): its config, plan, progress,
+model and Accelerator, and what a callback may do: ``log``, ``say``, ``register_state``,
+``validate`` a model, ``save_final`` weights. (A callback written for the Trainer it was handed
+before keeps working: see ``context``.)
+
 Which process runs which event (the same on 1 or N processes):
 - ``on_setup``, ``on_fit_start``, ``on_step_end``, ``on_validation_end``, ``on_fit_end`` run on **every** process,
   at the same step, with the same arguments: a callback may use collectives (gathering weights,
   all-reduce). Side effects that must happen once (files, prints) go through
-  ``trainer.is_main_process``, or ``trainer.log(metrics, step)`` and ``trainer.say(text)``, which
+  ``run.is_main_process``, or ``run.log(metrics, step)`` and ``run.say(text)``, which
   write on the main process only.
 - ``on_checkpoint`` runs on the **main process only**, once the checkpoint is committed (with ASYNC
   checkpoints, at the first step end after the background commit).
@@ -49,10 +54,21 @@ from pydantic import BaseModel, ValidationError
 from ..config import ConfigError
 from ..config.callbacks import CallbackConfig
 from ..registry import Registry
+from .context import RunActions, RunContext
 
 if TYPE_CHECKING:
     from ..config import Config
-    from ..training.trainer import Trainer
+
+__all__ = [
+    "CALLBACKS",
+    "Callback",
+    "RunActions",
+    "RunContext",
+    "build_callbacks",
+    "callback_entries",
+    "callback_name",
+    "register_callback",
+]
 
 
 class Callback:
@@ -65,28 +81,28 @@ class Callback:
     # naming CALLBACKS.<i>.OPTIONS.<key>, and the generated reference documents the fields.
     Options: ClassVar[type[BaseModel] | None] = None
 
-    def on_setup(self, trainer: Trainer) -> None:
+    def on_setup(self, run: RunContext) -> None:
         """Every process, at the end of the Trainer's construction: the model and optimizer are
         prepared, no checkpoint is loaded yet. Register state that holds tensors here
-        (``trainer.register_state(name, obj)``: saved as safetensors and JSON, never pickled), as
-        ``ema`` does; ``state_dict`` below is for plain JSON."""
+        (``run.register_state(name, obj)``: saved as safetensors and JSON, never pickled), as
+        ``ema`` does; ``state_dict`` below takes the same values, without tensors."""
 
-    def on_fit_start(self, trainer: Trainer) -> None:
+    def on_fit_start(self, run: RunContext) -> None:
         """Every process, once the run is set up (and resumed), before its first step."""
 
-    def on_step_end(self, trainer: Trainer, step: int) -> None:
+    def on_step_end(self, run: RunContext, step: int) -> None:
         """Every process, after optimizer step ``step`` (the global step just completed), at the
         steps of ``interval``."""
 
-    def on_validation_end(self, trainer: Trainer, step: int, metrics: dict[str, float]) -> None:
+    def on_validation_end(self, run: RunContext, step: int, metrics: dict[str, float]) -> None:
         """Every process, after the validation passes at ``step`` (``metrics``: all of them), before
         they are logged: entries a callback adds (``val_ema/loss``) go into the same record, the
         console line and the checkpoint ranking."""
 
-    def on_checkpoint(self, trainer: Trainer, step: int, path: Path) -> None:
+    def on_checkpoint(self, run: RunContext, step: int, path: Path) -> None:
         """Main process only: the checkpoint of ``step`` at ``path`` is committed."""
 
-    def on_fit_end(self, trainer: Trainer, summary: dict[str, Any]) -> None:
+    def on_fit_end(self, run: RunContext, summary: dict[str, Any]) -> None:
         """Every process, when the run ends (completed, stopped early or preempted; not on failure)."""
 
     @property

@@ -7,7 +7,7 @@ device, with no host sync: ``ema = decay_t * ema + (1 - decay_t) * weights`` (on
 ``decay_t`` is ``decay``, or with ``warmup`` ``min(decay, (1 + n) / (10 + n))`` after ``n`` updates
 (as timm's and torch-ema's warm-up), so early averages are not dominated by the random start.
 
-- Checkpoints: the averaged weights are registered state (``Trainer.register_state("ema", ...)``:
+- Checkpoints: the averaged weights are registered state (``RunContext.register_state("ema", ...)``:
   a safetensors file, verified with the rest; nothing pickled), and ``n`` in the callback's JSON
   state; a resumed run's average is byte-identical to an uninterrupted one's. A second ``ema``
   callback registers as ``ema_1``, and so on.
@@ -24,18 +24,14 @@ device, with no host sync: ``ema = decay_t * ema + (1 - decay_t) * weights`` (on
 from __future__ import annotations
 
 import copy
-import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from accelerate.utils import DistributedType
 
 from ..config import ConfigError
 from ..config.callbacks import EmaOptions
-from . import Callback, register_callback
-
-if TYPE_CHECKING:
-    from ..training.trainer import Trainer
+from . import Callback, RunContext, register_callback
 
 
 class _AveragedWeights:
@@ -63,8 +59,8 @@ class EMA(Callback):
         self.updates = 0
         self.model: torch.nn.Module | None = None
 
-    def on_setup(self, trainer: Trainer) -> None:
-        acc = trainer.accelerator
+    def on_setup(self, run: RunContext) -> None:
+        acc = run.accelerator
         if acc.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
             raise ConfigError(
                 [
@@ -75,20 +71,20 @@ class EMA(Callback):
                     )
                 ]
             )
-        live = acc.unwrap_model(trainer.model, keep_torch_compile=False)
+        live = acc.unwrap_model(run.model, keep_torch_compile=False)
         self.model = copy.deepcopy(live).requires_grad_(False).eval()
         self._live = list(live.parameters())
         self._average = list(self.model.parameters())
         self._live_buffers = [b for b in live.buffers() if b.is_floating_point()]
         self._buffers = [b for b in self.model.buffers() if b.is_floating_point()]
-        taken = set(trainer.registered_names())
+        taken = set(run.registered_names())
         name = next(n for i in range(len(taken) + 1) if (n := "ema" if i == 0 else f"ema_{i}") not in taken)
         self._state = _AveragedWeights(self.model)
-        trainer.register_state(name, self._state)
+        run.register_state(name, self._state)
 
     @torch.no_grad()
-    def on_fit_start(self, trainer: Trainer) -> None:
-        if trainer.progress.global_step > 0 and not self._state.loaded:
+    def on_fit_start(self, run: RunContext) -> None:
+        if run.global_step > 0 and not self._state.loaded:
             # New since the checkpoint resumed: the average starts from the weights trained so
             # far, not from the initial ones it was copied from before they were loaded.
             torch._foreach_copy_(self._average, self._live)
@@ -99,34 +95,25 @@ class EMA(Callback):
         return min(self.decay, (1 + updates) / (10 + updates)) if self.warmup else self.decay
 
     @torch.no_grad()
-    def on_step_end(self, trainer: Trainer, step: int) -> None:
+    def on_step_end(self, run: RunContext, step: int) -> None:
         weight = 1.0 - self.decay_at(self.updates)  # a host float: nothing is read from the device
         torch._foreach_lerp_(self._average, self._live, weight)
         if self._buffers:
             torch._foreach_copy_(self._buffers, self._live_buffers)
         self.updates += 1
 
-    def on_validation_end(self, trainer: Trainer, step: int, metrics: dict[str, float]) -> None:
-        if not self.validate or trainer.val_batches is None or not any(k.startswith("val/") for k in metrics):
+    def on_validation_end(self, run: RunContext, step: int, metrics: dict[str, float]) -> None:
+        if not self.validate or not any(k.startswith("val/") for k in metrics):
             return
-        from ..tasks.base import STANDARD_PASS
-        from ..training.validation import run_pass
-
         assert self.model is not None
-        vpass = dataclasses.replace(STANDARD_PASS, prefix="val_ema")
-        metrics.update(run_pass(trainer.accelerator, self.model, trainer.val_batches, trainer.task, vpass))
+        averaged = run.validate(self.model, "val_ema")  # the standard pass, on the average
+        if averaged is not None:
+            metrics.update(averaged)
 
-    def on_fit_end(self, trainer: Trainer, summary: dict[str, Any]) -> None:
+    def on_fit_end(self, run: RunContext, summary: dict[str, Any]) -> None:
         if summary["status"] == "preempted" or self.model is None:
             return  # a preempted run's average is in its last checkpoint
-        from ..training.final_weights import save_final
-
-        save_final(
-            trainer.accelerator,
-            self.model,
-            trainer.config.output_dir / "final" / "ema",
-            trainer.end.tokenizer,
-        )
+        run.save_final(self.model, "ema")
 
     def state_dict(self) -> dict[str, Any]:
         return {"updates": self.updates}

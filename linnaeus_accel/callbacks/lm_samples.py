@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -26,10 +26,7 @@ from ..config import ConfigError
 from ..config.callbacks import LmSamplesOptions
 from ..data.packing import BYTE_EOS, decode_bytes, encode_bytes
 from ..tasks.base import logits_of
-from . import Callback, register_callback
-
-if TYPE_CHECKING:
-    from ..training.trainer import Trainer
+from . import Callback, RunContext, register_callback
 
 
 @register_callback("lm_samples")
@@ -71,8 +68,8 @@ class LmSamples(Callback):
     def decode(self, ids: list[int]) -> str:
         return self._tokenizer.decode(ids) if self._tokenizer is not None else decode_bytes(ids)
 
-    def on_setup(self, trainer: Trainer) -> None:
-        others = [c for c in trainer.callbacks.callbacks if isinstance(c, LmSamples) and c is not self]
+    def on_setup(self, run: RunContext) -> None:
+        others = [c for c in run.callbacks if isinstance(c, LmSamples) and c is not self]
         if any(c.options.name == self.options.name for c in others):
             raise ConfigError(
                 [
@@ -83,7 +80,7 @@ class LmSamples(Callback):
                     )
                 ]
             )
-        window = getattr(trainer.train_batches.dataset, "tokens_per_sample", None)
+        window = getattr(run.train_dataset, "tokens_per_sample", None)
         self.context = self.options.context or (window + 1 if isinstance(window, int) else None)
 
     @torch.no_grad()
@@ -104,8 +101,8 @@ class LmSamples(Callback):
             ids = torch.cat([ids, torch.tensor([[token]], device=device)], dim=1)
         return out
 
-    def on_step_end(self, trainer: Trainer, step: int) -> None:
-        model = trainer.model
+    def on_step_end(self, run: RunContext, step: int) -> None:
+        model = run.model
         was_training = model.training
         model.eval()
         try:
@@ -115,7 +112,7 @@ class LmSamples(Callback):
                 rows.append((text, continuation))
         finally:
             model.train(was_training)
-        trainer.log(
+        run.log(
             {
                 f"{self.options.name}/{i}": prompt + continuation
                 for i, (prompt, continuation) in enumerate(rows)
@@ -123,9 +120,9 @@ class LmSamples(Callback):
             step,
         )
         for prompt, continuation in rows:
-            trainer.say(f"step {step} sample: {prompt!r} -> {continuation!r}")
-        if trainer.is_main_process:
-            wandb = next((t for t in trainer.accelerator.trackers if t.name == "wandb"), None)
+            run.say(f"step {step} sample: {prompt!r} -> {continuation!r}")
+        if run.is_main_process:
+            wandb = next((t for t in run.accelerator.trackers if t.name == "wandb"), None)
             if wandb is not None:
                 wandb.log_table(
                     f"{self.options.name}/table",

@@ -10,15 +10,12 @@ outside the range are not called back at all.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from ..config.callbacks import ProfileOptions
-from . import Callback, register_callback
-
-if TYPE_CHECKING:
-    from ..training.trainer import Trainer
+from . import Callback, RunContext, register_callback
 
 
 @register_callback("profile")
@@ -50,7 +47,7 @@ class Profile(Callback):
     def last_step(self) -> int:
         return self.options.start_step + self.options.steps - 1
 
-    def _start(self, trainer: Trainer) -> None:
+    def _start(self, run: RunContext) -> None:
         activities = [torch.profiler.ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -61,33 +58,33 @@ class Profile(Callback):
         )
         self._profiler.__enter__()
 
-    def on_fit_start(self, trainer: Trainer) -> None:
-        step = trainer.progress.global_step
+    def on_fit_start(self, run: RunContext) -> None:
+        step = run.global_step
         if step >= self.last_step:
             self.done = True
         elif step + 1 >= self.options.start_step:
-            self._start(trainer)  # the next step is in the range
+            self._start(run)  # the next step is in the range
 
-    def on_step_end(self, trainer: Trainer, step: int) -> None:
+    def on_step_end(self, run: RunContext, step: int) -> None:
         if self.done:
             return
         if self._profiler is None:
             if step + 1 == self.options.start_step:
-                self._start(trainer)
+                self._start(run)
             return
         if step < self.last_step:
             return
         profiler, self._profiler, self.done = self._profiler, None, True
         profiler.__exit__(None, None, None)
         first = max(self.options.start_step, step - self.options.steps + 1)
-        out = trainer.config.output_dir / "profile"
+        out = run.config.output_dir / "profile"
         out.mkdir(parents=True, exist_ok=True)
-        rank = trainer.accelerator.process_index
+        rank = run.accelerator.process_index
         trace = out / f"steps_{first}-{step}.rank{rank}.json"
         profiler.export_chrome_trace(str(trace))
         sort = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
         table = profiler.key_averages().table(sort_by=sort, row_limit=self.options.row_limit)
-        trainer.say(f"profile of steps {first}-{step} ({trace.parent}):\n{table}")
+        run.say(f"profile of steps {first}-{step} ({trace.parent}):\n{table}")
 
     @property
     def finished(self) -> bool:

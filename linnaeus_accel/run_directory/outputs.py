@@ -41,13 +41,21 @@ class RunOutputs:
     """The main process's view of ``<output dir>``: metrics.jsonl, summary.json, trackers, console."""
 
     def __init__(self, accelerator: Accelerator, config: Config, total_steps: int) -> None:
+        """Built with the run, handed to every part that writes; nothing is written until ``open``
+        (once the output directory is claimed)."""
         self.accelerator = accelerator
         self.dir = config.output_dir
-        self.dir.mkdir(parents=True, exist_ok=True)
         self._metrics_path = self.dir / "metrics.jsonl"
-        self._metrics = self._metrics_path.open("a", encoding="utf-8")
-        self.console = Console(total_steps, config.ENV.PROGRESS_BAR)
+        self._total_steps, self._bar = total_steps, config.ENV.PROGRESS_BAR
         self._plotting: threading.Thread | None = None
+        self.opened = False
+
+    def open(self) -> None:
+        """Start writing: the directory, metrics.jsonl (appended to), the console."""
+        self.opened = True
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._metrics = self._metrics_path.open("a", encoding="utf-8")
+        self.console = Console(self._total_steps, self._bar)
 
     def truncate_metrics(self, after_step: int, keep_validation: bool = False) -> None:
         """Forget what a killed run logged after its checkpoint at ``after_step`` (and that
@@ -146,6 +154,8 @@ class RunOutputs:
             raise OutputWriteError(f"write {relative}", self.dir / relative, exc) from exc
 
     def close(self) -> None:
+        if not self.opened:
+            return
         if self._plotting is not None:
             self._plotting.join()  # a run that ends has its plot
         self.console.close()
@@ -158,6 +168,10 @@ class SilentRunOutputs(RunOutputs):
     def __init__(self, accelerator: Accelerator, config: Config, total_steps: int) -> None:
         self.accelerator = accelerator
         self.dir = config.output_dir
+        self.opened = False
+
+    def open(self) -> None:
+        self.opened = True
 
     def truncate_metrics(self, after_step: int, keep_validation: bool = False) -> None:
         pass

@@ -1,7 +1,7 @@
 """Schedules as pure functions of the global optimizer step, resolved once from the config."""
 
 from .boundaries import Interval
-from .early_stopping import EarlyStopping, StopDecision
+from .early_stopping import EarlyStopping, StopDecision, StopReason
 from .lr import LRCurve
 from .ops import OpsSchedule
 from .plan import resolve_plan
@@ -19,6 +19,7 @@ __all__ = [
     "Ramp",
     "ResolvedPlan",
     "StopDecision",
+    "StopReason",
     "batches_per_process",
     "optimizer_steps_per_epoch",
     "resolve_plan",

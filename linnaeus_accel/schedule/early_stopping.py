@@ -1,9 +1,11 @@
-"""Early stopping (SPEC §7): a small state machine checked at validation points."""
+"""Early stopping (docs/semantics.md §5): a small state machine checked at validation points; and
+why a run stops before its end (``StopReason``)."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any, ClassVar, Literal
 
 from ..checkpoint.state_fields import Int, OptInt, OptNumber, StateModel, Text, absent
@@ -21,9 +23,21 @@ class EarlyStoppingState(StateModel):
     step_of_best: OptInt = None
 
 
+class StopReason(str, Enum):
+    """Why a run stops before its end; the value is what summary.json's ``stop_reason`` says."""
+
+    PATIENCE = "patience"
+    MAX_LOSS = "max_loss"
+    NOT_FINITE = "not_finite"
+    MIN_LR = "min_lr"
+    MAX_GRAD_NORM = "max_grad_norm"
+    MAX_STEPS = "max_steps"
+    PREEMPTED = "preempted"  # a signal: the run goes on when rerun
+
+
 @dataclass(frozen=True)
 class StopDecision:
-    reason: str  # patience | max_loss | not_finite | min_lr | max_grad_norm | max_steps
+    reason: StopReason
     message: str
 
 
@@ -74,34 +88,36 @@ class EarlyStopping:
             return None
         if metric is not None:
             if not math.isfinite(metric):
-                return StopDecision("not_finite", f"{self.metric} is {metric} at step {global_step}")
+                return StopDecision(StopReason.NOT_FINITE, f"{self.metric} is {metric} at step {global_step}")
             self.update(metric, global_step)
             if cfg.MAX_LOSS is not None and metric > cfg.MAX_LOSS:
                 return StopDecision(
-                    "max_loss", f"{self.metric} = {metric:.6g} exceeds MAX_LOSS {cfg.MAX_LOSS:g}"
+                    StopReason.MAX_LOSS, f"{self.metric} = {metric:.6g} exceeds MAX_LOSS {cfg.MAX_LOSS:g}"
                 )
             if cfg.PATIENCE_STEPS is not None and self.step_of_best is not None:
                 waited = global_step - self.step_of_best
                 if waited >= cfg.PATIENCE_STEPS:
                     return StopDecision(
-                        "patience",
+                        StopReason.PATIENCE,
                         f"no improvement of {self.metric} by more than {cfg.MIN_DELTA:g} for {waited} steps "
                         f"(best {self.best:.6g} at step {self.step_of_best}; PATIENCE_STEPS {cfg.PATIENCE_STEPS})",
                     )
         if cfg.MIN_LR is not None and lr is not None and global_step >= self.warmup_steps and lr < cfg.MIN_LR:
             return StopDecision(
-                "min_lr", f"learning rate {lr:.3g} fell below MIN_LR {cfg.MIN_LR:g} at step {global_step}"
+                StopReason.MIN_LR,
+                f"learning rate {lr:.3g} fell below MIN_LR {cfg.MIN_LR:g} at step {global_step}",
             )
         if cfg.MAX_GRAD_NORM is not None and grad_norm is not None and grad_norm > cfg.MAX_GRAD_NORM:
             return StopDecision(
-                "max_grad_norm", f"gradient norm {grad_norm:.4g} exceeds MAX_GRAD_NORM {cfg.MAX_GRAD_NORM:g}"
+                StopReason.MAX_GRAD_NORM,
+                f"gradient norm {grad_norm:.4g} exceeds MAX_GRAD_NORM {cfg.MAX_GRAD_NORM:g}",
             )
         return None
 
     def reached_max_steps(self, global_step: int) -> StopDecision | None:
         max_steps = self.config.MAX_STEPS
         if self.config.ACTIVE and max_steps is not None and global_step >= max_steps:
-            return StopDecision("max_steps", f"reached MAX_STEPS ({max_steps})")
+            return StopDecision(StopReason.MAX_STEPS, f"reached MAX_STEPS ({max_steps})")
         return None
 
     def state_dict(self) -> dict[str, Any]:

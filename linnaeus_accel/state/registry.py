@@ -20,15 +20,19 @@ checkpoint is verified against before anything loads. Registered parts are free-
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from pydantic import BaseModel
 
+from ..config import ConfigError
+from . import tensor_state
 from .schemas import RANK_PARTS, RUN_PARTS
 
 REGISTERED = "registered."  # the names of what Trainer.register_state registers
+_USER_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
 
 class Stateful(Protocol):
@@ -99,3 +103,24 @@ class StateRegistry:
                 said = part.load(state[part.name])
                 notes += said if isinstance(said, list) else []
         return notes
+
+    # -- what users and callbacks register (``Trainer.register_state``) ---------------------------
+    def register_user(self, name: str, part: Stateful) -> None:
+        """``part`` under ``registered.<name>`` (a checked name, registered once)."""
+        if not _USER_NAME.fullmatch(name):
+            raise ValueError(f"register_state: {name!r} is not a name: use letters, digits, '_', '-' and '.'")
+        if REGISTERED + name in self.names(per_rank=False):
+            raise ValueError(f"register_state: {name!r} is registered already")
+        self.register(REGISTERED + name, part)
+
+    def user_names(self) -> list[str]:
+        """What ``register_user`` holds, in the order it was registered."""
+        return [n.removeprefix(REGISTERED) for n in self.names(per_rank=False) if n.startswith(REGISTERED)]
+
+    def check_savable(self) -> None:
+        """Before the first step, not at the first checkpoint: every part's state must be what a
+        checkpoint can hold, or the steps before that checkpoint would be lost (``ConfigError``)."""
+        if (bad := tensor_state.unsavable(self.state(per_rank=False))) is not None:
+            name, why = bad
+            key = "CALLBACKS" if name == "callbacks" else f"register_state({name.removeprefix(REGISTERED)!r})"
+            raise ConfigError([(key, f"its state_dict() cannot be saved in a checkpoint: {why}")])

@@ -19,7 +19,8 @@ from ..config import Config
 from ..process.faults import fault_point
 from ..process.preemption import PreemptionWatch
 from ..progress import TrainingProgress
-from ..schedule import EarlyStopping, OpsSchedule, StopDecision
+from ..run_directory.outputs import RunOutputs
+from ..schedule import EarlyStopping, OpsSchedule, StopDecision, StopReason
 from ..schedule.boundaries import Boundary
 from ..tasks import Task, ValidationPass
 from .batches import BatchSource
@@ -45,16 +46,35 @@ class Boundaries:
         meter: TrainMeter,
         ranking_mode: str,
         on_validation_end: Callable[[int, dict[str, float]], None],
+        out: RunOutputs,
     ) -> None:
         self.accelerator, self.config, self.model, self.task, self.ops = accelerator, config, model, task, ops
         self.progress, self.val_batches, self.checkpoints = progress, val_batches, checkpoints
         self.writer, self.reader = checkpoints.writer, checkpoints.reader
         self.preemption, self.early_stopping, self.meter = preemption, early_stopping, meter
         self.ranking_mode, self.on_validation_end = ranking_mode, on_validation_end
-        self.out: Any = None  # the run's outputs, once the run has started
+        self.out = out
         self.final_done = False  # the run's last boundary has run
         self.last_validation: dict[str, float] = {}
         self.passes_done: dict[str, dict[str, float]] = {}  # by prefix, at the latest point
+
+    def metrics_state(self) -> dict[str, Any]:
+        """What ``Trainer.dump_metrics_state`` returns (see there)."""
+        progress = self.progress.state_dict()
+        return {
+            "global_step": progress["global_step"],
+            "epoch": progress["epoch"],
+            "stage": progress["current_stage"],
+            "validation": {
+                "pending": progress["pending_validations"],
+                "completed": progress["completed_validations"],
+                "passes": {prefix: dict(m) for prefix, m in self.passes_done.items()},
+                "last": dict(self.last_validation),
+            },
+            "best_metric": progress["best_metric"],
+            "early_stopping": self.early_stopping.state_dict(),
+            "train_window": self.meter.state_dict(),
+        }
 
     # -- the points --------------------------------------------------------------------------------
     def mid_epoch(self, epoch: int, step: int) -> StopDecision | None:
@@ -206,7 +226,8 @@ class Boundaries:
             for prefix, metrics in done.items():
                 self.writer.record_validation(self.writer.current, {"prefix": prefix, "metrics": metrics})
         return StopDecision(
-            "preempted", f"preempted by a signal during validation at step {self.progress.global_step}"
+            StopReason.PREEMPTED,
+            f"preempted by a signal during validation at step {self.progress.global_step}",
         )
 
     def _early_stop(self, results: dict[str, float]) -> StopDecision | None:

@@ -8,7 +8,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..callbacks import Callback
+from ..callbacks import Callback, RunContext
 from ..schedule.callback_steps import next_call
 from ..state.schemas import CallbacksState
 
@@ -36,12 +36,20 @@ class CallbackList:
         # Only the main process commits, so only it announces commits.
         self.wants_commits = main_process and any(_overrides(c, "on_checkpoint") for c in callbacks)
         self._pending = 0  # checkpoints saved and not yet announced
+        self.run: RunContext | None = None  # what every event is handed (``setup``)
 
-    def setup(self, trainer: Any) -> None:
+    @property
+    def context(self) -> RunContext:
+        assert self.run is not None, "CallbackList.setup comes first"
+        return self.run
+
+    def setup(self, run: RunContext) -> None:
+        """``on_setup``; from here on every event is handed ``run``."""
+        self.run = run
         for callback in self.callbacks:
-            callback.on_setup(trainer)
+            callback.on_setup(run)
 
-    def start(self, trainer: Any, step: int, resumed_from: Path | None = None) -> None:
+    def start(self, step: int, resumed_from: Path | None = None) -> None:
         """From ``step`` (0, or the resumed step): the first call of each; ``on_fit_start``. A
         checkpoint's callback state is taken before its commit, so on the main process the
         checkpoint resumed from (``resumed_from``) is announced again to ``on_checkpoint``: the
@@ -50,22 +58,22 @@ class CallbackList:
             self.checkpoint_saved(step)
             self.committed(step, resumed_from)
         for callback in self.callbacks:
-            callback.on_fit_start(trainer)
+            callback.on_fit_start(self.context)
         for i, (timing, callback) in enumerate(zip(self.plan.callbacks, self.callbacks, strict=True)):
             asks = _overrides(callback, "on_step_end") and not callback.finished
             due = next_call(timing, step, *self._length) if asks else None
             self._next[i] = NEVER if due is None else due
         self.next_due = min(self._next, default=NEVER)
-        self.announce_commits(trainer)  # the checkpoint resumed from, at once
+        self.announce_commits()  # the checkpoint resumed from, at once
 
-    def step_end(self, trainer: Any, step: int) -> None:
+    def step_end(self, step: int) -> None:
         """The loop calls this once ``step >= next_due``."""
         for i, callback in enumerate(self.callbacks):
             if self._next[i] <= step:
-                callback.on_step_end(trainer, step)
+                callback.on_step_end(self.context, step)
                 due = None if callback.finished else next_call(self.plan.callbacks[i], step, *self._length)
                 self._next[i] = NEVER if due is None else due
-        self.announce_commits(trainer)
+        self.announce_commits()
         self.next_due = min(self._next, default=NEVER)
         if self._pending:
             self.next_due = min(self.next_due, step + 1)  # look again after the next step
@@ -83,7 +91,7 @@ class CallbackList:
             with self._lock:
                 self._committed.append((step, path))
 
-    def announce_commits(self, trainer: Any) -> None:
+    def announce_commits(self) -> None:
         """``on_checkpoint`` for every commit since the last look, in order."""
         if not self._pending:
             return
@@ -92,16 +100,16 @@ class CallbackList:
         self._pending -= len(done)
         for step, path in done:
             for callback in self.callbacks:
-                callback.on_checkpoint(trainer, step, path)
+                callback.on_checkpoint(self.context, step, path)
 
     # -- the other events ----------------------------------------------------------------------
-    def validation_end(self, trainer: Any, step: int, metrics: dict[str, float]) -> None:
+    def validation_end(self, step: int, metrics: dict[str, float]) -> None:
         for callback in self.callbacks:
-            callback.on_validation_end(trainer, step, metrics)
+            callback.on_validation_end(self.context, step, metrics)
 
-    def fit_end(self, trainer: Any, summary: dict[str, Any]) -> None:
+    def fit_end(self, summary: dict[str, Any]) -> None:
         for callback in self.callbacks:
-            callback.on_fit_end(trainer, summary)
+            callback.on_fit_end(self.context, summary)
 
     # -- state ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -28,9 +28,10 @@ from ..process.failures import (
 from ..process.first_failure import first_failure
 from ..process.launcher import stop_if_launcher_gone
 from ..progress import TrainingProgress
+from ..run_directory.outputs import RunOutputs
 from ..save.failures import agree_on_output, resume_clause
 from ..save.writer import CheckpointWriter
-from ..schedule import ResolvedPlan, StopDecision
+from ..schedule import ResolvedPlan, StopDecision, StopReason
 from .final_weights import run_tokenizer, save_final
 from .nonfinite import NonFiniteGuard
 
@@ -46,6 +47,7 @@ class RunEnd:
         writer: CheckpointWriter,
         nonfinite: NonFiniteGuard,
         take_tokens: Callable[[], int],
+        out: RunOutputs,
         train_data: Any = None,
         last_validation: Callable[[], dict[str, float]] = dict,
     ) -> None:
@@ -56,7 +58,7 @@ class RunEnd:
             nonfinite,
             take_tokens,
         )
-        self.out: Any = None  # the run's outputs, once the run has started
+        self.out = out
         self.run_info: dict[str, Any] = {}  # what the run ran on (main process)
         self.last_validation = last_validation  # the latest validation's metrics, for summary.json
         self.tokenizer = run_tokenizer(train_data)  # the run's, shipped in final/
@@ -71,7 +73,7 @@ class RunEnd:
             "samples_seen": progress.samples_seen,
             "tokens_seen": progress.tokens_seen,
             "status": status,
-            "stop_reason": stop.reason if stop else None,
+            "stop_reason": stop.reason.value if stop else None,
             "error": error,
             "best_metric": progress.best_metric,
             "expected_total_steps": self.plan.total_steps,
@@ -84,7 +86,7 @@ class RunEnd:
         """Every process: the last checkpoint committed (``before_summary`` then runs: callbacks
         hear of it), ``final/`` written (collective), ``summary.json``."""
         progress = self.progress
-        preempted = stop is not None and stop.reason == "preempted"
+        preempted = stop is not None and stop.reason is StopReason.PREEMPTED
         progress.tokens_seen += self.take_tokens()
         self.writer.settle()  # the last checkpoint is committed, or every process stops here
         before_summary()
@@ -136,7 +138,7 @@ class RunEnd:
         process group is torn down together. Returns ``message`` with what the end found: a
         checkpoint the background thread could not write (removed), a ``summary.json`` that could
         not be written (what the trainer then raises says)."""
-        if self.out is None:
+        if not self.out.opened:  # refused before the run started: nothing to record
             return message
         with contextlib.suppress(Exception):
             if lost := self.writer.abandon(timeout=60.0):

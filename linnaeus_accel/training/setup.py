@@ -34,6 +34,7 @@ from ..schedule.steps import batches_per_process
 from ..tasks.causal_lm import VOCAB_KEY, vocabulary_shortfall
 from .backends import check_backend
 from .batches import BatchSource
+from .loader import Loader
 from .validation_data import validation_batches
 
 # A Trainer's Python ``optimizer=``: the parameter groups (``parameter_groups`` lists their keys:
@@ -180,17 +181,6 @@ def build_optimizer(
             )
         return optimizer
     return optimizer(parameter_groups(model, config))
-
-
-class Loader(NamedTuple):
-    loader: Any  # a DataLoader for Accelerate to prepare, or a ready stream loader
-    dataset: Any  # the user's dataset
-    collate: Any  # how its samples become a batch
-    size: int | None  # samples per pass, all processes together (None: a stream without __len__)
-    batch_size: int  # per process
-    batches_per_epoch: int | None  # per process, for a stream (None: unknown); map-style: set after prepare
-    stream: bool
-    sampler: Any = None  # our EpochSeededSampler, when the loader is ours (it resumes in O(1))
 
 
 def as_loader(

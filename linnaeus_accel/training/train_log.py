@@ -8,9 +8,8 @@ loss found there stops the run, naming the step it came from.
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..progress import TrainingProgress
+from ..run_directory.outputs import RunOutputs
 from ..save.writer import CheckpointWriter
 from ..schedule import OpsSchedule
 from .batches import BatchSource
@@ -27,10 +26,10 @@ class TrainLog:
         batches: BatchSource,
         writer: CheckpointWriter,
         nonfinite: NonFiniteGuard,
+        out: RunOutputs,
     ) -> None:
         self.ops, self.plan, self.progress, self.meter = ops, ops.plan, progress, meter
-        self.batches, self.writer, self.nonfinite = batches, writer, nonfinite
-        self.out: Any = None  # the run's outputs, once the run has started
+        self.batches, self.writer, self.nonfinite, self.out = batches, writer, nonfinite, out
 
     def after_step(self, epoch: int, last: bool) -> None:
         step, ops, out = self.progress.global_step, self.ops, self.out

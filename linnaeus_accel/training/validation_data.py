@@ -23,17 +23,15 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from accelerate import Accelerator
 
 from ..config import Config
 from ..data.sampling import EpochOrderSampler, subset_dataloader
 from .batches import BatchSource
+from .loader import Loader
 from .micro_batch import MicroBatch
-
-if TYPE_CHECKING:
-    from .setup import Loader
 
 
 class ValidationBatches(BatchSource):

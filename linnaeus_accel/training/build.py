@@ -1,0 +1,225 @@
+"""Building a run: what ``Trainer(...)`` turns the config, the model and the data into, once and in
+this order (docs/design.md §2): the Accelerator, the loaders, warm-start weights, the optimizer,
+``accelerator.prepare``, the plan, the task and its checks, and the parts the loop asks. Every
+stateful part registers in the ``StateRegistry`` under the name its checkpoints use."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from ..callbacks import Callback, RunActions, RunContext, build_callbacks, callback_name
+from ..config import Config
+from ..models.init_from import InitFrom, load_init_from
+from ..optim.groups import optimizer_line
+from ..process.preemption import PreemptionWatch
+from ..progress import TrainingConsistencyChecker, TrainingProgress
+from ..run_directory.outputs import RunOutputs, run_outputs
+from ..run_directory.run_lock import RunLock
+from ..schedule import EarlyStopping, OpsSchedule, ResolvedPlan
+from ..state.registry import StateRegistry
+from ..tasks import STANDARD_PASS, Task, TaskContext, build_task
+from .batches import BatchSource
+from .boundaries import Boundaries
+from .callback_list import CallbackList
+from .checkpoints import CheckpointManager
+from .final_weights import save_final
+from .gradnorm import gradnorm_for
+from .meter import TrainMeter, meter_for
+from .nonfinite import NonFiniteGuard
+from .run_end import RunEnd
+from .setup import (
+    OptimizerFactory,
+    as_loader,
+    build_optimizer,
+    default_optimizer,
+    make_accelerator,
+    prepare_run,
+    resolve_run_plan,
+    shared_parameters,
+)
+from .step import OptimizerStep
+from .task_checks import check_task, first_batch
+from .train_log import TrainLog
+from .validation import run_pass
+
+
+class DataPosition:
+    """Where the training data stands inside an epoch, in every checkpoint (per process): a
+    boundary starts the next epoch afresh, so nothing is saved there; resumed, the epoch continues
+    from ``resumed``."""
+
+    def __init__(self, progress: TrainingProgress, batches: BatchSource) -> None:
+        self.progress, self.batches = progress, batches
+        self.resumed: dict[str, Any] | None = None
+
+    def save(self) -> dict[str, Any] | None:
+        return self.batches.state_dict() if self.progress.batches_seen_in_epoch else None
+
+    def load(self, state: dict[str, Any]) -> None:
+        self.resumed = state
+
+
+@dataclass
+class RunParts:
+    """The built run: what the loop asks and what a Trainer exposes (``trainer.model``, ...)."""
+
+    config: Config
+    accelerator: Accelerator
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    train_batches: BatchSource
+    val_batches: BatchSource | None
+    plan: ResolvedPlan
+    ops: OpsSchedule
+    task: Task
+    progress: TrainingProgress
+    early_stopping: EarlyStopping
+    meter: TrainMeter
+    step: OptimizerStep
+    consistency: TrainingConsistencyChecker
+    nonfinite: NonFiniteGuard
+    preemption: PreemptionWatch
+    state: StateRegistry
+    data: DataPosition
+    checkpoints: CheckpointManager
+    callbacks: CallbackList
+    boundaries: Boundaries
+    train_log: TrainLog
+    end: RunEnd
+    out: RunOutputs
+    lock: RunLock
+    init_from: InitFrom | None
+    optimizer_line: str
+    optimizer_given: torch.optim.Optimizer | None  # one given to the Trainer: the summary describes it
+    train_size: int | None
+
+
+def build_run(
+    config: Config,
+    model: nn.Module,
+    train_data: Dataset[Any] | DataLoader[Any],
+    val_data: Dataset[Any] | DataLoader[Any] | None,
+    *,
+    task: Task | None,
+    optimizer: OptimizerFactory | torch.optim.Optimizer,
+    collate_fn: Callable[[list[Any]], Any] | None,
+    accelerator: Accelerator | None,
+    remote: Any,
+    callbacks: Sequence[Callback],
+) -> RunParts:
+    """See the module docstring and ``Trainer``; every mismatch between config, task, data and
+    model found here is one ``ConfigError``."""
+    acc = make_accelerator(config, accelerator)
+    set_seed(config.EXPERIMENT.SEED)
+    rank, world = acc.process_index, acc.num_processes
+    pin = acc.device.type == "cuda"
+    train = as_loader(config, train_data, True, rank, world, collate_fn, pin)
+    val = as_loader(config, val_data, False, rank, world, collate_fn, pin) if val_data is not None else None
+    init_from = load_init_from(config, model)  # MODEL.INIT_FROM: before the optimizer and prepare
+    built = build_optimizer(optimizer, model, config, acc.device)
+    line = optimizer_line(built)  # before prepare: whole parameters, as built
+    prepared = prepare_run(acc, config, model, built, train, val)
+    model, opt, train_batches, val_batches = prepared[:4]
+    # The config's callbacks, then those given here; the plan says when each one runs.
+    all_callbacks = [*build_callbacks(config), *callbacks]
+    names = [entry.NAME for entry in config.CALLBACKS] + [callback_name(c) for c in callbacks]
+    plan = resolve_run_plan(config, all_callbacks, names, train, prepared.batches_per_epoch, world)
+    ops = OpsSchedule(plan)
+    task = task if task is not None else build_task(config)
+    task.bind(TaskContext(config, plan, train.dataset, rank, world, acc.device, ops))
+    progress = TrainingProgress(total_epochs=plan.epochs or 0, expected_total_steps=plan.total_steps)
+    batch = first_batch(train.dataset, train.collate)
+    for source in (train_batches, val_batches):
+        if source is not None and source.unsized is not None:
+            source.unsized.template = batch  # what a process out of batches trains on, at zero weight
+    mode, ranking_mode = check_task(config, task, plan, model, batch, acc.device)
+    early_stopping = EarlyStopping(config.TRAIN.EARLY_STOP, plan.warmup_steps, mode)
+    gradnorm = gradnorm_for(config, len(task.components))
+    meter = meter_for(acc, config, task, model, plan.metrics_interval)
+    step = OptimizerStep(
+        acc, model, opt, task, ops, meter,
+        weights=list(config.LOSS.TASK_WEIGHTS or [1.0] * len(task.components)),
+        clip_grad=config.TRAIN.CLIP_GRAD, gradnorm=gradnorm,
+        shared_parameters=shared_parameters(acc.unwrap_model(model)) if gradnorm else None,
+        skip_nonfinite=config.TRAIN.NONFINITE == "skip",
+    )  # fmt: skip
+    nonfinite = NonFiniteGuard(acc, meter, model, config.TRAIN.NONFINITE)
+    callback_list = CallbackList(all_callbacks, plan, acc.is_main_process)
+    # Every stateful part of the run, under the names its checkpoints have always used.
+    state, data = StateRegistry(), DataPosition(progress, train_batches)
+    state.register("progress", progress)
+    state.register("early_stopping", early_stopping)
+    if gradnorm is not None:
+        state.register("gradnorm", save=gradnorm.state_dict, load=step.load_gradnorm)
+    state.register("callbacks", callback_list)
+    state.register("meter", meter, per_rank=True)
+    state.register("data", save=data.save, load=data.load, per_rank=True)
+    checkpoints = CheckpointManager(
+        acc,
+        config,
+        plan,
+        state,
+        progress,
+        nonfinite,
+        meter.take_tokens,
+        opt,
+        remote=remote,
+        mode=ranking_mode,
+    )
+    checkpoints.after_save.append(callback_list.checkpoint_saved)
+    checkpoints.writer.on_commit = callback_list.committed
+    out = run_outputs(acc, config, plan.total_steps)  # writes nothing before the run is claimed
+    preemption = PreemptionWatch(acc, timeout_s=config.ENV.DIST_TIMEOUT_S)
+    boundaries = Boundaries(
+        acc, config, model, task, ops, progress, val_batches, checkpoints, preemption, early_stopping, meter,
+        ranking_mode, on_validation_end=callback_list.validation_end, out=out,
+    )  # fmt: skip
+    end = RunEnd(
+        acc, config, plan, model, progress, checkpoints.writer, nonfinite, meter.take_tokens, out,
+        train_data=train.dataset, last_validation=lambda: boundaries.last_validation,
+    )  # fmt: skip
+    return RunParts(
+        config, acc, model, opt, train_batches, val_batches, plan, ops, task, progress, early_stopping,
+        meter, step, TrainingConsistencyChecker.for_plan(plan, config.DATA.DROP_LAST), nonfinite,
+        preemption, state, data, checkpoints, callback_list, boundaries,
+        TrainLog(ops, progress, meter, train_batches, checkpoints.writer, nonfinite, out), end, out,
+        RunLock(config.output_dir), init_from, line, None if optimizer is default_optimizer else built, train.size,
+    )  # fmt: skip
+
+
+def run_context(parts: RunParts, trainer: Any = None) -> RunContext:
+    """What the run's callbacks are handed (``callbacks.context``); ``trainer``: reached through it
+    by callbacks written for the Trainer, with a deprecation warning."""
+    acc, val, task = parts.accelerator, parts.val_batches, parts.task
+
+    def validate(model: nn.Module, prefix: str) -> dict[str, float]:
+        assert val is not None
+        return run_pass(acc, model, val, task, replace(STANDARD_PASS, prefix=prefix))
+
+    def final(model: nn.Module, name: str) -> Path:
+        directory = parts.config.output_dir / "final" / name
+        save_final(acc, model, directory, parts.end.tokenizer)
+        return directory
+
+    actions = RunActions(
+        log=parts.out.log,
+        say=parts.out.say,
+        register_state=parts.state.register_user,
+        registered_names=parts.state.user_names,
+        validate=validate if val is not None else None,
+        save_final=final,
+    )
+    return RunContext(
+        parts.config, parts.plan, acc, parts.model, parts.optimizer, parts.progress, parts.callbacks.callbacks,
+        parts.train_batches.dataset,
+        parts.end.tokenizer, actions, trainer,
+    )  # fmt: skip
