@@ -1,9 +1,8 @@
-"""Shared test helpers."""
+"""Fixtures and hooks of the whole suite. The helpers several test modules share are in
+``helpers/`` (its ``__init__`` lists them by topic)."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,36 +16,31 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_CONFIG = REPO / "configs" / "default.yaml"
+# Test modules import these from helpers; they are here too for one that imports them from conftest.
+from helpers.configs import DEFAULT_CONFIG, REPO  # noqa: F401
+from helpers.in_process import reset_accelerate, run_cli  # noqa: F401
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``gpu`` (``gpu(count=N)``: N devices) are skipped, here and only here, on a
+    machine without that many CUDA devices."""
+    needed = {item: marker for item in items if (marker := item.get_closest_marker("gpu")) is not None}
+    if not needed:
+        return
+    import torch
+
+    found = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    for item, marker in needed.items():
+        count = int(marker.kwargs.get("count", 1))
+        if found == 0:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))
+        elif found < count:
+            item.add_marker(pytest.mark.skip(reason=f"needs {count} CUDA devices (found {found})"))
 
 
 @pytest.fixture
 def default_config_path() -> Path:
     return DEFAULT_CONFIG
-
-
-def run_cli(*args: str) -> tuple[int, str, str]:
-    """Run ``linnaeus-accel ARGS`` in-process; (exit status, stdout, stderr).
-
-    Works inside hypothesis tests too (no function-scoped fixture needed)."""
-    from linnaeus_accel.cli import main
-
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            rc = main(list(args))
-        except SystemExit as exc:  # argparse usage errors
-            rc = exc.code if isinstance(exc.code, int) else 1
-    return rc, out.getvalue(), err.getvalue()
-
-
-def reset_accelerate() -> None:
-    """Forget Accelerate's process-wide state, so that the next Accelerator starts fresh."""
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
 
 
 @pytest.fixture
@@ -56,3 +50,23 @@ def fresh_accelerate_state() -> Iterator[None]:
     reset_accelerate()
     yield
     reset_accelerate()
+
+
+@pytest.fixture
+def wandb_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """W&B offline, with every directory it writes to under tmp_path; its service process
+    (wandb-core, kept alive for the next run of the process) is shut down afterwards."""
+    wandb = pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    for var, sub in (
+        ("WANDB_DIR", "dir"),
+        ("WANDB_CACHE_DIR", "cache"),
+        ("WANDB_CONFIG_DIR", "config"),
+        ("WANDB_DATA_DIR", "data"),
+        ("WANDB_ARTIFACT_DIR", "artifacts"),
+    ):
+        monkeypatch.setenv(var, str(tmp_path / "wandb_env" / sub))
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    yield
+    wandb.teardown()

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import Any
 from unittest import mock
 
 import pytest
@@ -41,11 +41,12 @@ from accelerate.utils.launch import (
     prepare_multi_gpu_env,
     prepare_simple_launcher_cmd_env,
 )
+from helpers.configs import REPO
 
 from linnaeus_accel.config import load_config
 from linnaeus_accel.training.backends import backend_problems
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "accelerate_configs"
+CONFIG_DIR = REPO / "accelerate_configs"
 CONFIG_FILES = sorted(p.name for p in CONFIG_DIR.glob("*.yaml"))
 ACCELERATE_PREFIXES = ("ACCELERATE_", "FSDP_", "PARALLELISM_CONFIG_")
 GPUS = 8  # what `nvidia-smi -L | wc -l` answers on the user's (simulated) machine
@@ -60,6 +61,44 @@ FSDP2_FULL_SHARD_ENV = {
     "FSDP_CPU_RAM_EFFICIENT_LOADING": "true",
     "FSDP_SYNC_MODULE_STATES": "true",
 }
+
+# bf16 on every GPU of one machine: the process count is not in the file, torchrun gets
+# --nproc_per_node GPUS.
+ALL_GPUS_BF16: dict[str, Any] = {
+    "num_processes": -1,
+    "mixed_precision": "bf16",
+    "world_size": GPUS,
+    "nproc_per_node": GPUS,
+}
+# bf16 on 2 machines x 8 GPUs: num_processes is the total, torchrun runs 16 // 2 per machine, node
+# rank 0 here, rendezvous at machine 0's address.
+TWO_MACHINES_BF16: dict[str, Any] = {
+    "num_processes": 16,
+    "mixed_precision": "bf16",
+    "world_size": 16,
+    "num_machines": 2,
+    "nproc_per_node": 8,
+    "node_rank": 0,
+    "rdzv_endpoint": "10.0.0.1:29500",
+}
+# The DeepSpeed files: one machine, no offload; clipping and accumulation left to us.
+DEEPSPEED_ONE_MACHINE: dict[str, Any] = {
+    "distributed_type": DistributedType.DEEPSPEED,
+    "launcher": "deepspeed",
+    **ALL_GPUS_BF16,
+}
+DEEPSPEED_ENV = {
+    "ACCELERATE_MIXED_PRECISION": "bf16",
+    "ACCELERATE_USE_DEEPSPEED": "true",
+    "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE": "none",
+    "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE": "none",
+}
+DEEPSPEED_ABSENT_ENV = (
+    "ACCELERATE_GRADIENT_CLIPPING",  # "auto": the trainer fills in TRAIN.CLIP_GRAD
+    "ACCELERATE_GRADIENT_ACCUMULATION_STEPS",
+    "ACCELERATE_DEEPSPEED_CONFIG_FILE",
+    "ACCELERATE_USE_FSDP",
+)
 
 
 @dataclass(frozen=True)
@@ -95,10 +134,7 @@ EXPECTED: dict[str, Expect] = {
     "multi_gpu.yaml": Expect(
         distributed_type=DistributedType.MULTI_GPU,
         launcher="multi_gpu",
-        num_processes=-1,
-        mixed_precision="bf16",
-        world_size=GPUS,
-        nproc_per_node=GPUS,
+        **ALL_GPUS_BF16,
         env={"ACCELERATE_MIXED_PRECISION": "bf16"},
         absent_env=("ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED", "ACCELERATE_USE_PARALLELISM_CONFIG"),
     ),
@@ -117,10 +153,7 @@ EXPECTED: dict[str, Expect] = {
     "fsdp2_full_shard.yaml": Expect(
         distributed_type=DistributedType.FSDP,
         launcher="multi_gpu",
-        num_processes=-1,
-        mixed_precision="bf16",
-        world_size=GPUS,
-        nproc_per_node=GPUS,
+        **ALL_GPUS_BF16,
         env={"ACCELERATE_MIXED_PRECISION": "bf16", **FSDP2_FULL_SHARD_ENV},
         absent_env=("ACCELERATE_USE_PARALLELISM_CONFIG", "FSDP_TRANSFORMER_CLS_TO_WRAP"),
         fsdp2=True,
@@ -130,13 +163,7 @@ EXPECTED: dict[str, Expect] = {
     "fsdp2_hybrid_shard_multinode.yaml": Expect(
         distributed_type=DistributedType.FSDP,
         launcher="multi_gpu",
-        num_processes=16,
-        mixed_precision="bf16",
-        world_size=16,
-        num_machines=2,
-        nproc_per_node=8,
-        node_rank=0,
-        rdzv_endpoint="10.0.0.1:29500",
+        **TWO_MACHINES_BF16,
         env={
             "ACCELERATE_MIXED_PRECISION": "bf16",
             **FSDP2_FULL_SHARD_ENV,
@@ -152,63 +179,28 @@ EXPECTED: dict[str, Expect] = {
     ),
     # DeepSpeed ZeRO-2 on one machine, bf16, no offload, clipping and accumulation left to us.
     "deepspeed_zero2.yaml": Expect(
-        distributed_type=DistributedType.DEEPSPEED,
-        launcher="deepspeed",
-        num_processes=-1,
-        mixed_precision="bf16",
-        world_size=GPUS,
-        nproc_per_node=GPUS,
-        env={
-            "ACCELERATE_MIXED_PRECISION": "bf16",
-            "ACCELERATE_USE_DEEPSPEED": "true",
-            "ACCELERATE_DEEPSPEED_ZERO_STAGE": "2",
-            "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE": "none",
-            "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE": "none",
-        },
-        absent_env=(
-            "ACCELERATE_GRADIENT_CLIPPING",  # "auto": the trainer fills in TRAIN.CLIP_GRAD
-            "ACCELERATE_GRADIENT_ACCUMULATION_STEPS",
-            "ACCELERATE_DEEPSPEED_CONFIG_FILE",
-            "ACCELERATE_USE_FSDP",
-        ),
+        **DEEPSPEED_ONE_MACHINE,
+        env={**DEEPSPEED_ENV, "ACCELERATE_DEEPSPEED_ZERO_STAGE": "2"},
+        absent_env=DEEPSPEED_ABSENT_ENV,
         zero_stage=2,
     ),
     # DeepSpeed ZeRO-3: as ZeRO-2 plus zero.Init and the 16-bit gather that save_model needs.
     "deepspeed_zero3.yaml": Expect(
-        distributed_type=DistributedType.DEEPSPEED,
-        launcher="deepspeed",
-        num_processes=-1,
-        mixed_precision="bf16",
-        world_size=GPUS,
-        nproc_per_node=GPUS,
+        **DEEPSPEED_ONE_MACHINE,
         env={
-            "ACCELERATE_MIXED_PRECISION": "bf16",
-            "ACCELERATE_USE_DEEPSPEED": "true",
+            **DEEPSPEED_ENV,
             "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3",
             "ACCELERATE_DEEPSPEED_ZERO3_INIT": "true",
             "ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL": "true",
-            "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE": "none",
-            "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE": "none",
         },
-        absent_env=(
-            "ACCELERATE_GRADIENT_CLIPPING",  # "auto": the trainer fills in TRAIN.CLIP_GRAD
-            "ACCELERATE_GRADIENT_ACCUMULATION_STEPS",
-            "ACCELERATE_DEEPSPEED_CONFIG_FILE",
-            "ACCELERATE_USE_FSDP",
-        ),
+        absent_env=DEEPSPEED_ABSENT_ENV,
         zero_stage=3,
     ),
     # DDP over 2 machines x 8 GPUs: num_processes is the total, torchrun runs 16 // 2 per machine.
     "multi_node_ddp.yaml": Expect(
         distributed_type=DistributedType.MULTI_GPU,
         launcher="multi_gpu",
-        num_processes=16,
-        mixed_precision="bf16",
-        world_size=16,
-        num_machines=2,
-        nproc_per_node=8,
-        node_rank=0,
-        rdzv_endpoint="10.0.0.1:29500",
+        **TWO_MACHINES_BF16,
         env={"ACCELERATE_MIXED_PRECISION": "bf16"},
         absent_env=("ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED", "ACCELERATE_USE_PARALLELISM_CONFIG"),
     ),

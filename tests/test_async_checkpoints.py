@@ -12,15 +12,14 @@ from typing import Any
 import pytest
 import torch
 from accelerate import Accelerator
-from conftest import reset_accelerate
+from helpers.configs import CFG
+from helpers.in_process import reset_accelerate
 
 from linnaeus_accel.checkpoint import MARKER, CheckpointStore
 from linnaeus_accel.cli import main
 from linnaeus_accel.config import load_config
 from linnaeus_accel.save.writer import CheckpointWriter
 
-REPO = Path(__file__).resolve().parent.parent
-CFG = str(REPO / "configs" / "default.yaml")
 # 12 steps per epoch, 2 epochs: checkpoints mid-epoch at 5, 10, 15, 20 and at the end (24); all kept.
 OPTS = [
     "TRAIN.EPOCHS", "2",

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from accelerate.utils import DistributedType
-from conftest import DEFAULT_CONFIG
+from helpers.configs import DEFAULT_CONFIG
 
 from linnaeus_accel.config import load_config
 from linnaeus_accel.config.loading import read_yaml

@@ -12,14 +12,15 @@ One slow test launches two real worker processes: the error is printed once and 
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import REPO, run_cli
+from helpers.configs import REPO
+from helpers.in_process import run_cli
+from helpers.processes import free_port
 
 DEFAULT = str(REPO / "configs" / "default.yaml")
 CLASSIFICATION = str(REPO / "configs" / "digits_classification.yaml")
@@ -166,12 +167,6 @@ def test_output_dir_that_cannot_be_created_is_a_config_error(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # nothing else was written
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.slow
 def test_config_error_under_two_processes_is_printed_once_and_every_worker_exits_2(tmp_path: Path) -> None:
     # Two workers started as a launcher starts them (RANK, LOCAL_RANK, WORLD_SIZE), without the
@@ -181,7 +176,7 @@ def test_config_error_under_two_processes_is_printed_once_and_every_worker_exits
     env.update(
         WORLD_SIZE="2",
         MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(_free_port()),
+        MASTER_PORT=str(free_port()),
         ACCELERATE_USE_CPU="true",
         OMP_NUM_THREADS="1",
         PYTHONPATH=os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p),

@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.configs import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 MODULES = (
     "step_overhead",
     "nanogpt_step",

@@ -19,7 +19,7 @@ from linnaeus_accel.data.text import load_topics
 from linnaeus_accel.models import build_model
 
 
-def make_config(
+def dataset_config(
     dataset: str = "python_docs",
     options: dict[str, Any] | None = None,
     model: str = "digits_mlp",
@@ -52,21 +52,21 @@ def as_lists(samples: Any) -> list[list[int]]:
 def test_python_docs_splits_by_topic_disjoint_and_complete() -> None:
     import pydoc_data.topics
 
-    config = make_config()
+    config = dataset_config()
     train, val = build_dataset(config, "train"), build_dataset(config, "val")
     assert not set(train.topics) & set(val.topics)
     assert set(train.topics) | set(val.topics) == set(pydoc_data.topics.topics)
     n = len(pydoc_data.topics.topics)
     assert len(val.topics) == int(0.2 * n + 0.5)  # VAL_FRACTION 0.2, rounded half up
     # The split does not move with the experiment seed: every run validates on the same text.
-    assert build_dataset(make_config(seed=123), "val").topics == val.topics
+    assert build_dataset(dataset_config(seed=123), "val").topics == val.topics
     # At least one topic on each side, whatever the fraction.
-    assert len(build_dataset(make_config(val_fraction=0.0), "val").topics) == 1
-    assert len(build_dataset(make_config(val_fraction=1.0), "train").topics) == 1
+    assert len(build_dataset(dataset_config(val_fraction=0.0), "val").topics) == 1
+    assert len(build_dataset(dataset_config(val_fraction=1.0), "train").topics) == 1
 
 
 def test_python_docs_is_deterministic_byte_text_with_one_eos_per_topic() -> None:
-    config = make_config(options={"seq_len": 64})
+    config = dataset_config(options={"seq_len": 64})
     a, b = build_dataset(config, "val"), build_dataset(config, "val")
     assert np.array_equal(a.tokens, b.tokens)
     assert (a.vocab_size, a.eos_id, a.tokens_per_sample) == (257, 256, 63)
@@ -80,7 +80,7 @@ def test_python_docs_is_deterministic_byte_text_with_one_eos_per_topic() -> None
 
 
 def test_python_docs_streaming_len_is_what_iterating_gives() -> None:
-    config = make_config(options={"seq_len": 256, "streaming": True}, seed=5)
+    config = dataset_config(options={"seq_len": 256, "streaming": True}, seed=5)
     train, val = build_dataset(config, "train"), build_dataset(config, "val")
     assert (train.vocab_size, train.eos_id, train.tokens_per_sample) == (257, 256, 255)
     epoch0 = as_lists(train)
@@ -90,7 +90,7 @@ def test_python_docs_streaming_len_is_what_iterating_gives() -> None:
     assert len(epoch1) == len(train)
     assert epoch0 != epoch1  # training topics are reshuffled each epoch
     # Validation streams in the fixed order: the same samples as the map-style dataset.
-    mapped = build_dataset(make_config(options={"seq_len": 256}), "val")
+    mapped = build_dataset(dataset_config(options={"seq_len": 256}), "val")
     assert as_lists(val) == as_lists(mapped[k] for k in range(len(mapped)))
     assert len(val) == len(mapped)
     # A DataLoader batches the stream as it does a map-style dataset.
@@ -111,7 +111,7 @@ def test_python_docs_streaming_len_is_what_iterating_gives() -> None:
 )
 def test_python_docs_options_are_validated(options: dict[str, Any], match: str) -> None:
     with pytest.raises(ConfigError, match=match) as exc:
-        build_dataset(make_config(options=options), "train")
+        build_dataset(dataset_config(options=options), "train")
     assert problem_keys(exc) == {"DATA.DATASET.OPTIONS"}
 
 
@@ -126,7 +126,7 @@ def without_pydoc_data(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 @pytest.mark.usefixtures("without_pydoc_data")
 def test_python_docs_without_pydoc_data_says_so() -> None:
     with pytest.raises(ConfigError, match="lacks") as exc:
-        build_dataset(make_config(), "train")
+        build_dataset(dataset_config(), "train")
     assert problem_keys(exc) == {"DATA.DATASET.NAME"}
 
 
@@ -134,8 +134,8 @@ def test_python_docs_without_pydoc_data_says_so() -> None:
 
 
 def test_digits_images_are_whole_images_with_the_digit_as_label_on_digits_split() -> None:
-    config = make_config(dataset="digits_images")
-    digits = build_dataset(make_config(dataset="digits"), "val")
+    config = dataset_config(dataset="digits_images")
+    digits = build_dataset(dataset_config(dataset="digits"), "val")
     images = build_dataset(config, "val")
     assert len(images) + len(build_dataset(config, "train")) == 1797
     assert images.num_classes == 10
@@ -152,7 +152,7 @@ def test_digits_images_are_whole_images_with_the_digit_as_label_on_digits_split(
     assert torch.equal(images.images[:, :, :4], digits.images[:, :, :4])
     assert float(images.images[:, :, 4:].sum()) > 0  # nothing hidden
     with pytest.raises(ConfigError, match="takes no options") as exc:
-        build_dataset(make_config(dataset="digits_images", options={"x": 1}), "train")
+        build_dataset(dataset_config(dataset="digits_images", options={"x": 1}), "train")
     assert problem_keys(exc) == {"DATA.DATASET.OPTIONS"}
 
 
@@ -160,7 +160,7 @@ def test_digits_images_are_whole_images_with_the_digit_as_label_on_digits_split(
 
 
 def test_digits_convnet_gives_logits_per_class() -> None:
-    config = make_config(dataset="digits_images", model="digits_convnet", model_options={"channels": 8})
+    config = dataset_config(dataset="digits_images", model="digits_convnet", model_options={"channels": 8})
     dataset = build_dataset(config, "train")
     model = build_model(config, dataset)
     batch = next(iter(DataLoader(dataset, batch_size=5)))
@@ -181,7 +181,7 @@ def test_digits_convnet_gives_logits_per_class() -> None:
     ],
 )
 def test_digits_convnet_errors(dataset: str, options: dict[str, Any], key: str, match: str) -> None:
-    config = make_config(dataset=dataset, model="digits_convnet", model_options=options)
+    config = dataset_config(dataset=dataset, model="digits_convnet", model_options=options)
     with pytest.raises(ConfigError, match=match) as exc:
         build_model(config, build_dataset(config, "train"))
     assert problem_keys(exc) == {key}
@@ -206,7 +206,7 @@ def offline(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.usefixtures("offline")
 def test_hf_causal_lm_builds_offline_and_returns_logits_over_the_byte_vocab() -> None:
-    config = make_config(options={"seq_len": 16}, model="hf_causal_lm", model_options=TINY)
+    config = dataset_config(options={"seq_len": 16}, model="hf_causal_lm", model_options=TINY)
     dataset = build_dataset(config, "train")
     model = build_model(config, dataset)
     batch = next(iter(DataLoader(dataset, batch_size=3)))
@@ -222,13 +222,13 @@ def test_hf_causal_lm_builds_offline_and_returns_logits_over_the_byte_vocab() ->
 def test_hf_causal_lm_sizes_and_explicit_options() -> None:
     lm_tiny = {**TINY, "hidden_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4}
     lm_tiny |= {"intermediate_size": 384, "max_position_embeddings": 256}
-    config = make_config(model="hf_causal_lm", model_options=lm_tiny)
+    config = dataset_config(model="hf_causal_lm", model_options=lm_tiny)
     model = build_model(config, build_dataset(config, "val"))
     assert 0.9e6 < sum(p.numel() for p in model.parameters()) < 1.0e6  # about 1M parameters
     # gpt2 names its sizes n_embd, n_layer, ...; transformers maps the usual names onto them.
     options = {"model_type": "gpt2", "vocab_size": 50, "hidden_size": 32, "num_hidden_layers": 1}
     options |= {"num_attention_heads": 2, "max_position_embeddings": 16}
-    gpt2 = build_model(make_config(model="hf_causal_lm", model_options=options), object())
+    gpt2 = build_model(dataset_config(model="hf_causal_lm", model_options=options), object())
     assert type(gpt2).__name__ == "GPT2LMHeadModel"
     assert gpt2(torch.zeros(2, 4, dtype=torch.int64)).logits.shape == (2, 4, 50)
 
@@ -245,14 +245,14 @@ def test_hf_causal_lm_sizes_and_explicit_options() -> None:
 )
 @pytest.mark.usefixtures("offline")
 def test_hf_causal_lm_option_errors(options: dict[str, Any], match: str) -> None:
-    config = make_config(model="hf_causal_lm", model_options=options)
+    config = dataset_config(model="hf_causal_lm", model_options=options)
     with pytest.raises(ConfigError, match=match) as exc:
         build_model(config, build_dataset(config, "val"))
     assert problem_keys(exc) == {"MODEL.OPTIONS"}
 
 
 def test_hf_causal_lm_needs_a_vocab_size() -> None:
-    config = make_config(dataset="digits_images", model="hf_causal_lm", model_options=TINY)
+    config = dataset_config(dataset="digits_images", model="hf_causal_lm", model_options=TINY)
     with pytest.raises(ConfigError, match="set vocab_size") as exc:
         build_model(config, build_dataset(config, "val"))
     assert problem_keys(exc) == {"MODEL.OPTIONS"}
@@ -260,7 +260,7 @@ def test_hf_causal_lm_needs_a_vocab_size() -> None:
 
 def test_hf_causal_lm_without_transformers_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "transformers", None)  # makes the import fail
-    config = make_config(model="hf_causal_lm", model_options=TINY)
+    config = dataset_config(model="hf_causal_lm", model_options=TINY)
     with pytest.raises(ConfigError, match=r"pip install 'linnaeus-accel\[lm\]'") as exc:
         build_model(config, build_dataset(config, "val"))
     assert problem_keys(exc) == {"MODEL.TYPE"}

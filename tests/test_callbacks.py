@@ -11,10 +11,11 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import REPO, reset_accelerate, run_cli
+from helpers.configs import LM_CFG, REPO, SMALL_LM
+from helpers.in_process import reset_accelerate, run_cli
+from helpers.runs import TrainRun, assert_resumed_from, committed
+from helpers.trackers import wandb_history, wandb_records, wandb_run_files
 from pydantic import BaseModel, ConfigDict
-from test_resume import TrainRun, assert_resumed_from, committed
-from test_trackers import wandb_history, wandb_offline, wandb_records, wandb_run_files  # noqa: F401 (a fixture)
 
 from linnaeus_accel import Callback, register_callback
 from linnaeus_accel.callbacks import build_callbacks
@@ -197,7 +198,6 @@ def test_lm_samples_writes_what_the_trained_model_generates(tmp_path: Path) -> N
     decoding of the final weights, computed here with transformers; sampled text is seeded. The
     same text is in TensorBoard and in W&B's table, each read back by its own library."""
     from safetensors.torch import load_file
-    from test_lm import LM_CFG, SMALL_LM
 
     from linnaeus_accel.config import load_config
     from linnaeus_accel.data.packing import decode_bytes, encode_bytes
@@ -278,7 +278,6 @@ def test_lm_samples_writes_what_the_trained_model_generates(tmp_path: Path) -> N
 
 def test_two_lm_samples_under_one_name_exit_2_naming_the_option(tmp_path: Path) -> None:
     """Their texts would replace each other at shared steps in TensorBoard and W&B."""
-    from test_lm import LM_CFG, SMALL_LM
 
     two = "[{NAME: lm_samples, OPTIONS: {prompts: [a]}}, {NAME: lm_samples, OPTIONS: {prompts: [b]}}]"
     opts = [*SMALL_LM, "ENV.OUTPUT.BASE_DIR", str(tmp_path), "CALLBACKS", two]

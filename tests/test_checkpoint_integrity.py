@@ -39,8 +39,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import DEFAULT_CONFIG, REPO
-from test_resume import (
+from helpers.configs import DEFAULT_CONFIG, REPO
+from helpers.processes import read_log
+from helpers.runs import (
     RUN_TIMEOUT_S,
     Result,
     TrainRun,
@@ -49,9 +50,8 @@ from test_resume import (
     committed,
     is_val,
     journal,
-    metrics,
-    read_log,
-    summary,
+    read_metrics,
+    read_summary,
 )
 
 from linnaeus_accel.checkpoint import MARKER, CheckpointStore, file_digest
@@ -257,7 +257,7 @@ def test_a_corrupt_summary_is_moved_aside_and_does_not_stop_a_rerun(tmp_path: Pa
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Result:
     result = TrainRun(tmp_path_factory.mktemp("reference"), OPTS).run().check_ok()
-    assert summary(result.dir)["global_step"] == 24
+    assert read_summary(result.dir)["global_step"] == 24
     assert committed(result.dir) == [STEP12, STEP24]
     return result
 
@@ -431,8 +431,8 @@ def test_a_journal_line_that_does_not_verify_is_ignored_and_its_pass_run_again(
     # The passes from the bad line on ran again: the journal now holds each pass once, all valid.
     assert journal(boundary) == EPOCH1_PASSES
     assert "validation journal" not in "".join(skipped_lines(resumed.output))
-    records = [r for r in metrics(run.dir) if r["global_step"] == 12 and is_val(r)]
-    (ref_record,) = [r for r in metrics(reference.dir) if r["global_step"] == 12 and is_val(r)]
+    records = [r for r in read_metrics(run.dir) if r["global_step"] == 12 and is_val(r)]
+    (ref_record,) = [r for r in read_metrics(reference.dir) if r["global_step"] == 12 and is_val(r)]
     assert records == [ref_record]  # the real values, not the made-up ones
     assert_same_run(resumed, reference)
     if bad == 2:  # a line that is not a kill's half line is kept for whoever investigates
@@ -811,7 +811,7 @@ def test_a_disk_that_fills_at_any_write_ends_the_run_in_one_sentence(
         assert checkpoint_store(run.dir / "checkpoints").verify(run.dir / "checkpoints" / name) is None
     assert not (run.dir / "final").exists() or hit == "summary.json"
     if summary_written:
-        data = summary(run.dir)
+        data = read_summary(run.dir)
         assert data["status"] == "failed", data
         assert data["error"] == line.removeprefix("linnaeus-accel: "), data
     else:  # the disk is still full: the sentence says so

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from accelerate import debug_launcher
 from b2sdk.v2 import B2Api, B2HttpApiConfig, InMemoryAccountInfo, RawSimulator
-from conftest import run_cli
-from test_checkpoint_store import save
-from test_resume import TrainRun, assert_resumed_from
+from helpers.checkpoints import save
+from helpers.in_process import run_cli
+from helpers.runs import TrainRun, assert_resumed_from
 
 from linnaeus_accel.checkpoint import MARKER, CheckpointStore, read_marker
 from linnaeus_accel.checkpoint.marker import KEY_ENV, SIGNATURE

@@ -18,7 +18,6 @@ A checkpoint of the previous layout (registered state pickled by Accelerate) res
 from __future__ import annotations
 
 import json
-import os
 import pickle
 from pathlib import Path
 from typing import Any
@@ -26,16 +25,18 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from test_resume import REPO, TrainRun, assert_resumed_from
+from helpers.checkpoints import RunsCode, reseal
+from helpers.configs import LM_CFG, REPO
+from helpers.in_process import run_cli
+from helpers.runs import TrainRun, assert_resumed_from
 
-from linnaeus_accel.checkpoint import MARKER, file_digest, read_marker
+from linnaeus_accel.checkpoint import MARKER, read_marker
 from linnaeus_accel.checkpoint.marker import KEY_ENV, SIGNATURE, signature, signature_problem
 from linnaeus_accel.state import tensor_state
 from linnaeus_accel.state.content import content_problem
 from linnaeus_accel.state.files import checkpoint_store
 
 SCRIPT = (REPO / "tests" / "stateful_script.py").read_text(encoding="utf-8")
-LM_CFG = str(REPO / "configs" / "lm_tiny.yaml")
 STEP_6, STEP_12 = "step_00000006", "step_00000012"
 DIGITS = [
     *("TRAIN.EPOCHS", "3", "DATA.BATCH_SIZE", "256", "SCHEDULE.CHECKPOINT.INTERVAL_EPOCHS", "1"),
@@ -65,34 +66,6 @@ KINDS = {
     "lora": (LM_CFG, TINY_LM, False),
 }
 PICKLE_SUFFIXES = (".bin", ".pkl", ".pt", ".pth")
-
-
-class RunsCode:
-    """A pickle that runs a shell command when it is loaded (what the attacker writes)."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = str(marker)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (os.system, (f"touch {self.marker}",))
-
-
-def reseal(checkpoint: Path, key: str | None = None) -> None:
-    """Rewrite COMMITTED.json for the files as they are now, every one listed (what an attacker
-    who can write the checkpoint does), signed with ``key`` if given."""
-    marker = read_marker(checkpoint)
-    files = []
-    for file in sorted(p for p in checkpoint.rglob("*") if p.is_file()):
-        rel = file.relative_to(checkpoint).as_posix()
-        if rel in (MARKER, "validation_journal.jsonl"):
-            continue
-        data = file.read_bytes()
-        files.append({"path": rel, "size": len(data), **dict([file_digest(data)])})
-    marker = {k: v for k, v in marker.items() if k != SIGNATURE}
-    marker["files"] = files
-    if key is not None:
-        marker[SIGNATURE] = signature(marker, key.encode())
-    (checkpoint / MARKER).write_text(json.dumps(marker), encoding="utf-8")
 
 
 def new_run(root: Path, opts: list[str], cfg: str | None = None) -> TrainRun:
@@ -589,7 +562,6 @@ def test_a_checkpoint_whose_weights_file_is_damaged_is_refused_before_anything_i
 ) -> None:
     """The weights are read by Accelerate's load, after the run directory was written to: their
     safetensors header (and offsets) is checked at verification, as the pickles are, naming the file."""
-    from conftest import run_cli
 
     cfg = str(REPO / "configs" / "default.yaml")
     rc, _, err = run_cli(

@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.checkpoints import save, stage
+from helpers.configs import REPO
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -36,31 +38,6 @@ from linnaeus_accel.checkpoint import (
     retained,
 )
 from linnaeus_accel.checkpoint.digests import hash_file, seal_file
-
-REPO = Path(__file__).resolve().parent.parent
-
-
-def stage(store: CheckpointStore, step: int, extra: dict[str, bytes] | None = None) -> Path:
-    """What save_state of every process plus the trainer's JSON would leave in staging."""
-    staging = store.staging_dir(step)
-    files = {
-        "model.safetensors": hashlib.sha256(f"model {step}".encode()).digest() * 64,
-        "optimizer.bin": f"optimizer {step}".encode() * 10,
-        "random_states_0.pkl": b"rng",
-        "sharded/part_0.bin": bytes(range(256)),  # FSDP-style subdirectories are part of it too
-        "trainer_state.json": json.dumps({"global_step": step}).encode(),
-        **(extra or {}),
-    }
-    for rel, data in files.items():
-        (staging / rel).parent.mkdir(parents=True, exist_ok=True)
-        (staging / rel).write_bytes(data)
-    return staging
-
-
-def save(store: CheckpointStore, step: int) -> Path:
-    stage(store, step)
-    return store.commit(step, {"global_step": step})
-
 
 # -- commit ------------------------------------------------------------------------------------------
 

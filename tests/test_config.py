@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.in_process import reset_accelerate
 
 from linnaeus_accel.cli import EXIT_CONFIG_ERROR, main
 from linnaeus_accel.config import Config, ConfigError, apply_opts, load_config, read_yaml, validate_config
@@ -1154,8 +1155,6 @@ def test_train_prints_the_lr_scale_warning_and_records_it_in_summary_json(
     default REFERENCE_BS 512): said at the start of the run, and kept in summary.json's warnings; as
     is a MAX_STEPS that early stopping, off, never checks."""
     import json
-
-    from conftest import reset_accelerate
 
     opts = [
         "ENV.OUTPUT.BASE_DIR",

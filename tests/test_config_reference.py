@@ -8,11 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.configs import REPO
 
 from linnaeus_accel.config import ConfigError, load_config
 from linnaeus_accel.config.reference import COMMAND, all_keys, render, sections, unit_families
 
-REPO = Path(__file__).resolve().parent.parent
 DOC = REPO / "docs" / "config.md"
 
 

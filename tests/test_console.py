@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import DEFAULT_CONFIG, REPO, reset_accelerate
+from helpers.configs import DEFAULT_CONFIG, REPO
+from helpers.in_process import reset_accelerate
 from torch.utils.data import DataLoader, Sampler
 
 from linnaeus_accel.config import load_config

@@ -18,17 +18,16 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import REPO
-from test_resume import (
-    CFG,
+from helpers.configs import CFG, LM_CFG
+from helpers.runs import (
     Result,
     TrainRun,
     assert_resumed_from,
     assert_same_run,
     committed,
     journal,
-    metrics,
-    summary,
+    read_metrics,
+    read_summary,
 )
 
 from linnaeus_accel.data.text import load_topics
@@ -36,7 +35,6 @@ from linnaeus_accel.data.tokenize import tokenize_files
 
 pytestmark = pytest.mark.slow
 
-LM_CFG = REPO / "configs" / "lm_tiny.yaml"
 SEQ_LEN = 65
 TINY_MODEL = {
     "hidden_size": 32,
@@ -69,7 +67,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
 
 def lm_config(path: Path, dataset: dict[str, Any], **train: Any) -> str:
     """The shipped LM config with a tiny model, ``dataset`` as DATA.DATASET and the run's length."""
-    config = yaml.safe_load(LM_CFG.read_text())
+    config = yaml.safe_load(Path(LM_CFG).read_text())
     config["DATA"].update({"BATCH_SIZE": 4, "DROP_LAST": False, "DATASET": {"VAL_FRACTION": 0.1, **dataset}})
     config["MODEL"]["OPTIONS"].update(TINY_MODEL)
     config["TRAIN"] = {"STEPS": 60, "CLIP_GRAD": 1.0, **train}
@@ -108,7 +106,7 @@ def source_counts(run_dir: Path) -> list[tuple[int, int, int]]:
     """(step, docs samples, keywords samples) of every training record."""
     return [
         (r["global_step"], int(r["samples_seen/docs"]), int(r["samples_seen/keywords"]))
-        for r in metrics(run_dir)
+        for r in read_metrics(run_dir)
         if "samples_seen/docs" in r
     ]
 
@@ -132,7 +130,7 @@ def test_mixture_weights_hold_in_every_window_and_on_any_layout(
         # binomial draw would be off by ~sqrt(0.21 n) = 10 samples at the end).
         assert abs(docs - 0.7 * seen) < 2
         assert abs(keywords - 0.3 * seen) < 2
-    assert summary(mixture_ref.dir)["tokens_seen"] == 60 * 8 * (SEQ_LEN - 1)
+    assert read_summary(mixture_ref.dir)["tokens_seen"] == 60 * 8 * (SEQ_LEN - 1)
     plan = (mixture_ref.dir / "assets" / "schedule_summary.txt").read_text()
     assert "keywords: weight 0.3" in plan  # plan shows what each source gives an epoch
     # Two processes accumulating 1: the same global batches, so the same samples of each source.
@@ -191,12 +189,14 @@ def test_sharded_hf_stream_on_two_processes_and_two_workers_resumes_byte_identic
 ) -> None:
     plan = (hf_stream_ref.dir / "assets" / "schedule_summary.txt").read_text()
     assert "a stream without __len__" in plan
-    done = summary(hf_stream_ref.dir)
+    done = read_summary(hf_stream_ref.dir)
     assert done["epoch"] >= 2  # passes ended where the readers ran out, every process agreeing
     assert done["samples_seen"] < 50 * 8  # the passes' last steps held fewer real samples
     # Steps 16-30 are the first pass's tail: some readers have run out (their processes train
     # zero-weight batches) while others still read; the checkpoints at 20 and 30 fall in it.
-    seen = {r["global_step"]: r["samples_seen"] for r in metrics(hf_stream_ref.dir) if "samples_seen" in r}
+    seen = {
+        r["global_step"]: r["samples_seen"] for r in read_metrics(hf_stream_ref.dir) if "samples_seen" in r
+    }
     assert all(seen[s] - seen[s - 5] < 5 * 8 for s in (20, 25, 30)), seen
     cfg = lm_config(tmp_path / "stream.yaml", {"NAME": "hf_dataset", "OPTIONS": text_files}, STEPS=50)
     run = TrainRun(tmp_path, ["DATA.NUM_WORKERS", "2"], processes=2, cfg=cfg)
@@ -251,7 +251,7 @@ def mid_val_ref(tmp_path_factory: pytest.TempPathFactory) -> Result:
 
 
 def test_mid_epoch_validation_happens_at_its_steps(mid_val_ref: Result) -> None:
-    validations = [r for r in metrics(mid_val_ref.dir) if "val/loss" in r]
+    validations = [r for r in read_metrics(mid_val_ref.dir) if "val/loss" in r]
     assert [r["global_step"] for r in validations] == [10, 20, 30, 40, 46]
     assert ["val_mask_meta/loss" in r for r in validations] == [False, True, False, True, False]
     assert [r["epoch"] for r in validations] == [1, 1, 2, 2, 2]  # the epoch they happened in
@@ -298,7 +298,7 @@ def test_bad_input_exits_2_naming_the_key_and_writes_nothing(
     corpus: dict[str, list[str]], tmp_path: Path
 ) -> None:
     for i, (opts, key, text) in enumerate(bad_inputs(corpus, tmp_path)):
-        run = TrainRun(tmp_path / f"bad{i}", opts, cfg=str(LM_CFG) if opts[0] != "TRAIN.STEPS" else CFG)
+        run = TrainRun(tmp_path / f"bad{i}", opts, cfg=LM_CFG if opts[0] != "TRAIN.STEPS" else CFG)
         (tmp_path / f"bad{i}").mkdir()
         result = run.run()
         assert result.returncode == 2, result.tail()

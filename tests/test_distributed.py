@@ -16,32 +16,23 @@ one OpenMP thread per process (2 cores), and writes its output to files under ``
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
 import math
-import os
-import re
-import socket
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from safetensors.torch import load_file
+from helpers.configs import CFG, REPO
+from helpers.in_process import plan_json
+from helpers.launches import accelerate_launch, single_process, torchrun
+from helpers.processes import lines_through_our_code
 
-from linnaeus_accel.cli import main as cli_main
 from linnaeus_accel.cli import plan_for
 from linnaeus_accel.config import load_config
 from linnaeus_accel.schedule import OpsSchedule
 
-REPO = Path(__file__).resolve().parent.parent
-CFG = str(REPO / "configs" / "default.yaml")
 CPU_2_PROCESSES = str(REPO / "accelerate_configs" / "cpu_2_processes.yaml")
 DIGITS_TRAIN = 1438  # training split of the default config (1797 images, VAL_FRACTION 0.2)
 DIGITS_VAL = 359
-LAUNCH_TIMEOUT_S = 300
 
 pytestmark = pytest.mark.slow
 
@@ -51,154 +42,12 @@ pytestmark = pytest.mark.slow
 # ---------------------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def launch_env(tmp_path: Path) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        # a launcher's variables from an outer run must not leak into ours
-        if k not in {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
-        and not k.startswith("ACCELERATE_")
-    }
-    env.update(
-        ACCELERATE_USE_CPU="true",
-        OMP_NUM_THREADS="1",
-        HF_HOME=str(tmp_path / "hf_home"),
-        WANDB_MODE="offline",
-        PYTHONPATH=os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p),
-    )
-    return env
-
-
-class Run:
-    """One finished launch: exit status, captured output, and the run's output directory."""
-
-    def __init__(self, returncode: int, stdout: Path, stderr: Path, output_dir: Path) -> None:
-        self.returncode = returncode
-        self.stdout = stdout.read_text(encoding="utf-8", errors="replace")
-        self.stderr = stderr.read_text(encoding="utf-8", errors="replace")
-        self.dir = output_dir
-
-    def tail(self, n: int = 4000) -> str:
-        return f"--- stdout (tail) ---\n{self.stdout[-n:]}\n--- stderr (tail) ---\n{self.stderr[-n:]}"
-
-    def check_ok(self) -> Run:
-        assert self.returncode == 0, f"launch failed with {self.returncode}\n{self.tail()}"
-        return self
-
-    def metrics(self) -> list[dict[str, Any]]:
-        lines = (self.dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
-        return [json.loads(line) for line in lines if line.strip()]
-
-    def summary(self) -> dict[str, Any]:
-        summary: dict[str, Any] = json.loads((self.dir / "summary.json").read_text(encoding="utf-8"))
-        return summary
-
-    def weights(self) -> dict[str, Any]:
-        return load_file(str(self.dir / "final" / "model.safetensors"))
-
-
-def run_command(prefix: list[str], name: str, opts: list[str], tmp_path: Path) -> Run:
-    """``prefix -m linnaeus_accel train --cfg default.yaml --opts ...`` with output in tmp_path/name."""
-    base = tmp_path / "outputs"
-    command = [
-        *prefix,
-        "-m",
-        "linnaeus_accel",
-        "train",
-        "--cfg",
-        CFG,
-        "--opts",
-        "ENV.OUTPUT.BASE_DIR",
-        str(base),
-        "EXPERIMENT.NAME",
-        name,
-        *opts,
-    ]
-    stdout, stderr = tmp_path / f"{name}.stdout", tmp_path / f"{name}.stderr"
-    with stdout.open("wb") as out, stderr.open("wb") as err:
-        proc = subprocess.run(
-            command,
-            cwd=tmp_path,
-            env=launch_env(tmp_path),
-            stdout=out,
-            stderr=err,
-            stdin=subprocess.DEVNULL,
-            timeout=LAUNCH_TIMEOUT_S,
-            check=False,
-        )
-    return Run(proc.returncode, stdout, stderr, base / name)
-
-
-def accelerate_launch(
-    name: str, opts: list[str], tmp_path: Path, processes: int = 2, config_file: str | None = None
-) -> Run:
-    launcher = [sys.executable, "-m", "accelerate.commands.launch"]
-    if config_file is not None:
-        launcher += ["--config_file", config_file]
-    else:
-        launcher += [
-            "--multi_gpu",
-            "--num_processes",
-            str(processes),
-            "--num_machines",
-            "1",
-            "--mixed_precision",
-            "no",
-            "--dynamo_backend",
-            "no",
-        ]
-    launcher += ["--main_process_port", str(free_port())]
-    return run_command(launcher, name, opts, tmp_path)
-
-
-def single_process(name: str, opts: list[str], tmp_path: Path) -> Run:
-    return run_command([sys.executable], name, opts, tmp_path)
-
-
-def torchrun(name: str, opts: list[str], tmp_path: Path, processes: int = 2) -> Run:
-    launcher = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        str(processes),
-        "--master_addr",
-        "127.0.0.1",
-        "--master_port",
-        str(free_port()),
-    ]
-    return run_command(launcher, name, opts, tmp_path)
-
-
-def plan_json(opts: list[str], world_size: int) -> dict[str, Any]:
-    """What `linnaeus-accel plan --world-size N --json` says for these overrides."""
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        status = cli_main(
-            ["plan", "--cfg", CFG, "--world-size", str(world_size), "--json", "--no-series", "--opts", *opts]
-        )
-    assert status == 0
-    plan: dict[str, Any] = json.loads(out.getvalue())
-    return plan
-
-
 def train_lines(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in records if "train/loss" in r]
 
 
 def val_lines(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in records if "val/loss" in r]
-
-
-def lines_through_our_code(output: str) -> list[str]:
-    """Traceback lines naming a file of the package (the launcher's own report names none)."""
-    return [line for line in output.splitlines() if re.search(r"linnaeus_accel[/\\]", line)]
 
 
 def max_weight_diff(a: dict[str, Any], b: dict[str, Any]) -> float:
@@ -234,7 +83,10 @@ EQUIVALENCE_STEPS = 36  # 12 steps per epoch x 3 epochs
 def test_two_processes_accumulating_2_match_one_process_accumulating_4(tmp_path: Path) -> None:
     two_opts = [*EQUIVALENCE_OPTS, "TRAIN.ACCUMULATION_STEPS", "2"]
     one_opts = [*EQUIVALENCE_OPTS, "TRAIN.ACCUMULATION_STEPS", "4"]
-    plan2, plan1 = plan_json(two_opts, world_size=2), plan_json(one_opts, world_size=1)
+    plan2, plan1 = (
+        plan_json("--world-size", "2", "--no-series", "--opts", *two_opts),
+        plan_json("--world-size", "1", "--no-series", "--opts", *one_opts),
+    )
     assert plan2["total_steps"] == plan1["total_steps"] == EQUIVALENCE_STEPS
     assert plan2["effective_batch_size"] == plan1["effective_batch_size"] == 128
     assert plan2["lr_scale"] == plan1["lr_scale"]
@@ -311,7 +163,7 @@ def test_two_process_run_reaches_plan_and_counts_each_sample_once(tmp_path: Path
         "SCHEDULE.METRICS.STEP_INTERVAL",
         "5",
     ]
-    plan = plan_json(opts, world_size=2)
+    plan = plan_json("--world-size", "2", "--no-series", "--opts", *opts)
     assert plan["batches_per_epoch"] == 23
     assert plan["total_steps"] == math.ceil(23 / accum) * epochs
 
@@ -359,7 +211,7 @@ def test_torchrun_two_cpu_processes(tmp_path: Path) -> None:
     """`torchrun` needs Accelerate kept on the CPU (``ACCELERATE_USE_CPU``, which is
     ``Accelerator(cpu=True)``); then the trainer runs as one 2-process job."""
     opts = ["TRAIN.EPOCHS", "1", "SCHEDULE.METRICS.STEP_INTERVAL", "5"]
-    plan = plan_json(opts, world_size=2)
+    plan = plan_json("--world-size", "2", "--no-series", "--opts", *opts)
     run = torchrun("torchrun", opts, tmp_path).check_ok()
     assert "x 2 processes" in run.stdout + run.stderr, run.tail()
     summary = run.summary()
@@ -409,9 +261,7 @@ def test_existing_output_under_two_processes_is_reported_once_without_traceback(
 
 
 @pytest.mark.slow
-def test_elastic_resume_from_two_processes_onto_one_with_accumulation_doubled(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_elastic_resume_from_two_processes_onto_one_with_accumulation_doubled(tmp_path: Path) -> None:
     """A run preempted on 2 processes x accumulation 2 resumes on 1 process x accumulation 4: same
     schedule, same samples per step, and it ends where an uninterrupted 1-process run ends."""
     opts = [
@@ -428,12 +278,11 @@ def test_elastic_resume_from_two_processes_onto_one_with_accumulation_doubled(
         "SCHEDULE.CHECKPOINT.MID_EPOCH",
         "true",
     ]  # 84 batches of 17: 21 steps of 68 samples per epoch
-    monkeypatch.setenv(
-        "LINNAEUS_ACCEL_KILL_AT", "optimizer_step:35"
-    )  # mid-epoch 2, after the step-30 checkpoint
-    killed = accelerate_launch("elastic", [*opts, "TRAIN.ACCUMULATION_STEPS", "2"], tmp_path)
+    kill_at = {"LINNAEUS_ACCEL_KILL_AT": "optimizer_step:35"}  # mid-epoch 2, after the step-30 checkpoint
+    killed = accelerate_launch(
+        "elastic", [*opts, "TRAIN.ACCUMULATION_STEPS", "2"], tmp_path, extra_env=kill_at
+    )
     assert killed.returncode != 0, killed.tail()
-    monkeypatch.delenv("LINNAEUS_ACCEL_KILL_AT")
     resumed = single_process("elastic", [*opts, "TRAIN.ACCUMULATION_STEPS", "4"], tmp_path).check_ok()
     reference = single_process("reference", [*opts, "TRAIN.ACCUMULATION_STEPS", "4"], tmp_path).check_ok()
     assert "resumed from" in resumed.stdout, resumed.tail()

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers.processes import launch_env, torchrun_command
 
 from linnaeus_accel import DistributedContext
 
@@ -91,22 +92,8 @@ def test_one_process_is_its_own_master(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_two_gloo_processes(tmp_path: Path) -> None:
-    from test_distributed import free_port, launch_env
-
     env = launch_env(tmp_path)
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_addr",
-        "127.0.0.1",
-        "--master_port",
-        str(free_port()),
-        __file__,
-        str(tmp_path),
-    ]
+    command = [*torchrun_command(2), __file__, str(tmp_path)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     seen = [json.loads((tmp_path / f"rank{r}.json").read_text(encoding="utf-8")) for r in (0, 1)]

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import DEFAULT_CONFIG
+from helpers.configs import DEFAULT_CONFIG
 
 from linnaeus_accel.cli import plan_for
 from linnaeus_accel.config import ConfigError, load_config, validate_config

@@ -12,7 +12,9 @@ from typing import Any, ClassVar
 
 import pytest
 import torch
-from conftest import DEFAULT_CONFIG, reset_accelerate, run_cli
+from helpers.configs import DEFAULT_CONFIG
+from helpers.in_process import reset_accelerate, run_cli
+from helpers.runs import TrainRun
 from safetensors.torch import load_file
 
 from linnaeus_accel import Callback, register_callback
@@ -115,7 +117,6 @@ def test_ema_added_to_a_run_under_way_starts_from_the_resumed_weights(tmp_path: 
     """Its average is registered state saved by name (not by position, as Accelerate's pickles
     were): a callback added when a run resumes starts fresh, from the weights trained so far."""
     from safetensors.torch import load_file
-    from test_resume import TrainRun
 
     opts = ["TRAIN.EPOCHS", "2", "DATA.BATCH_SIZE", "256", "SCHEDULE.CHECKPOINT.INTERVAL_EPOCHS", "1"]
     run = TrainRun(tmp_path, opts)

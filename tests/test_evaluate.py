@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import DEFAULT_CONFIG, reset_accelerate, run_cli
-from test_distributed import free_port, launch_env
+from helpers.configs import DEFAULT_CONFIG
+from helpers.in_process import reset_accelerate, run_cli
+from helpers.processes import accelerate_launch_command, launch_env
 
 pytestmark = pytest.mark.slow  # the module trains a run first (4 s on a quiet 2-core machine)
 
@@ -168,9 +168,7 @@ def test_two_processes_give_the_same_numbers_printed_once(run: TinyRun, tmp_path
     process measures its share of the validation data, the numbers are the run's."""
     target = tmp_path / "eval.json"
     command = [
-        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-        "--main_process_port", str(free_port()),
+        *accelerate_launch_command(2),
         "-m", "linnaeus_accel", "evaluate", "--cfg", str(DEFAULT_CONFIG),
         "--checkpoint", str(run.dir / "checkpoints" / MID_RUN), "--out", str(target), "--opts", *run.opts,
     ]  # fmt: skip

@@ -5,9 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +15,9 @@ from typing import Any
 import numpy as np
 import psutil  # type: ignore[import-untyped]  # an Accelerate dependency
 import pytest
-from conftest import DEFAULT_CONFIG, REPO, run_cli
+from helpers.configs import DEFAULT_CONFIG, REPO
+from helpers.in_process import run_cli
+from helpers.processes import accelerate_launch_command, launch_env
 
 from linnaeus_accel.config import load_config
 from linnaeus_accel.data import build_dataset
@@ -70,23 +70,6 @@ def load_example(name: str) -> ModuleType:
     return module
 
 
-def launch_env(tmp_path: Path) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
-        and not k.startswith(("ACCELERATE_", "LINNAEUS_ACCEL_"))
-    }
-    env.update(ACCELERATE_USE_CPU="true", OMP_NUM_THREADS="1", HF_HOME=str(tmp_path / "hf_home"))
-    return env
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def run_to_end(command: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """Run a launch to its end; past ``timeout``, kill it with every worker it started (a launcher
     killed alone leaves its workers running) and fail showing what it printed."""
@@ -109,11 +92,7 @@ def run_to_end(command: list[str], cwd: Path, timeout: float = 300) -> subproces
 def train_lm_example(tmp_path: Path, out: str, processes: int, accumulation: int) -> dict[str, Any]:
     args = [str(REPO / "examples" / "train_lm.py"), "--output", str(tmp_path / out), "--epochs", "2"]
     args += ["--batch-size", "8", "--accumulation", str(accumulation), "--limit", "96", "--log-every", "1"]
-    launcher = [sys.executable]
-    if processes > 1:
-        launcher += ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes)]
-        launcher += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-        launcher += ["--main_process_port", str(free_port())]
+    launcher = accelerate_launch_command(processes) if processes > 1 else [sys.executable]
     done = run_to_end([*launcher, *args], tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     run = tmp_path / out / "train_lm_example"

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import run_cli
-from test_hf_roundtrip import lm_config, train
+from helpers.hf import fit, ft_config, lm_config, save_base, tokenized_lm_config
+from helpers.tokens import SENTENCES
 
 from linnaeus_accel import Trainer
 from linnaeus_accel.config import ConfigError
@@ -103,7 +103,6 @@ def test_a_byte_level_runs_final_stops_at_the_end_of_a_document(tmp_path: Path) 
 
 
 def test_a_tokenizers_special_ids_land_in_final(tmp_path: Path) -> None:
-    from test_tokenize import SENTENCES
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     bpe = tmp_path / "tokenizer.json"
@@ -124,15 +123,8 @@ def test_a_tokenizers_special_ids_land_in_final(tmp_path: Path) -> None:
     eos, pad, bos = (tokenizer.token_to_id(t) for t in specials)
     assert eos != LLAMA_EOS
     assert bos != LLAMA_BOS
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n".join(SENTENCES * 40) + "\n", encoding="utf-8")
-    rc, out, err = run_cli(
-        "tokenize", str(corpus), "--tokenizer", str(bpe), "--output", str(tmp_path / "tokens.bin")
-    )
-    assert rc == 0, out + err
-    options = '{paths: ["' + str(tmp_path / "tokens.bin") + '"], seq_len: 17}'
-    config = lm_config(tmp_path, "DATA.DATASET.NAME", "token_files", "DATA.DATASET.OPTIONS", options, steps=2)
-    train(config)
+    config = tokenized_lm_config(tmp_path, bpe, steps=2)
+    fit(config)
     final = config.output_dir / "final"
     model_ids, generation_ids = written_ids(final)
     assert model_ids == generation_ids == {"eos_token_id": eos, "bos_token_id": bos, "pad_token_id": pad}
@@ -142,11 +134,9 @@ def test_a_tokenizers_special_ids_land_in_final(tmp_path: Path) -> None:
 
 
 def test_a_lora_runs_merged_model_has_the_datas_ids(tmp_path: Path) -> None:
-    from test_finetune import ft_config, save_base
-
     base = save_base(tmp_path / "base")  # Llama's ids
     config = ft_config(base, tmp_path, 2)
-    train(config)
+    fit(config)
     final = config.output_dir / "final"
     model_ids, generation_ids = written_ids(final / "merged")
     assert model_ids == {"eos_token_id": BYTE_EOS, "bos_token_id": None, "pad_token_id": None}

@@ -22,12 +22,12 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import REPO, reset_accelerate, run_cli
+from helpers.hf import FT_CFG, fit, ft_config, ft_opts, save_base
+from helpers.in_process import reset_accelerate, run_cli
+from helpers.runs import TrainRun, committed, read_metrics, read_summary
 from safetensors import safe_open
-from test_hf_roundtrip import train
-from test_resume import TrainRun, committed, metrics, summary
 
-from linnaeus_accel.config import Config, ConfigError, load_config
+from linnaeus_accel.config import ConfigError
 from linnaeus_accel.data import build_dataset
 from linnaeus_accel.evaluate import evaluate
 from linnaeus_accel.models import build_model
@@ -36,38 +36,13 @@ from linnaeus_accel.models.pretrained import weights_digest
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
-BASE = {
-    "vocab_size": 257, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-    "num_attention_heads": 2, "max_position_embeddings": 129, "tie_word_embeddings": True,
-}  # fmt: skip
-
-
-def save_base(directory: Path, seed: int = 0) -> Path:
-    """A small llama as save_pretrained writes it (random weights from ``seed``)."""
-    torch.manual_seed(seed)
-    transformers.LlamaForCausalLM(transformers.LlamaConfig(**BASE)).save_pretrained(directory)
-    return directory
-
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_base(tmp_path_factory.mktemp("base") / "base")
 
 
-FT_CFG = str(REPO / "configs" / "lm_finetune.yaml")
 FULL = ["MODEL.OPTIONS.lora", "null"]  # full fine-tuning
-
-
-def ft_opts(base: Path, tmp_path: Path, steps: int, *more: str) -> list[str]:
-    """configs/lm_finetune.yaml from ``base``, ``steps`` steps of 8 sequences, into ``tmp_path``."""
-    return [
-        "MODEL.OPTIONS.pretrained", str(base), "DATA.BATCH_SIZE", "8",
-        "TRAIN.TARGET_TOKENS", str(steps * 8 * 128), "ENV.OUTPUT.BASE_DIR", str(tmp_path), *more,
-    ]  # fmt: skip
-
-
-def ft_config(base: Path, tmp_path: Path, steps: int, *more: str) -> Config:
-    return load_config(FT_CFG, ft_opts(base, tmp_path, steps, *more))
 
 
 # -- full fine-tuning -----------------------------------------------------------------------------
@@ -102,7 +77,7 @@ def test_first_loss_is_the_pretrained_models_loss_on_the_first_batch(tmp_path: P
         summary_ = trainer.fit()
     finally:
         reset_accelerate()
-    loss_at_1 = next(r["train/loss"] for r in metrics(config.output_dir) if r["global_step"] == 1)
+    loss_at_1 = next(r["train/loss"] for r in read_metrics(config.output_dir) if r["global_step"] == 1)
     reference = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     batch = torch.stack(first)
     with torch.no_grad():  # the exact mean over target tokens: every window's tokens but its first
@@ -190,7 +165,7 @@ def test_lora_trains_the_adapter_only_and_transformers_and_peft_load_it(
     tmp_path: Path, base: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     config = ft_config(base, tmp_path, 20)
-    trainer, summary_ = train(config)
+    trainer, summary_ = fit(config)
     final = config.output_dir / "final"
     assert {"adapter_config.json", "adapter_model.safetensors", "merged"} <= {p.name for p in final.iterdir()}
     info = summary_["run_info"]["model"]
@@ -257,10 +232,10 @@ def test_lora_killed_and_rerun_is_byte_identical_and_a_changed_base_is_refused(t
     assert configs[0] == configs[1]
 
     def history(run_dir: Path) -> list[dict[str, Any]]:  # what was trained and measured, not how fast
-        return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in metrics(run_dir)]
+        return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in read_metrics(run_dir)]
 
     assert history(run.dir) == history(reference.dir)
-    assert summary(run.dir)["global_step"] == 40
+    assert read_summary(run.dir)["global_step"] == 40
 
     shutil.rmtree(base)
     save_base(base, seed=1)  # the same path, other weights

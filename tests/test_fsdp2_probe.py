@@ -8,9 +8,8 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from helpers.configs import REPO
 
 SCRIPT = textwrap.dedent(
     """

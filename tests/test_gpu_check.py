@@ -13,12 +13,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.configs import REPO
 from safetensors.torch import save_file
 
 from benchmarks.gpu.common import compare_weights
 from benchmarks.gpu.host_sync import OURS, reason, where
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.slow  # ~1 minute: 8 training runs and 3 lock-stepped loops

@@ -20,28 +20,20 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from helpers.configs import LM_CFG, REPO
+from helpers.processes import free_port
 
-REPO = Path(__file__).resolve().parent.parent
-LM_CFG = REPO / "configs" / "lm_tiny.yaml"
 CONFIGS = REPO / "accelerate_configs"
-GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        GPUS < 2,
-        reason=f"needs 2 CUDA GPUs (found {GPUS}): Accelerate selects FSDP and DeepSpeed only on "
-        "accelerators; on CPU the sharded checkpoints are tested with torch's FSDP2 on gloo "
-        "(test_sharded_checkpoints.py)",
-    ),
-]
+# Accelerate selects FSDP and DeepSpeed only on accelerators; on CPU the sharded checkpoints are
+# tested with torch's FSDP2 on gloo (test_sharded_checkpoints.py).
+pytestmark = [pytest.mark.slow, pytest.mark.gpu(count=2)]
 
 TINY = [
     "DATA.BATCH_SIZE", "8",
@@ -57,12 +49,6 @@ TINY = [
     "SCHEDULE.METRICS.STEP_INTERVAL", "5",
     "TRAIN.CLIP_GRAD", "1.0",
 ]  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def launch(

@@ -20,7 +20,8 @@ from typing import Any
 import psutil  # type: ignore[import-untyped]  # an Accelerate dependency
 import pytest
 import torch
-from test_resume import TrainRun, assert_preempted, assert_same_run, kill_group, wait_for_record
+from helpers.processes import kill_group
+from helpers.runs import TrainRun, assert_preempted, assert_same_run, wait_for_record
 from torch import Tensor, nn
 
 from linnaeus_accel.tasks.causal_lm import CausalLMTask

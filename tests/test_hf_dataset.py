@@ -31,7 +31,7 @@ import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
 import pytest
 import torch
-from test_tokenize import train_tokenizer
+from helpers.tokens import train_tokenizer
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 

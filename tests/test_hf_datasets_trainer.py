@@ -13,8 +13,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO
-from test_resume import TrainRun, assert_same_run, committed, free_port, summary
+from helpers.configs import REPO
+from helpers.processes import accelerate_launch_command
+from helpers.runs import TrainRun, assert_same_run, committed, read_summary
 
 from linnaeus_accel.data.packing import BYTE_EOS
 from linnaeus_accel.data.text import load_topics
@@ -49,11 +50,7 @@ class ScriptRun(TrainRun):
 
     def command(self, args: object, python_code: object) -> list[str]:
         if self.processes > 1:
-            return [
-                sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
-                "--num_processes", str(self.processes), "--num_machines", "1", "--mixed_precision", "no",
-                "--dynamo_backend", "no", "--main_process_port", str(free_port()), str(SCRIPT), *self.args,
-            ]  # fmt: skip
+            return [*accelerate_launch_command(self.processes), str(SCRIPT), *self.args]
         return [sys.executable, str(SCRIPT), *self.args]
 
 
@@ -75,7 +72,7 @@ def test_hf_dataset_killed_and_rerun_ends_byte_identical(
 ) -> None:
     reference = ScriptRun(tmp_path / "ref", data_dir, mode, workers, processes).run()
     assert reference.returncode == 0, reference.tail()
-    assert summary(reference.dir)["global_step"] == 32
+    assert read_summary(reference.dir)["global_step"] == 32
     run = ScriptRun(tmp_path / "killed", data_dir, mode, workers, processes)
     step = random.Random(f"{mode}{workers}{processes}").randint(9, 27)  # past the first checkpoint (7)
     killed = run.run(kill_at=f"optimizer_step:{step}")

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import reset_accelerate
-from test_resume import metrics
+from helpers.in_process import reset_accelerate
+from helpers.runs import read_metrics
 
 from linnaeus_accel import Trainer
 from linnaeus_accel.config import validate_config
@@ -98,7 +98,7 @@ def test_per_step_losses_match_transformers_trainer_up_to_its_63_of_64(tmp_path:
         Trainer(config, ours, loader).fit()
     finally:
         reset_accelerate()
-    our_losses = [r["train/loss"] for r in metrics(config.output_dir) if "train/loss" in r]
+    our_losses = [r["train/loss"] for r in read_metrics(config.output_dir) if "train/loss" in r]
 
     assert len(our_losses) == len(hf_losses) == STEPS
     for step, (mine, reported) in enumerate(zip(our_losses, hf_losses, strict=True), start=1):

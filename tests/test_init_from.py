@@ -28,9 +28,10 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import REPO, reset_accelerate, run_cli
+from helpers.configs import CFG, REPO
+from helpers.in_process import reset_accelerate, run_cli
+from helpers.runs import TrainRun, assert_resumed_from, assert_same_run
 from safetensors.torch import load_file, save_file
-from test_resume import TrainRun, assert_resumed_from, assert_same_run
 from torch import nn
 
 from linnaeus_accel import Trainer
@@ -43,7 +44,6 @@ from linnaeus_accel.models import build_model
 from linnaeus_accel.models.digits import DigitsConvNet
 from linnaeus_accel.models.init_from import load_init_from
 
-CFG = str(REPO / "configs" / "default.yaml")
 IMAGES_CFG = str(REPO / "configs" / "digits_classification.yaml")
 # digits_mlp on the default config, a few steps, every step logged, no extra validation passes.
 TINY = [

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_distributed import accelerate_launch
+from helpers.launches import accelerate_launch
 
 from linnaeus_accel.process.launcher import REFUSED
 

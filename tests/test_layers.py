@@ -7,11 +7,15 @@ upwards is still a dependency upwards.
 from __future__ import annotations
 
 import ast
+import fnmatch
+import itertools
 from pathlib import Path
 
+import networkx as nx  # type: ignore[import-untyped]  # a torch dependency
 import pytest
+from helpers.configs import REPO
 
-PACKAGE = Path(__file__).resolve().parent.parent / "linnaeus_accel"
+PACKAGE = REPO / "linnaeus_accel"
 
 # Layer of each top-level module or package of linnaeus_accel. Inside layer 5 the run directory's
 # life sits below the checkpoint and resume machinery, which sits below the loop that drives both.
@@ -110,3 +114,96 @@ def test_a_module_importing_upwards_is_caught(tmp_path: Path) -> None:
         "linnaeus_accel.training.trainer (layer 5.2 > 2)",
         "torch (layer 2 never imports torch or accelerate)",
     ]
+
+
+# -- import circles ------------------------------------------------------------------------------
+
+# The import circles the package still has, each as its two sides (module name patterns): a circle
+# is expected when each of its modules is on one of the two sides and both sides are in it. Any
+# other circle fails test_no_import_circles.
+KNOWN_CIRCLES: list[tuple[str, str]] = []  # none: a circle that comes back fails the test above
+
+
+def module_name(path: Path, root: Path) -> str:
+    """``<root>/save/writer.py`` -> ``linnaeus_accel.save.writer``; a package is its ``__init__``."""
+    parts = path.relative_to(root.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(root: Path = PACKAGE) -> nx.DiGraph:
+    """Each module of the package -> the package's modules it imports (every import, as ``imports``)."""
+    paths = {module_name(path, root): path for path in sorted(root.rglob("*.py"))}
+    graph = nx.DiGraph()
+    graph.add_nodes_from(paths)
+    for name, path in paths.items():
+        for target in imports(path, root):
+            while target and target not in paths:  # a name imported from a module: that module
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                graph.add_edge(name, target)
+    return graph
+
+
+def circles(graph: nx.DiGraph) -> list[list[str]]:
+    """Every import circle: each largest group of modules that reach each other by imports."""
+    return sorted(sorted(group) for group in nx.strongly_connected_components(graph) if len(group) > 1)
+
+
+def is_known(circle: list[str], known: list[tuple[str, str]]) -> bool:
+    for sides in known:
+        side = {m: next((i for i, p in enumerate(sides) if fnmatch.fnmatchcase(m, p)), None) for m in circle}
+        if set(side.values()) == {0, 1}:
+            return True
+    return False
+
+
+def describe(circle: list[str], graph: nx.DiGraph, most: int = 10) -> str:
+    """The circle's modules and its circular paths, shortest first."""
+    cycles = itertools.islice(nx.simple_cycles(graph.subgraph(circle)), 1000)
+    from_first = [cycle[cycle.index(min(cycle)) :] + cycle[: cycle.index(min(cycle))] for cycle in cycles]
+    paths = sorted(from_first, key=lambda path: (len(path), path))
+    shown = [" -> ".join([*path, path[0]]) for path in paths[:most]]
+    more = [f"... and {len(paths) - most} more"] if len(paths) > most else []
+    return "\n".join([", ".join(circle) + ":", *(f"  {line}" for line in [*shown, *more])])
+
+
+def test_no_import_circles() -> None:
+    graph = import_graph()
+    new = [describe(circle, graph) for circle in circles(graph) if not is_known(circle, KNOWN_CIRCLES)]
+    heading = "import circles (open each by moving a type or function where it belongs):"
+    assert not new, "\n".join([heading, *new])
+
+
+def test_every_known_circle_is_still_there() -> None:
+    """KNOWN_CIRCLES lists only circles that still exist: one that is gone must not come back."""
+    found = circles(import_graph())
+    gone = [sides for sides in KNOWN_CIRCLES if not any(is_known(circle, [sides]) for circle in found)]
+    assert not gone, f"these circles are gone: remove them from KNOWN_CIRCLES: {gone}"
+
+
+def test_a_circle_is_caught_and_listed(tmp_path: Path) -> None:
+    """The check itself: imports under TYPE_CHECKING and inside functions close circles too; a
+    known circle's sides exempt only circles between those two sides."""
+    root = tmp_path / "linnaeus_accel"
+    (root / "training").mkdir(parents=True)
+    (root / "__init__.py").write_text("")
+    (root / "callbacks.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .training.trainer import Trainer\n"
+    )
+    (root / "training" / "__init__.py").write_text("")
+    (root / "training" / "trainer.py").write_text("from ..callbacks import Callback\n")
+    (root / "training" / "step.py").write_text("def f():\n    from . import loop\n")
+    (root / "training" / "loop.py").write_text("from .step import f\n")
+    (root / "data.py").write_text("from . import callbacks\n")  # into a circle, not in one
+    graph = import_graph(root)
+    found = circles(graph)
+    assert found == [
+        ["linnaeus_accel.callbacks", "linnaeus_accel.training.trainer"],
+        ["linnaeus_accel.training.loop", "linnaeus_accel.training.step"],
+    ]
+    assert describe(found[1], graph) == (
+        "linnaeus_accel.training.loop, linnaeus_accel.training.step:\n"
+        "  linnaeus_accel.training.loop -> linnaeus_accel.training.step -> linnaeus_accel.training.loop"
+    )
+    sides = [("linnaeus_accel.callbacks", "linnaeus_accel.training.*")]
+    assert [is_known(circle, sides) for circle in found] == [True, False]  # the second: one side only

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
 import signal
@@ -22,40 +21,24 @@ from pathlib import Path
 
 import psutil  # type: ignore[import-untyped]  # an Accelerate dependency
 import pytest
-from conftest import REPO
-from test_resume import (
+from helpers.configs import LM_CFG, SMALL_LM
+from helpers.hf import load_final
+from helpers.processes import kill_tree
+from helpers.runs import (
     KILLED,
-    RUN_TIMEOUT_S,
     Result,
-    Started,
     TrainRun,
     assert_resumed_from,
     assert_same_run,
     committed,
-    metrics,
-    read_log,
-    summary,
+    read_metrics,
+    read_summary,
     wait_for_file,
+    wait_for_output,
 )
 
 pytestmark = pytest.mark.slow
 
-LM_CFG = str(REPO / "configs" / "lm_tiny.yaml")
-# The shipped config with a model small enough for a test: 8 sequences of 129 tokens per process,
-# 205 steps per epoch on two processes (410 on one), validation at each boundary, mid-epoch
-# checkpoints every 20 steps.
-SMALL_LM = [
-    "DATA.BATCH_SIZE", "8",
-    "MODEL.OPTIONS.hidden_size", "32",
-    "MODEL.OPTIONS.intermediate_size", "64",
-    "MODEL.OPTIONS.num_hidden_layers", "1",
-    "MODEL.OPTIONS.num_attention_heads", "2",
-    "SCHEDULE.CHECKPOINT.INTERVAL_STEPS", "20",
-    "SCHEDULE.CHECKPOINT.INTERVAL_EPOCHS", "null",
-    "SCHEDULE.CHECKPOINT.MID_EPOCH", "true",
-    "SCHEDULE.CHECKPOINT.KEEP_LAST_N", "2",
-    "SCHEDULE.METRICS.STEP_INTERVAL", "5",
-]  # fmt: skip
 TWO_PROCESSES = [*SMALL_LM, "TRAIN.TARGET_TOKENS", str(260 * 2 * 8 * 128)]  # 260 steps, past one boundary
 STREAM = [
     *SMALL_LM,
@@ -72,10 +55,10 @@ def ref_two(tmp_path_factory: pytest.TempPathFactory) -> Result:
     active_from = wait_for_file(started, run.dir / "metrics.jsonl")
     result = started.finish().check_ok()
     result.active_seconds = time.monotonic() - active_from
-    data = summary(result.dir)
+    data = read_summary(result.dir)
     assert (data["global_step"], data["epoch"]) == (260, 2), data
     assert data["tokens_seen"] == 260 * 2 * 8 * 128
-    losses = [r["val/loss"] for r in metrics(result.dir) if "val/loss" in r]
+    losses = [r["val/loss"] for r in read_metrics(result.dir) if "val/loss" in r]
     assert len(losses) == 2
     assert losses[1] < losses[0] < 5.55  # it learns (ln 257 = 5.55 at random)
     assert_final_loads_with_transformers(result.dir)
@@ -85,7 +68,6 @@ def ref_two(tmp_path_factory: pytest.TempPathFactory) -> Result:
 def assert_final_loads_with_transformers(run_dir: Path) -> None:
     """final/, written by 2 processes, is the model transformers loads, with our weights."""
     import torch
-    from test_hf_roundtrip import load_final
 
     from linnaeus_accel.config import load_config
     from linnaeus_accel.evaluate import load_weights
@@ -128,15 +110,6 @@ def test_two_processes_killed_at_random_moments_resume_byte_identical(
     assert_same_run(resumed, ref_two)
 
 
-def kill_tree(pid: int) -> None:
-    """SIGKILL the launcher and its workers at the same instant (torchelastic puts the workers in
-    sessions of their own, so the launcher's process group does not hold them)."""
-    processes = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
-    for process in processes:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            process.send_signal(signal.SIGKILL)
-
-
 def kill_launcher(pid: int) -> None:
     """SIGKILL the launcher's process group only; its workers (in sessions of their own) must
     notice and stop within 10 s, so that a rerun at once finds the output directory free."""
@@ -146,21 +119,11 @@ def kill_launcher(pid: int) -> None:
     assert not alive, f"still running 10 s after their launcher was killed: {alive}"
 
 
-def wait_for_output(started: Started, text: str) -> None:
-    deadline = time.monotonic() + RUN_TIMEOUT_S
-    while text not in read_log(started.log):
-        if started.proc.poll() is not None:
-            pytest.fail(f"the run ended before printing {text!r}\n{read_log(started.log)[-3000:]}")
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {text!r}")
-        time.sleep(0.02)
-
-
 @pytest.fixture(scope="module")
 def ref_stream(tmp_path_factory: pytest.TempPathFactory) -> Result:
     run = TrainRun(tmp_path_factory.mktemp("lm_ref_stream"), STREAM, cfg=LM_CFG)
     result = run.run().check_ok()
-    assert summary(result.dir)["global_step"] == 90
+    assert read_summary(result.dir)["global_step"] == 90
     return result
 
 

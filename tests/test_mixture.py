@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 from accelerate.data_loader import BatchSamplerShard
-from conftest import REPO, reset_accelerate, run_cli
-from test_mixture_warnings import mixture_config
+from helpers.configs import REPO, mixture_config
+from helpers.in_process import reset_accelerate, run_cli
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
 import linnaeus_accel.data.interleave as interleave_module

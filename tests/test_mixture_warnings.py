@@ -11,12 +11,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import REPO, reset_accelerate, run_cli
+from helpers.configs import REPO, mixture_config
+from helpers.in_process import reset_accelerate, run_cli
 
 from linnaeus_accel.data.digits import DigitsDataset
 from linnaeus_accel.data.mixture import Mixture, MixtureSource
 
-TINY_LM = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2}
 SAME_FILE = "both read"
 TOO_LIGHT = "less than one"
 
@@ -29,24 +29,6 @@ def token_file(path: Path, count: int) -> Path:
 def source(label: str, weight: float, *paths: Path | str) -> dict[str, Any]:
     options = {"paths": [str(p) for p in paths], "seq_len": 9, "dtype": "uint16", "vocab_size": 300}
     return {"name": "token_files", "label": label, "weight": weight, "options": options}
-
-
-def mixture_config(tmp_path: Path, *sources: dict[str, Any], steps: int = 10) -> Path:
-    """configs/pretrain.yaml (a tiny LM over a mixture of token files) with these sources."""
-    config = {
-        "BASE": [str(REPO / "configs" / "pretrain.yaml")],
-        "ENV": {"OUTPUT": {"BASE_DIR": str(tmp_path / "runs")}},
-        "DATA": {"BATCH_SIZE": 4, "DATASET": {"OPTIONS": {"sources": list(sources)}}},
-        "MODEL": {"OPTIONS": {**TINY_LM, "max_position_embeddings": 9}},
-        "TRAIN": {"STEPS": steps},
-        "SCHEDULE": {
-            "VALIDATION": {"INTERVAL_STEPS": None, "MID_EPOCH": False},
-            "CHECKPOINT": {"INTERVAL_STEPS": None, "MID_EPOCH": False},
-        },
-    }
-    path = tmp_path / "mixture.yaml"
-    path.write_text(json.dumps(config), encoding="utf-8")  # JSON is YAML
-    return path
 
 
 @pytest.fixture

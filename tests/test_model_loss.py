@@ -24,8 +24,10 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import REPO, run_cli
-from test_trainer_tasks import Sequences  # sequences of 2 to 19 tokens, ids 1..15 (0 pads)
+from helpers.configs import REPO
+from helpers.datasets import Sequences
+from helpers.in_process import run_cli
+from helpers.runs import TrainRun, assert_resumed_from, assert_same_run
 from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -264,7 +266,6 @@ def test_nanogpt_recipe_killed_then_resumed_ends_byte_identical(tmp_path: Path) 
     """The whole recipe (random windows, the model's own loss, AdamW with decay on 2-D weights only,
     validation on a seeded subset of 2 batches) killed with SIGKILL between checkpoints, then rerun
     by the same command: the same weights and the same metrics, to the byte, as without the kill."""
-    from test_resume import TrainRun, assert_resumed_from, assert_same_run
 
     opts = [
         *("TRAIN.STEPS", "12", "DATA.BATCH_SIZE", "8", "LR_SCHEDULER.WARMUP_STEPS", "2"),

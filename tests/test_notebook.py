@@ -12,9 +12,9 @@ from typing import Any
 
 import nbformat
 import pytest
+from helpers.configs import REPO
 from nbclient import NotebookClient
 
-REPO = Path(__file__).resolve().parent.parent
 NOTEBOOK = REPO / "examples" / "quickstart.ipynb"
 
 

@@ -10,7 +10,8 @@ from typing import Any, ClassVar
 
 import pytest
 import torch
-from conftest import DEFAULT_CONFIG, reset_accelerate, run_cli
+from helpers.configs import DEFAULT_CONFIG
+from helpers.in_process import reset_accelerate, run_cli
 from torch import nn
 
 from linnaeus_accel import Callback, register_callback, register_optimizer

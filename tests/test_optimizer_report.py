@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import DEFAULT_CONFIG
+from helpers.configs import DEFAULT_CONFIG
 
 from linnaeus_accel import Trainer, load_config
 from linnaeus_accel.data import build_dataset

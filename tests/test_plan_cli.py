@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import run_cli
+from helpers.configs import CFG, REPO
+from helpers.in_process import plan_json, plan_text, run_cli, timeline_rows
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -28,9 +29,6 @@ from linnaeus_accel.cli import main
 from linnaeus_accel.config import load_config
 from linnaeus_accel.schedule import batches_per_process, resolve_plan
 from linnaeus_accel.schedule.report.summary import write_schedule_summary
-
-REPO = Path(__file__).resolve().parent.parent
-CFG = str(REPO / "configs" / "default.yaml")
 
 # The digits dataset of the default config: 1797 images, VAL_FRACTION 0.2 -> 359 val, 1438 train.
 DIGITS_TRAIN = 1438
@@ -64,22 +62,6 @@ EVENT_KEYS = (
     "checkpoint",
     "exhaustive_validation",
 )
-
-
-def plan_json(*args: str) -> dict[str, Any]:
-    rc, out, err = run_cli("plan", "--cfg", CFG, "--json", *args)
-    assert rc == 0, err
-    assert out.endswith("\n")
-    assert out.count("\n") == 1, "the JSON must be one object on one line"
-    data = json.loads(out)
-    assert isinstance(data, dict)
-    return data
-
-
-def plan_text(*args: str) -> str:
-    rc, out, err = run_cli("plan", "--cfg", CFG, *args)
-    assert rc == 0, err
-    return out
 
 
 def resolved(world_size: int, dataset_size: int, opts: list[str]) -> Any:
@@ -386,6 +368,15 @@ def test_event_epochs_found_by_arithmetic_match_asking_every_epoch(
 # ---------------------------------------------------------------------------------------------
 
 
+def plan_args(n: int, bs: int, world: int, accum: int, epochs: int, drop_last: bool) -> list[str]:
+    """``plan``'s arguments for n samples in batches of bs on world processes, accumulating accum."""
+    return [
+        "--dataset-size", str(n), "--world-size", str(world),
+        "--opts", "DATA.BATCH_SIZE", str(bs), "TRAIN.ACCUMULATION_STEPS", str(accum),
+        "TRAIN.EPOCHS", str(epochs), "DATA.DROP_LAST", str(drop_last).lower(),
+    ]  # fmt: skip
+
+
 @settings(max_examples=25, deadline=None)
 @given(
     n=st.integers(1, 20_000),
@@ -398,24 +389,7 @@ def test_event_epochs_found_by_arithmetic_match_asking_every_epoch(
 )
 def test_total_steps_formula(n: int, bs: int, world: int, accum: int, epochs: int, drop_last: bool) -> None:
     rc, out, err = run_cli(
-        "plan",
-        "--cfg",
-        CFG,
-        "--json",
-        "--no-series",
-        "--dataset-size",
-        str(n),
-        "--world-size",
-        str(world),
-        "--opts",
-        "DATA.BATCH_SIZE",
-        str(bs),
-        "TRAIN.ACCUMULATION_STEPS",
-        str(accum),
-        "TRAIN.EPOCHS",
-        str(epochs),
-        "DATA.DROP_LAST",
-        "true" if drop_last else "false",
+        "plan", "--cfg", CFG, "--json", "--no-series", *plan_args(n, bs, world, accum, epochs, drop_last)
     )
     batches = n // (bs * world) if drop_last else math.ceil(n / (bs * world))
     if batches == 0:
@@ -456,41 +430,13 @@ def test_total_steps_formula(n: int, bs: int, world: int, accum: int, epochs: in
 def test_total_steps_table(
     n: int, bs: int, world: int, accum: int, epochs: int, drop_last: bool, total: int
 ) -> None:
-    d = plan_json(
-        "--no-series",
-        "--dataset-size",
-        str(n),
-        "--world-size",
-        str(world),
-        "--opts",
-        "DATA.BATCH_SIZE",
-        str(bs),
-        "TRAIN.ACCUMULATION_STEPS",
-        str(accum),
-        "TRAIN.EPOCHS",
-        str(epochs),
-        "DATA.DROP_LAST",
-        str(drop_last).lower(),
-    )
+    d = plan_json("--no-series", *plan_args(n, bs, world, accum, epochs, drop_last))
     assert d["total_steps"] == total
 
 
 # ---------------------------------------------------------------------------------------------
 # Human output
 # ---------------------------------------------------------------------------------------------
-
-
-def timeline_rows(text: str) -> dict[str, str]:
-    """Timeline row label -> the cells between the outer bars (the epochs row uses '|' as its mark)."""
-    lines = text.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("Timeline"))
-    rows: dict[str, str] = {}
-    for line in lines[start + 1 :]:
-        if not line.startswith("  ") or "|" not in line:
-            break
-        first, last = line.index("|"), line.rindex("|")
-        rows[line[:first].strip()] = line[first + 1 : last]
-    return rows
 
 
 def test_human_summary_t1000_wsd() -> None:
@@ -671,21 +617,7 @@ def test_one_step_run_plans() -> None:
     # to max(1, round(0.1)) = 1 and max(1, round(0.9)) = 1: an empty window, i.e. partial masking
     # simply never active in this run. The config itself is valid (0.1 < 0.9), and other
     # degenerate short runs (warmup covering the whole run) are warnings, so plan must not refuse.
-    rc, out, err = run_cli(
-        "plan",
-        "--cfg",
-        CFG,
-        "--json",
-        "--dataset-size",
-        "100",
-        "--opts",
-        "TRAIN.ACCUMULATION_STEPS",
-        "4",
-        "TRAIN.EPOCHS",
-        "1",
-    )
-    assert rc == 0, err
-    d = json.loads(out)
+    d = plan_json("--dataset-size", "100", "--opts", "TRAIN.ACCUMULATION_STEPS", "4", "TRAIN.EPOCHS", "1")
     assert d["batches_per_epoch"] == 4
     assert d["total_steps"] == 1
     assert d["series"]["step"] == [0]

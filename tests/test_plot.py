@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import DEFAULT_CONFIG, REPO, reset_accelerate, run_cli
+from helpers.configs import CFG, REPO
+from helpers.in_process import reset_accelerate, run_cli
 from matplotlib.figure import Figure
 from matplotlib.image import imread
 
@@ -21,7 +22,6 @@ from linnaeus_accel.config import load_config
 from linnaeus_accel.schedule import OpsSchedule, ResolvedPlan
 from linnaeus_accel.schedule.report.plot import MARKER_COLUMNS, MAX_POINTS, PLOT_EXTRA, schedule_figure
 
-CFG = str(DEFAULT_CONFIG)
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 WIDTH, HEIGHT = 1320, 825  # 12 x 7.5 inches at 110 dpi
 

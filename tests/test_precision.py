@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import DEFAULT_CONFIG, reset_accelerate, run_cli
+from helpers.configs import DEFAULT_CONFIG, LM_CFG, SMALL_LM
+from helpers.in_process import reset_accelerate, run_cli
 
 from linnaeus_accel import Trainer
 from linnaeus_accel.config import load_config
@@ -109,7 +110,6 @@ def test_accumulation_from_the_config(tmp_path: Path, monkeypatch: pytest.Monkey
 def test_activation_checkpointing_from_the_command_line_trains_the_same_weights(tmp_path: Path) -> None:
     """``--opts MODEL.OPTIONS.gradient_checkpointing true``: the forward is recomputed in the
     backward, so the trained weights are those of the run without it."""
-    from test_lm import LM_CFG, SMALL_LM
 
     finals = []
     for checkpointing in ("false", "true"):

@@ -7,7 +7,8 @@ import logging
 from pathlib import Path
 
 import pytest
-from conftest import REPO, reset_accelerate, run_cli
+from helpers.configs import REPO
+from helpers.in_process import reset_accelerate, run_cli
 
 NOTICE = "Removed shared tensor"
 # configs/lm_tiny.yaml (tie_word_embeddings: true) made tiny: 4 steps, a checkpoint at step 2 and the

@@ -30,18 +30,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO
+from helpers.configs import REPO
+from helpers.processes import free_port
+from helpers.runs import TrainRun, ckpt, committed, is_train, read_metrics, read_summary, wait_for_file
 from safetensors.torch import load_file
-from test_resume import (
-    TrainRun,
-    ckpt,
-    committed,
-    free_port,
-    is_train,
-    metrics,
-    summary,
-    wait_for_file,
-)
 
 pytestmark = pytest.mark.slow
 
@@ -99,8 +91,8 @@ def test_a_second_train_on_a_live_directory_exits_2_naming_the_holder(tmp_path: 
     assert (first.dir / "metrics.jsonl").read_bytes()[: len(before)] == before  # the second touched nothing
 
     done = started.finish().check_ok()
-    assert summary(done.dir)["status"] == "completed"
-    train_steps = [r["global_step"] for r in metrics(done.dir) if is_train(r)]
+    assert read_summary(done.dir)["status"] == "completed"
+    train_steps = [r["global_step"] for r in read_metrics(done.dir) if is_train(r)]
     assert train_steps == [20, 40, 60, 80, 100, 120, 138], train_steps  # not one row lost
 
     # Rerunning a completed run (a scheduler requeueing the job) changes nothing and exits 0.
@@ -109,8 +101,8 @@ def test_a_second_train_on_a_live_directory_exits_2_naming_the_holder(tmp_path: 
     assert again.returncode == 0, again.tail()
     assert "already holds a run completed at step 138: nothing to do" in again.output, again.tail()
     assert (done.dir / "final" / "model.safetensors").read_bytes() == weights
-    assert summary(done.dir)["status"] == "completed"
-    assert [r["global_step"] for r in metrics(done.dir) if is_train(r)] == train_steps
+    assert read_summary(done.dir)["status"] == "completed"
+    assert [r["global_step"] for r in read_metrics(done.dir) if is_train(r)] == train_steps
 
 
 def test_nan_loss_stops_the_run_keeping_the_last_good_checkpoint(tmp_path: Path) -> None:
@@ -119,26 +111,26 @@ def test_nan_loss_stops_the_run_keeping_the_last_good_checkpoint(tmp_path: Path)
     assert failed.returncode == 1, failed.tail()
     assert "Traceback" not in failed.output, failed.tail()
     assert "nan at step 50" in failed.output, failed.tail()  # the logging step 60 names the step
-    data = summary(run.dir)
+    data = read_summary(run.dir)
     assert data["status"] == "failed", data
     assert "step 50" in data["error"], data
     assert committed(run.dir) == [ckpt(23), ckpt(46)], committed(run.dir)  # nothing after the NaN
     assert not (run.dir / "final").exists()
-    assert not any(r for r in metrics(run.dir) if r["global_step"] > 46 and is_train(r))
+    assert not any(r for r in read_metrics(run.dir) if r["global_step"] > 46 and is_train(r))
 
     # The rerun resumes from the last good checkpoint (the model's call count starts again at 0,
     # so its 50th call is past the run's end: this time it completes).
     rerun = run.run(python_code=NAN_FROM_STEP_50)
     assert f"resumed from {run.dir / 'checkpoints' / ckpt(46)}" in rerun.output, rerun.tail()
     assert rerun.returncode == 0, rerun.tail()
-    assert summary(run.dir)["status"] == "completed"
+    assert read_summary(run.dir)["status"] == "completed"
 
 
 def test_nan_loss_under_skip_drops_and_counts_the_steps(tmp_path: Path) -> None:
     run = TrainRun(tmp_path, [*NAN_OPTS, "TRAIN.NONFINITE", "skip"])
     done = run.run(python_code=NAN_FROM_STEP_50).check_ok()
-    assert summary(done.dir)["status"] == "completed"
-    last = [r for r in metrics(done.dir) if is_train(r)][-1]
+    assert read_summary(done.dir)["status"] == "completed"
+    last = [r for r in read_metrics(done.dir) if is_train(r)][-1]
     assert last["global_step"] == 69
     assert last["train/nonfinite_skipped"] == 20, last  # steps 50..69
     weights = load_file(done.dir / "final" / "model.safetensors")
@@ -202,7 +194,7 @@ def test_a_config_change_that_rewrites_the_past_is_refused_and_one_that_does_not
         "config changed since the checkpoint, applied: SCHEDULE.METRICS.STEP_INTERVAL: 20 -> 10"
         in applied.output
     )
-    assert [r["global_step"] for r in metrics(run.dir) if is_train(r)] == [20, 30, 40, 50, 60, 69]
+    assert [r["global_step"] for r in read_metrics(run.dir) if is_train(r)] == [20, 30, 40, 50, 60, 69]
 
     (tmp_path / "forced").mkdir()
     forced = TrainRun(tmp_path / "forced", [*SHORT, "SCHEDULE.CHECKPOINT.INTERVAL_EPOCHS", "1"])
@@ -210,7 +202,7 @@ def test_a_config_change_that_rewrites_the_past_is_refused_and_one_that_does_not
     forced.opts += ["TRAIN.EPOCHS", "4"]
     done = forced.run(args=["--allow-config-change"]).check_ok()
     assert "applied: TRAIN.EPOCHS: 3 -> 4" in done.output, done.tail()
-    assert summary(forced.dir)["global_step"] == 92
+    assert read_summary(forced.dir)["global_step"] == 92
 
 
 def test_a_compiled_model_through_save_resume_and_final(tmp_path: Path) -> None:

@@ -13,6 +13,8 @@ import pytest
 import torch
 from accelerate.state import AcceleratorState, GradientState
 from b2sdk.v2 import B2Api, B2HttpApiConfig, InMemoryAccountInfo, RawSimulator
+from helpers.checkpoints import RunsCode, reseal
+from helpers.configs import DEFAULT_CONFIG
 
 from linnaeus_accel.checkpoint.remote import KEY_ID_VAR, KEY_VAR, RemoteCheckpoints, RetryPolicy
 from linnaeus_accel.cli import EXIT_NOT_SYNCED, exit_status
@@ -50,7 +52,7 @@ def _train(base: Path, api: B2Api, remote: RemoteCheckpoints | None = None) -> d
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
     config = load_config(
-        Path(__file__).parent.parent / "configs" / "default.yaml",
+        DEFAULT_CONFIG,
         [
             "ENV.OUTPUT.BASE_DIR",
             str(base),
@@ -125,7 +127,6 @@ def test_a_checkpoint_planted_in_the_bucket_runs_no_code_and_is_not_resumed(
     """A writer of the bucket replaces a checkpoint's optimizer.bin with a pickle that runs a
     command, and rewrites its manifest to match: a fresh machine downloads it, finds the file is no
     data, keeps it in rejected/ and refuses to start over; the command never runs."""
-    from test_checkpoint_safety import RunsCode, reseal
 
     api, _, _ = bucket_api
     assert _train(tmp_path / "machine_a", api)["status"] == "completed"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from conftest import REPO
+from helpers.configs import REPO
 
 
 def _bash_blocks(markdown: str) -> list[str]:

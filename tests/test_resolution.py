@@ -7,10 +7,11 @@ from fractions import Fraction
 from typing import Any
 
 import pytest
+from helpers.configs import make_config
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from linnaeus_accel.config import Config, ConfigError, validate_config
+from linnaeus_accel.config import ConfigError
 from linnaeus_accel.schedule import (
     Interval,
     batches_per_process,
@@ -19,25 +20,6 @@ from linnaeus_accel.schedule import (
     steps_from_epochs,
     steps_from_fraction,
 )
-
-
-def make_config(
-    *,
-    batch_size: int = 32,
-    accumulation: int = 1,
-    epochs: int = 10,
-    drop_last: bool = False,
-    lr: dict[str, Any] | None = None,
-    schedule: dict[str, Any] | None = None,
-) -> Config:
-    return validate_config(
-        {
-            "DATA": {"BATCH_SIZE": batch_size, "DROP_LAST": drop_last},
-            "TRAIN": {"EPOCHS": epochs, "ACCUMULATION_STEPS": accumulation},
-            "LR_SCHEDULER": lr or {},
-            "SCHEDULE": schedule or {},
-        }
-    )
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -132,6 +114,7 @@ def test_effective_batch_and_lr_scale(
     config = make_config(
         batch_size=batch_size,
         accumulation=accumulation,
+        epochs=10,
         lr={"BASE_LR": 0.001, "REFERENCE_BS": reference_bs},
     )
     plan = resolve_plan(config, 50, world_size)
@@ -208,7 +191,9 @@ def test_warmup_resolution_in_plan(
 
 def test_zero_warmup_fraction_starts_at_base_lr() -> None:
     # Disabled warmup: step 0 already runs at the base LR (linnaeus made it a 1-step warmup).
-    config = make_config(lr={"REFERENCE_BS": None, "BASE_LR": 0.5, "WARMUP_LR": 0.01, "WARMUP_FRACTION": 0})
+    config = make_config(
+        epochs=10, lr={"REFERENCE_BS": None, "BASE_LR": 0.5, "WARMUP_LR": 0.01, "WARMUP_FRACTION": 0}
+    )
     plan = resolve_plan(config, 100, 1)
     assert plan.lr(0) == 0.5
 
@@ -251,7 +236,7 @@ def test_interval_resolution(
 )
 def test_resolution_config_errors_name_the_keys(lr_keys: dict[str, Any], named_keys: list[str]) -> None:
     with pytest.raises(ConfigError) as info:
-        make_config(lr=lr_keys)
+        make_config(epochs=10, lr=lr_keys)
     text = str(info.value)
     for key in named_keys:
         assert key in text

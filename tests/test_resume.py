@@ -26,33 +26,37 @@ module. Every subprocess writes its console to a file under the test's directory
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import pickle
 import random
-import re
-import shutil
 import signal
-import socket
 import subprocess
-import sys
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil  # type: ignore[import-untyped]  # an Accelerate dependency
 import pytest
+from helpers.processes import kill_group
+from helpers.runs import (
+    KILLED,
+    Result,
+    TrainRun,
+    assert_preempted,
+    assert_resumed_from,
+    assert_same_run,
+    ckpt,
+    committed,
+    is_val,
+    journal,
+    read_metrics,
+    read_summary,
+    wait_for_file,
+    wait_for_record,
+)
 
 from linnaeus_accel.checkpoint import file_digest
-
-REPO = Path(__file__).resolve().parent.parent
-CFG = str(REPO / "configs" / "default.yaml")
-NAME = "run"
-RUN_TIMEOUT_S = 300
-KILLED = -signal.SIGKILL
 
 pytestmark = pytest.mark.slow
 
@@ -98,257 +102,6 @@ CONFIGS = {
 
 
 # ---------------------------------------------------------------------------------------------
-# Running the trainer
-# ---------------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def ckpt(step: int) -> str:
-    return f"step_{step:08d}"
-
-
-@dataclass
-class Result:
-    """One finished (or killed) process: exit status, console output, the run's output directory."""
-
-    returncode: int
-    output: str
-    dir: Path
-    seconds: float
-    active_seconds: float = 0.0  # from the creation of metrics.jsonl (start-up done) to the exit
-
-    def tail(self, n: int = 4000) -> str:
-        return f"exit status {self.returncode}; console (tail):\n{self.output[-n:]}"
-
-    def check_ok(self) -> Result:
-        assert self.returncode == 0, self.tail()
-        return self
-
-    def check_killed(self) -> Result:
-        assert self.returncode == KILLED, f"expected a SIGKILL at the fault point\n{self.tail()}"
-        return self
-
-
-@dataclass
-class Started:
-    proc: subprocess.Popen[bytes]
-    log: Path
-    dir: Path
-    t0: float
-
-    def finish(self, timeout: float = RUN_TIMEOUT_S) -> Result:
-        try:
-            rc = self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            kill_group(self.proc)
-            raise
-        return Result(rc, read_log(self.log), self.dir, time.monotonic() - self.t0)
-
-
-def kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """Kill a process we started and what it started (its own session, see ``TrainRun.start``)."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-
-
-def read_log(path: Path) -> str:
-    # tqdm redraws with carriage returns; one line per redraw reads better in an assertion message.
-    return path.read_text(encoding="utf-8", errors="replace").replace("\r", "\n")
-
-
-class TrainRun:
-    """One output directory (``<root>/outputs/run``) and the command line that trains into it."""
-
-    def __init__(self, root: Path, opts: Sequence[str], processes: int = 1, cfg: str = CFG) -> None:
-        self.cfg = cfg
-        self.root = root
-        self.base = root / "outputs"
-        self.dir = self.base / NAME
-        self.opts = list(opts)
-        self.processes = processes
-        self._launches = 0
-
-    def command(self, args: Sequence[str], python_code: str | None) -> list[str]:
-        if self.processes > 1:
-            prefix = [
-                sys.executable, "-m", "accelerate.commands.launch",
-                "--multi_gpu", "--num_processes", str(self.processes), "--num_machines", "1",
-                "--mixed_precision", "no", "--dynamo_backend", "no",
-                "--main_process_port", str(free_port()),
-                "-m", "linnaeus_accel",
-            ]  # fmt: skip
-        elif python_code is not None:
-            prefix = [sys.executable, "-c", python_code]
-        else:
-            prefix = [sys.executable, "-m", "linnaeus_accel"]
-        return [
-            *prefix, "train", "--cfg", self.cfg, *args,
-            "--opts", "ENV.OUTPUT.BASE_DIR", str(self.base), "EXPERIMENT.NAME", NAME, *self.opts,
-        ]  # fmt: skip
-
-    def env(self, kill_at: str | None, extra_env: dict[str, str] | None = None) -> dict[str, str]:
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            # an outer launcher's or test's variables must not leak into ours
-            if k not in {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
-            and not k.startswith(("ACCELERATE_", "LINNAEUS_ACCEL_", "B2_"))
-        }
-        env.update(
-            OMP_NUM_THREADS="1",
-            HF_HOME=str(self.root / "hf_home"),
-            WANDB_MODE="offline",
-            PYTHONPATH=os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p),
-        )
-        if self.processes > 1:
-            env["ACCELERATE_USE_CPU"] = "true"
-        if kill_at is not None:
-            env["LINNAEUS_ACCEL_KILL_AT"] = kill_at
-        env.update(extra_env or {})  # other fault points, settings of Accelerate's own
-        return env
-
-    def start(
-        self,
-        kill_at: str | None = None,
-        args: Sequence[str] = (),
-        python_code: str | None = None,
-        extra_env: dict[str, str] | None = None,
-    ) -> Started:
-        self._launches += 1
-        log = self.root / f"launch{self._launches}{'-' + kill_at.replace(':', '') if kill_at else ''}.log"
-        with log.open("wb") as out:
-            proc = subprocess.Popen(
-                self.command(args, python_code),
-                cwd=self.root,
-                env=self.env(kill_at, extra_env),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,  # its own process group: nothing of it outlives a failed test
-            )
-        return Started(proc, log, self.dir, time.monotonic())
-
-    def run(
-        self,
-        kill_at: str | None = None,
-        args: Sequence[str] = (),
-        python_code: str | None = None,
-        extra_env: dict[str, str] | None = None,
-    ) -> Result:
-        return self.start(kill_at, args, python_code, extra_env).finish()
-
-    def clone(self, root: Path) -> TrainRun:
-        """A copy of this output directory (e.g. of a killed run) to resume or damage separately."""
-        other = TrainRun(root, self.opts, self.processes, self.cfg)
-        shutil.copytree(self.base, other.base, symlinks=True)
-        return other
-
-
-# ---------------------------------------------------------------------------------------------
-# Reading and comparing outputs
-# ---------------------------------------------------------------------------------------------
-
-
-def metrics(run_dir: Path) -> list[dict[str, Any]]:
-    lines = (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
-    return [json.loads(line) for line in lines if line.strip()]
-
-
-def summary(run_dir: Path) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
-    return data
-
-
-def is_train(record: dict[str, Any]) -> bool:
-    return "train/loss" in record
-
-
-def is_val(record: dict[str, Any]) -> bool:
-    return any(k.startswith("val") for k in record)
-
-
-def deterministic(record: dict[str, Any]) -> dict[str, Any]:
-    """A metrics record without its wall-clock measurements (throughput, data-time share)."""
-    return {k: v for k, v in record.items() if not k.startswith("perf/")}
-
-
-def journal(checkpoint: Path) -> list[str]:
-    path = checkpoint / "validation_journal.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line)["prefix"] for line in path.read_text(encoding="utf-8").splitlines()]
-
-
-def committed(run_dir: Path) -> list[str]:
-    root = run_dir / "checkpoints"
-    return sorted(p.name for p in root.glob("step_*") if (p / "COMMITTED.json").is_file())
-
-
-def assert_same_run(result: Result, reference: Result) -> None:
-    """The resumed run ended exactly where the uninterrupted one did (SPEC §6, §10)."""
-    result.check_ok()
-    final, ref_final = (
-        result.dir / "final" / "model.safetensors",
-        reference.dir / "final" / "model.safetensors",
-    )
-    assert final.is_file(), f"no final weights\n{result.tail()}"
-    assert final.read_bytes() == ref_final.read_bytes(), (
-        f"final weights differ from the uninterrupted run\n{result.tail()}"
-    )
-    ema, ref_ema = (r.dir / "final" / "ema" / "model.safetensors" for r in (result, reference))
-    assert ema.is_file() == ref_ema.is_file()
-    if ref_ema.is_file():  # the ema callback's average
-        assert ema.read_bytes() == ref_ema.read_bytes(), "the ema callback's average differs"
-
-    got, want = summary(result.dir), summary(reference.dir)
-    assert got["status"] == "completed", got
-    for key in ("global_step", "epoch", "samples_seen", "tokens_seen"):
-        assert got[key] == want[key], (key, got[key], want[key])
-
-    records, ref_records = metrics(result.dir), metrics(reference.dir)
-    for kind, select in (("train", is_train), ("validation", is_val)):
-        steps = [r["global_step"] for r in records if select(r)]
-        ref_steps = [r["global_step"] for r in ref_records if select(r)]
-        duplicates = sorted({s for s in steps if steps.count(s) > 1})
-        assert not duplicates, f"{kind} steps logged twice: {duplicates}"
-        missing = sorted(set(ref_steps) - set(steps))
-        assert not missing, f"{kind} steps missing after the resume: {missing}"
-        assert steps == ref_steps, f"{kind} steps {steps} != {ref_steps}"
-    # Same values too: losses, LRs, sample counts, validation metrics, as the same floats.
-    assert [deterministic(r) for r in records] == [deterministic(r) for r in ref_records]
-
-
-def wait_for_file(started: Started, path: Path, timeout: float = RUN_TIMEOUT_S) -> float:
-    """Poll until ``path`` exists; when it appeared (``time.monotonic()``)."""
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        if started.proc.poll() is not None:
-            pytest.fail(f"the run ended before {path.name} appeared\n{read_log(started.log)[-3000:]}")
-        if time.monotonic() > deadline:
-            kill_group(started.proc)
-            pytest.fail(f"timed out waiting for {path}")
-        time.sleep(0.01)
-    return time.monotonic()
-
-
-def resume_line(output: str) -> str:
-    lines = [line for line in output.splitlines() if line.startswith("resumed from ")]
-    assert len(lines) == 1, f"expected one 'resumed from' line, got {lines}\n{output[-3000:]}"
-    return lines[0]
-
-
-def assert_resumed_from(output: str, step: int) -> None:
-    line = resume_line(output)
-    assert re.match(rf"resumed from \S*{ckpt(step)}\b", line), line
-
-
-# ---------------------------------------------------------------------------------------------
 # Reference runs (one per configuration) and a shared killed run
 # ---------------------------------------------------------------------------------------------
 
@@ -359,7 +112,7 @@ def ref_epoch(tmp_path_factory: pytest.TempPathFactory) -> Result:
     active_from = wait_for_file(started, started.dir / "metrics.jsonl")
     result = started.finish().check_ok()
     result.active_seconds = time.monotonic() - active_from
-    assert summary(result.dir)["global_step"] == 92
+    assert read_summary(result.dir)["global_step"] == 92
     assert committed(result.dir) == [ckpt(46), ckpt(92)]
     return result
 
@@ -367,7 +120,7 @@ def ref_epoch(tmp_path_factory: pytest.TempPathFactory) -> Result:
 @pytest.fixture(scope="module")
 def ref_mid(tmp_path_factory: pytest.TempPathFactory) -> Result:
     result = TrainRun(tmp_path_factory.mktemp("ref_mid"), MID_CKPT).run().check_ok()
-    assert summary(result.dir)["global_step"] == 92
+    assert read_summary(result.dir)["global_step"] == 92
     assert committed(result.dir)[-2:] == [ckpt(90), ckpt(92)]  # the last two (KEEP_LAST_N 2)
     return result
 
@@ -375,7 +128,7 @@ def ref_mid(tmp_path_factory: pytest.TempPathFactory) -> Result:
 @pytest.fixture(scope="module")
 def ref_two(tmp_path_factory: pytest.TempPathFactory) -> Result:
     result = TrainRun(tmp_path_factory.mktemp("ref_two"), TWO_PROC_OPTS, processes=2).run().check_ok()
-    assert summary(result.dir)["global_step"] == 48
+    assert read_summary(result.dir)["global_step"] == 48
     return result
 
 
@@ -582,15 +335,15 @@ def test_mid_validation_resume_runs_only_remaining_passes(ref_epoch: Result, tmp
     run.run(kill_at="validation_pass:3").check_killed()
     boundary = run.dir / "checkpoints" / ckpt(46)
     assert journal(boundary) == EPOCH2_PASSES[:2]
-    assert not [r for r in metrics(run.dir) if r["global_step"] == 46 and is_val(r)]
+    assert not [r for r in read_metrics(run.dir) if r["global_step"] == 46 and is_val(r)]
 
     resumed = run.run()
     assert_resumed_from(resumed.output, 46)
     # Each pass of that boundary exactly once: the two done before the kill were not run again.
     assert journal(boundary) == EPOCH2_PASSES
-    records = [r for r in metrics(run.dir) if r["global_step"] == 46 and is_val(r)]
+    records = [r for r in read_metrics(run.dir) if r["global_step"] == 46 and is_val(r)]
     assert len(records) == 1, records
-    (ref_record,) = [r for r in metrics(ref_epoch.dir) if r["global_step"] == 46 and is_val(r)]
+    (ref_record,) = [r for r in read_metrics(ref_epoch.dir) if r["global_step"] == 46 and is_val(r)]
     assert records[0] == ref_record  # every pass's metrics, the same floats
     for prefix in EPOCH2_PASSES:
         assert f"{prefix}/loss" in records[0]
@@ -602,40 +355,6 @@ def test_mid_validation_resume_runs_only_remaining_passes(ref_epoch: Result, tmp
 # ---------------------------------------------------------------------------------------------
 # 5. SIGTERM preemption
 # ---------------------------------------------------------------------------------------------
-
-
-def wait_for_record(started: Started, predicate: Any, timeout: float = RUN_TIMEOUT_S) -> None:
-    """Poll metrics.jsonl until a record satisfies ``predicate`` (the run is then mid-training)."""
-    path = started.dir / "metrics.jsonl"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if started.proc.poll() is not None:
-            pytest.fail(f"the run ended before it could be signalled\n{read_log(started.log)[-3000:]}")
-        if path.exists():
-            for line in path.read_text(encoding="utf-8").splitlines():
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # being written
-                if predicate(record):
-                    return
-        time.sleep(0.01)
-    kill_group(started.proc)
-    pytest.fail("timed out waiting for metrics")
-
-
-def assert_preempted(result: Result, total_steps: int, checked_every: int = 1, epoch_steps: int = 1) -> int:
-    """The run stopped at a step where the processes agree on the flag: every ``checked_every``
-    steps and at every epoch's last step."""
-    result.check_ok()
-    data = summary(result.dir)
-    assert data["status"] == "preempted", data
-    step = data["global_step"]
-    assert 0 < step < total_steps, data
-    assert step % checked_every == 0 or step % epoch_steps == 0, data
-    assert ckpt(step) in committed(result.dir), committed(result.dir)
-    assert not (result.dir / "final").exists()  # a preempted run's weights are in its checkpoint
-    return int(step)
 
 
 def test_sigterm_preempts_one_process_then_rerun_ends_identically(ref_epoch: Result, tmp_path: Path) -> None:
@@ -678,7 +397,7 @@ def test_sigterm_during_validation_is_a_clean_preemption(ref_epoch: Result, tmp_
     assert preempted.returncode == 0, (
         f"SIGTERM during a validation pass killed the process instead of preempting it\n{preempted.tail()}"
     )
-    assert summary(run.dir)["status"] == "preempted", summary(run.dir)
+    assert read_summary(run.dir)["status"] == "preempted", read_summary(run.dir)
     assert committed(run.dir), "no checkpoint to resume from"
     assert_same_run(run.run(), ref_epoch)
 
@@ -730,8 +449,8 @@ def test_sigterm_at_an_epochs_last_step_then_rerun_ends_identically(
     run = TrainRun(tmp_path, CONFIGS[config])
     preempted = run.run(extra_env={"LINNAEUS_ACCEL_TERM_AT": f"optimizer_step:{step}"})
     preempted.check_ok()
-    assert summary(run.dir)["status"] == "preempted", summary(run.dir)
-    assert summary(run.dir)["global_step"] == step
+    assert read_summary(run.dir)["status"] == "preempted", read_summary(run.dir)
+    assert read_summary(run.dir)["global_step"] == step
     assert committed(run.dir)[-1] == ckpt(step)
     assert journal(run.dir / "checkpoints" / ckpt(step)) == []  # no pass ran before the stop
 
@@ -756,8 +475,8 @@ def test_sigterm_before_a_boundary_with_two_processes_then_rerun_ends_identicall
     run = TrainRun(tmp_path, [*TWO_PROC_OPTS, *(ASYNC if config == "epoch-async" else [])], processes=2)
     preempted = run.run(extra_env={"LINNAEUS_ACCEL_TERM_AT": "optimizer_step:21"})
     assert preempted.returncode == 0, preempted.tail()
-    assert summary(run.dir)["status"] == "preempted", summary(run.dir)
-    assert summary(run.dir)["global_step"] == 24
+    assert read_summary(run.dir)["status"] == "preempted", read_summary(run.dir)
+    assert read_summary(run.dir)["global_step"] == 24
     assert committed(run.dir) == [ckpt(24)]
 
     resumed = run.run()

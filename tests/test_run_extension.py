@@ -10,8 +10,16 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import reset_accelerate, run_cli
-from test_resume import CFG, TrainRun, assert_resumed_from, assert_same_run, deterministic, metrics, summary
+from helpers.configs import CFG
+from helpers.in_process import reset_accelerate, run_cli
+from helpers.runs import (
+    TrainRun,
+    assert_resumed_from,
+    assert_same_run,
+    deterministic,
+    read_metrics,
+    read_summary,
+)
 
 from linnaeus_accel.cli import plan_for
 from linnaeus_accel.config import load_config
@@ -27,7 +35,7 @@ LONGER = ["TRAIN.EPOCHS", "3"]
 def finished(tmp_path_factory: pytest.TempPathFactory) -> TrainRun:
     run = TrainRun(tmp_path_factory.mktemp("finished"), [*OPTS, "TRAIN.EPOCHS", "2"])
     run.run().check_ok()
-    assert (summary(run.dir)["status"], summary(run.dir)["global_step"]) == ("completed", 12)
+    assert (read_summary(run.dir)["status"], read_summary(run.dir)["global_step"]) == ("completed", 12)
     return run
 
 
@@ -44,12 +52,12 @@ def test_a_finished_run_trained_longer_follows_the_new_plan_and_survives_a_kill(
     extended = longer(finished, tmp_path / "extended").run(args=["--allow-config-change"]).check_ok()
     assert_resumed_from(extended.output, 12)
     assert "the run now ends at step 18 (TRAIN.EPOCHS), not 12" in extended.output
-    done = summary(extended.dir)
+    done = read_summary(extended.dir)
     assert (done["status"], done["global_step"], done["epoch"]) == ("completed", 18, 3)
 
     # Steps 13..18 at the LR of a fresh 3-epoch run's plan (the 2-epoch plan had decayed to MIN_LR).
     plan = plan_for(load_config(CFG, [*OPTS, *LONGER]), 1, None)
-    logged = {r["global_step"]: r["lr/default"] for r in metrics(extended.dir) if "lr/default" in r}
+    logged = {r["global_step"]: r["lr/default"] for r in read_metrics(extended.dir) if "lr/default" in r}
     assert [logged[s] for s in range(13, 19)] == pytest.approx(
         [plan.lr(s - 1) for s in range(13, 19)], rel=1e-12
     )
@@ -124,7 +132,7 @@ def train_steps(base: Path, name: str, steps: int, *args: str) -> Path:
 
 
 def train_rows(run_dir: Path) -> list[tuple[int, float]]:
-    return [(r["global_step"], r["train/loss"]) for r in metrics(run_dir) if "train/loss" in r]
+    return [(r["global_step"], r["train/loss"]) for r in read_metrics(run_dir) if "train/loss" in r]
 
 
 @pytest.fixture(scope="module")
@@ -155,9 +163,9 @@ def test_a_run_ended_inside_an_epoch_trained_longer_is_the_longer_run(fresh_9: P
     for run in (once, twice):
         assert (run / "final" / "model.safetensors").read_bytes() == weights, run.name
         assert train_rows(run) == train_rows(fresh), run.name
-        assert (summary(run)["global_step"], summary(run)["epoch"]) == (9, 2)
+        assert (read_summary(run)["global_step"], read_summary(run)["epoch"]) == (9, 2)
     validated = {
-        run: [r["global_step"] for r in metrics(run) if "val/loss" in r] for run in (fresh, once, twice)
+        run: [r["global_step"] for r in read_metrics(run) if "val/loss" in r] for run in (fresh, once, twice)
     }
     assert validated == {fresh: [6, 9], once: [4, 6, 9], twice: [4, 6, 7, 9]}
 
@@ -173,9 +181,9 @@ def test_killed_in_its_final_validation_inside_an_epoch_it_finishes_then_extends
     killed = TrainRun(tmp_path, [*IN_STEPS, "TRAIN.STEPS", "4"])
     killed.run(kill_at="validation_pass:1").check_killed()
     run = train_steps(killed.base, killed.dir.name, 4)
-    done = summary(run)
+    done = read_summary(run)
     assert (done["status"], done["global_step"], done["epoch"]) == ("completed", 4, 1)
-    assert [r["global_step"] for r in metrics(run) if "val/loss" in r] == [4]
+    assert [r["global_step"] for r in read_metrics(run) if "val/loss" in r] == [4]
     train_steps(killed.base, killed.dir.name, 9, "--allow-config-change")
     assert (run / "final" / "model.safetensors").read_bytes() == (
         fresh_9 / "final" / "model.safetensors"
@@ -193,12 +201,14 @@ def test_a_preemption_during_the_final_validation_stops_inside_the_pass(tmp_path
     (tmp_path / "preempted").mkdir()
     run = TrainRun(tmp_path / "preempted", [*IN_STEPS, "TRAIN.STEPS", "4"])
     preempted = run.run(extra_env={"LINNAEUS_ACCEL_TERM_AT": "validation_batch:1"}).check_ok()
-    assert summary(run.dir)["status"] == "preempted", preempted.tail()
+    assert read_summary(run.dir)["status"] == "preempted", preempted.tail()
     assert "preempted by a signal during validation at step 4" in preempted.output
     journal = run.dir / "checkpoints" / "step_00000004" / "validation_journal.jsonl"
     assert not journal.exists() or not journal.read_text(), "the stopped pass was journalled"
     train_steps(run.base, run.dir.name, 4)
-    assert summary(run.dir)["status"] == "completed"
+    assert read_summary(run.dir)["status"] == "completed"
     final = (run.dir / "final" / "model.safetensors").read_bytes()
     assert final == (reference / "final" / "model.safetensors").read_bytes()
-    assert [deterministic(r) for r in metrics(run.dir)] == [deterministic(r) for r in metrics(reference)]
+    assert [deterministic(r) for r in read_metrics(run.dir)] == [
+        deterministic(r) for r in read_metrics(reference)
+    ]

@@ -8,19 +8,15 @@ Mid-epoch validation (``SCHEDULE.VALIDATION.MID_EPOCH``) fires at the step multi
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import pytest
-from conftest import run_cli
+from helpers.configs import make_config
+from helpers.in_process import run_cli
 
 from linnaeus_accel.config import Config, ConfigError, validate_config
 from linnaeus_accel.schedule import OpsSchedule, ResolvedPlan, batches_per_process, resolve_plan
 from linnaeus_accel.schedule.boundaries import Boundary, Interval
 from linnaeus_accel.schedule.report.summary import plan_json, summary_text
-
-
-def make_config(train: dict[str, Any], schedule: dict[str, Any] | None = None, **data: Any) -> Config:
-    return validate_config({"TRAIN": train, "SCHEDULE": schedule or {}, "DATA": {"BATCH_SIZE": 32, **data}})
 
 
 def plan_of(
@@ -49,7 +45,7 @@ def plan_of(
 def test_steps_is_the_run_length_and_epochs_end_where_the_data_ends(
     steps: int, size: int, accum: int, ope: int, epochs: int, last: int
 ) -> None:
-    plan = plan_of(make_config({"STEPS": steps, "ACCUMULATION_STEPS": accum}), size)
+    plan = plan_of(make_config(steps=steps, accumulation=accum), size)
     assert (plan.total_steps, plan.optimizer_steps_per_epoch, plan.epochs) == (steps, ope, epochs)
     assert plan.last_epoch_steps == last
     assert plan.boundary_step(epochs) == steps  # the final boundary is at T, even mid-epoch
@@ -62,15 +58,15 @@ def test_steps_is_the_run_length_and_epochs_end_where_the_data_ends(
 def test_steps_counts_the_run_tokens_exactly() -> None:
     # 3210 samples, 32 a batch: 100 full batches and one of 10, 101 steps an epoch. 250 steps = 2
     # epochs (3210 samples each) + 48 full steps of the third: (2 x 3210 + 48 x 32) x 127 tokens.
-    plan = plan_of(make_config({"STEPS": 250}), 3210, tokens_per_sample=127)
+    plan = plan_of(make_config(steps=250), 3210, tokens_per_sample=127)
     assert plan.tokens_per_step == 32 * 127
     assert plan.total_tokens == (2 * 3210 + 48 * 32) * 127
 
 
 def test_fractions_resolve_against_steps() -> None:
     config = make_config(
-        {"STEPS": 1000},
-        {"VALIDATION": {"INTERVAL_FRACTION": 0.25}},
+        steps=1000,
+        schedule={"VALIDATION": {"INTERVAL_FRACTION": 0.25}},
     )
     plan = plan_of(config, None)
     assert plan.validation == Interval("steps", 250)
@@ -94,9 +90,9 @@ def test_two_run_lengths_are_an_error_naming_each(given: dict[str, int]) -> None
 
 
 def test_steps_written_as_a_float_is_read_as_whole() -> None:
-    assert make_config({"STEPS": 1e5}).TRAIN.STEPS == 100_000
+    assert make_config(steps=1e5).TRAIN.STEPS == 100_000
     with pytest.raises(ConfigError, match=r"TRAIN\.STEPS"):
-        make_config({"STEPS": 2.5})
+        make_config(steps=2.5)
 
 
 def test_plan_cli_with_steps_says_the_partial_epoch() -> None:
@@ -123,8 +119,8 @@ def test_plan_cli_with_steps_says_the_partial_epoch() -> None:
 
 def test_unknown_length_needs_steps_or_tokens_and_names_every_epoch_key() -> None:
     config = make_config(
-        {"EPOCHS": 3},
-        {
+        epochs=3,
+        schedule={
             "VALIDATION": {"INTERVAL_EPOCHS": 1},
             "CHECKPOINT": {"INTERVAL_EPOCHS": 2},
         },
@@ -140,8 +136,8 @@ def test_unknown_length_needs_steps_or_tokens_and_names_every_epoch_key() -> Non
 
 def test_unknown_length_with_steps_resolves_without_epochs() -> None:
     config = make_config(
-        {"STEPS": 1000},
-        {
+        steps=1000,
+        schedule={
             "VALIDATION": {"INTERVAL_STEPS": 300, "MID_EPOCH": True},
             "CHECKPOINT": {"INTERVAL_FRACTION": 0.5},
         },
@@ -175,10 +171,10 @@ def test_unknown_length_with_steps_resolves_without_epochs() -> None:
 
 
 def test_target_tokens_of_a_stream_needs_drop_last() -> None:
-    config = make_config({"TARGET_TOKENS": 10**6})
+    config = make_config(target_tokens=10**6)
     with pytest.raises(ConfigError, match=r"TRAIN\.TARGET_TOKENS.*DROP_LAST"):
         plan_of(config, None, tokens_per_sample=127)
-    plan = plan_of(make_config({"TARGET_TOKENS": 10**6}, DROP_LAST=True), None, tokens_per_sample=127)
+    plan = plan_of(make_config(target_tokens=10**6, drop_last=True), None, tokens_per_sample=127)
     assert plan.total_steps == -(-(10**6) // (32 * 127))
     assert plan.epochs is None
 
@@ -207,8 +203,8 @@ def test_intervals_fire_at_points(interval: Interval, point: Boundary, at_step: 
 
 def test_mid_epoch_validation_with_known_epochs() -> None:
     config = make_config(
-        {"EPOCHS": 3},
-        {"VALIDATION": {"INTERVAL_STEPS": 40, "MID_EPOCH": True}},
+        epochs=3,
+        schedule={"VALIDATION": {"INTERVAL_STEPS": 40, "MID_EPOCH": True}},
     )
     plan = plan_of(config, 3200)  # 100 steps an epoch, 300 in all
     ops = OpsSchedule(plan)
@@ -221,7 +217,7 @@ def test_mid_epoch_validation_with_known_epochs() -> None:
 
 def test_mid_epoch_validation_needs_a_step_interval() -> None:
     with pytest.raises(ConfigError, match=r"SCHEDULE\.VALIDATION\.MID_EPOCH"):
-        make_config({"EPOCHS": 3}, {"VALIDATION": {"INTERVAL_EPOCHS": 1, "MID_EPOCH": True}})
+        make_config(epochs=3, schedule={"VALIDATION": {"INTERVAL_EPOCHS": 1, "MID_EPOCH": True}})
 
 
 def test_plan_json_lists_mid_epoch_steps() -> None:

@@ -27,16 +27,15 @@ linnaeus-accel's real code.
 
 from __future__ import annotations
 
-import os
 import shutil
-import socket
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers.configs import CFG, REPO
+from helpers.launches import Launch, launch_logged
+from helpers.processes import torchrun_command
 from safetensors.torch import load_file
 
 from linnaeus_accel.checkpoint import read_marker
@@ -44,9 +43,7 @@ from linnaeus_accel.config import load_config
 from linnaeus_accel.resume.reader import CheckpointReader
 from linnaeus_accel.state.files import checkpoint_store
 
-REPO = Path(__file__).resolve().parent.parent
 WORKER = REPO / "tests" / "sharded_worker.py"
-CFG = REPO / "configs" / "default.yaml"
 LAUNCH_TIMEOUT_S = 180
 DCP_FILES = ("__0_0.distcp", "__1_0.distcp", ".metadata")  # of each DCP directory, both ranks' shards
 DCP_DIRS = ("pytorch_model_fsdp_0", "optimizer_0")  # Accelerate's FSDP names (model 0, optimizer 0)
@@ -54,73 +51,13 @@ DCP_DIRS = ("pytorch_model_fsdp_0", "optimizer_0")  # Accelerate's FSDP names (m
 pytestmark = pytest.mark.slow
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def launch_env(tmp: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        # a launcher's variables from an outer run must not leak into ours
-        if k not in {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
-        and not k.startswith(("ACCELERATE_", "SHARDED_WORKER_"))
-    }
-    env.update(
-        ACCELERATE_USE_CPU="true",
-        OMP_NUM_THREADS="1",
-        HF_HOME=str(tmp / "hf_home"),
-        PYTHONPATH=os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p),
-        **(extra or {}),
-    )
-    return env
-
-
-class Launch:
-    def __init__(self, returncode: int, stdout: Path, stderr: Path) -> None:
-        self.returncode = returncode
-        self.stdout = stdout.read_text(encoding="utf-8", errors="replace")
-        self.stderr = stderr.read_text(encoding="utf-8", errors="replace")
-
-    def tail(self, n: int = 4000) -> str:
-        return f"--- stdout (tail) ---\n{self.stdout[-n:]}\n--- stderr (tail) ---\n{self.stderr[-n:]}"
-
-
 def launch(tmp: Path, name: str, log: str, extra_env: dict[str, str] | None = None) -> Launch:
     """The worker under torchrun, 2 processes; its run directory is ``tmp/outputs/name``."""
     command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_addr",
-        "127.0.0.1",
-        "--master_port",
-        str(free_port()),
-        str(WORKER),
-        "--base-dir",
-        str(tmp / "outputs"),
-        "--name",
-        name,
-        "--final",
-        str(tmp / f"{name}.final.safetensors"),
-    ]
-    stdout, stderr = tmp / f"{log}.stdout", tmp / f"{log}.stderr"
-    with stdout.open("wb") as out, stderr.open("wb") as err:
-        proc = subprocess.run(
-            command,
-            cwd=tmp,
-            env=launch_env(tmp, extra_env),
-            stdout=out,
-            stderr=err,
-            stdin=subprocess.DEVNULL,
-            timeout=LAUNCH_TIMEOUT_S,
-            check=False,
-        )
-    return Launch(proc.returncode, stdout, stderr)
+        *torchrun_command(2), str(WORKER),
+        "--base-dir", str(tmp / "outputs"), "--name", name, "--final", str(tmp / f"{name}.final.safetensors"),
+    ]  # fmt: skip
+    return launch_logged(command, tmp, log, tmp / "outputs" / name, extra_env, timeout=LAUNCH_TIMEOUT_S)
 
 
 @pytest.fixture(scope="module")

@@ -17,12 +17,11 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from accelerate import Accelerator
-from test_distributed import free_port, launch_env, lines_through_our_code
+from helpers.processes import free_port, launch_env, lines_through_our_code, torchrun_command, train_arguments
 
 from linnaeus_accel.run_directory.shared_storage import (
     PROBE_PREFIX,
@@ -31,8 +30,6 @@ from linnaeus_accel.run_directory.shared_storage import (
     check_shared_output,
 )
 
-REPO = Path(__file__).resolve().parent.parent
-CFG = str(REPO / "configs" / "default.yaml")
 NODE_TIMEOUT_S = 180
 # 1 epoch of 3 steps (1,438 samples, 256 per process, 2 processes) and its final checkpoint.
 OPTS = [
@@ -54,28 +51,7 @@ def two_nodes(cwds: tuple[Path, Path], tmp_path: Path) -> list[tuple[int, str]]:
     for rank, cwd in enumerate(cwds):
         cwd.mkdir(parents=True, exist_ok=True)
         log = (tmp_path / f"node{rank}.log").open("wb")
-        command = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nnodes",
-            "2",
-            "--nproc_per_node",
-            "1",
-            "--node_rank",
-            str(rank),
-            "--master_addr",
-            "127.0.0.1",
-            "--master_port",
-            str(port),
-            "-m",
-            "linnaeus_accel",
-            "train",
-            "--cfg",
-            CFG,
-            "--opts",
-            *OPTS,
-        ]
+        command = [*torchrun_command(1, nodes=2, node_rank=rank, port=port), *train_arguments(*OPTS)]
         proc = subprocess.Popen(
             command, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True,  # on a timeout, the launcher and its worker are killed together

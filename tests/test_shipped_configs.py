@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO
+from helpers.configs import REPO
 
 from linnaeus_accel.cli import plan_for
 from linnaeus_accel.config import load_config

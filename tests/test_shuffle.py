@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import DEFAULT_CONFIG, reset_accelerate
-from test_resume import TrainRun, assert_same_run
+from helpers.configs import DEFAULT_CONFIG
+from helpers.in_process import reset_accelerate
+from helpers.runs import TrainRun, assert_same_run
 
 from linnaeus_accel import Callback, Trainer
 from linnaeus_accel.config import load_config

@@ -16,8 +16,9 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 import torch
-from conftest import DEFAULT_CONFIG, reset_accelerate, run_cli
-from test_resume import assert_resumed_from, committed
+from helpers.configs import DEFAULT_CONFIG
+from helpers.in_process import reset_accelerate, run_cli
+from helpers.runs import assert_resumed_from, committed
 
 from linnaeus_accel import Callback, register_callback
 from linnaeus_accel.state import tensor_state

@@ -21,7 +21,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from accelerate.optimizer import AcceleratedOptimizer
-from conftest import reset_accelerate
+from helpers.configs import DEFAULT_CONFIG
+from helpers.in_process import reset_accelerate
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.data import Dataset
@@ -72,7 +73,7 @@ class ShapeUnlabelled(Dataset[dict[str, Any]]):
 
 def trainer_on(tmp_path: Path, data: Any = None, opts: list[str] | None = None) -> Trainer:
     config = load_config(
-        Path(__file__).resolve().parent.parent / "configs" / "default.yaml",
+        DEFAULT_CONFIG,
         ["ENV.OUTPUT.BASE_DIR", str(tmp_path), *NO_TRANSFORMS, *(opts or [])],
     )
     train = data if data is not None else build_dataset(config, "train")
@@ -132,7 +133,7 @@ def weights_of(model: torch.nn.Module) -> dict[str, Tensor]:
 
 
 def test_a_level_without_labels_adds_nothing_and_the_weights_follow_a_plain_loop(tmp_path: Path) -> None:
-    config = load_config(Path(__file__).resolve().parent.parent / "configs" / "default.yaml", [])
+    config = load_config(DEFAULT_CONFIG, [])
     trainer = trainer_on(tmp_path, ShapeUnlabelled(build_dataset(config, "train")))
     hand = HandLoop(trainer, masked_select=True)
     start = weights_of(hand.model)

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import run_cli
+from helpers.configs import CFG, make_config
+from helpers.in_process import plan_json, plan_text, run_cli, timeline_rows
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
@@ -22,26 +22,7 @@ from linnaeus_accel.config import Config, ConfigError, validate_config
 from linnaeus_accel.data import register_dataset
 from linnaeus_accel.schedule import OpsSchedule, ResolvedPlan, batches_per_process, resolve_plan
 
-REPO = Path(__file__).resolve().parent.parent
-CFG = str(REPO / "configs" / "default.yaml")
 KEY = "TRAIN.TARGET_TOKENS"
-
-
-def make_config(
-    target: int | None = 1_000_000,
-    *,
-    batch: int = 32,
-    accum: int = 1,
-    drop_last: bool = False,
-    schedule: dict[str, Any] | None = None,
-) -> Config:
-    return validate_config(
-        {
-            "DATA": {"BATCH_SIZE": batch, "DROP_LAST": drop_last},
-            "TRAIN": {"TARGET_TOKENS": target, "ACCUMULATION_STEPS": accum},
-            "SCHEDULE": schedule or {},
-        }
-    )
 
 
 def plan_of(
@@ -95,7 +76,12 @@ def test_target_tokens_resolution(
     epochs: int,
     last: int,
 ) -> None:
-    plan = plan_of(make_config(target, batch=batch, accum=accum, drop_last=drop_last), size, tps, world)
+    plan = plan_of(
+        make_config(target_tokens=target, batch_size=batch, accumulation=accum, drop_last=drop_last),
+        size,
+        tps,
+        world,
+    )
     tokens_per_step = batch * world * accum * tps
     assert plan.tokens_per_step == tokens_per_step
     assert plan.total_steps == total == math.ceil(target / tokens_per_step)
@@ -119,7 +105,7 @@ def test_target_tokens_resolution(
 )
 def test_target_tokens_property(target: int, tps: int, batch: int, world: int, accum: int, size: int) -> None:
     # DROP_LAST keeps every batch full; then only the accumulation windows can be uneven
-    config = make_config(target, batch=batch, accum=accum, drop_last=True)
+    config = make_config(target_tokens=target, batch_size=batch, accumulation=accum, drop_last=True)
     batches = size // (batch * world)
     assume(batches > 0)
     a = max(1, accum)
@@ -162,21 +148,51 @@ def test_schedule_fractions_are_of_the_token_run() -> None:
     ("config", "size", "tps", "world", "says"),
     [
         # the dataset declares no fixed token count: use EPOCHS
-        (make_config(), 3200, None, 1, ["tokens_per_sample", "TRAIN.EPOCHS", "--tokens-per-sample"]),
+        (
+            make_config(target_tokens=10**6),
+            3200,
+            None,
+            1,
+            ["tokens_per_sample", "TRAIN.EPOCHS", "--tokens-per-sample"],
+        ),
         # a declared count of 0 tokens is no count at all
-        (make_config(), 3200, 0, 1, ["tokens_per_sample = 0"]),
+        (make_config(target_tokens=10**6), 3200, 0, 1, ["tokens_per_sample = 0"]),
         # 3201 samples: the last global batch holds 1 of 32 samples
-        (make_config(), 3201, 128, 1, ["3201", "1 of 32", "DATA.DROP_LAST: true"]),
+        (make_config(target_tokens=10**6), 3201, 128, 1, ["3201", "1 of 32", "DATA.DROP_LAST: true"]),
         # 3232 samples over 2 processes of 32: the last global batch holds 32 of 64
-        (make_config(), 3232, 128, 2, ["3232", "32 of 64", "2 processes", "DATA.DROP_LAST: true"]),
+        (
+            make_config(target_tokens=10**6),
+            3232,
+            128,
+            2,
+            ["3232", "32 of 64", "2 processes", "DATA.DROP_LAST: true"],
+        ),
         # 100 batches per process with accumulation 3: a last window of 1 batch is a smaller step
-        (make_config(accum=3), 3200, 128, 1, ["100 batches", "ACCUMULATION_STEPS", "e.g. 2 or 4"]),
+        (
+            make_config(target_tokens=10**6, accumulation=3),
+            3200,
+            128,
+            1,
+            ["100 batches", "ACCUMULATION_STEPS", "e.g. 2 or 4"],
+        ),
         # ... also with DROP_LAST, which drops batches, not windows: 3210 -> 100 batches
-        (make_config(accum=3, drop_last=True), 3210, 128, 1, ["last window of 1", "e.g. 2 or 4"]),
+        (
+            make_config(target_tokens=10**6, accumulation=3, drop_last=True),
+            3210,
+            128,
+            1,
+            ["last window of 1", "e.g. 2 or 4"],
+        ),
         # accumulation larger than the epoch: 3 batches per process, accumulation 4
-        (make_config(accum=4), 96, 128, 1, ["3 batches", "e.g. 3"]),
+        (make_config(target_tokens=10**6, accumulation=4), 96, 128, 1, ["3 batches", "e.g. 3"]),
         # without DROP_LAST, an unknown dataset size cannot be checked
-        (make_config(), None, 128, 1, ["dataset size", "--dataset-size", "DATA.DROP_LAST: true"]),
+        (
+            make_config(target_tokens=10**6),
+            None,
+            128,
+            1,
+            ["dataset size", "--dataset-size", "DATA.DROP_LAST: true"],
+        ),
     ],
 )
 def test_uneven_steps_are_config_errors_naming_target_tokens(
@@ -194,7 +210,7 @@ def test_every_target_tokens_problem_is_reported_at_once() -> None:
     # no token count, an uneven last global batch and a partial accumulation window: 3201 samples
     # -> 101 batches, accumulation 2
     with pytest.raises(ConfigError) as info:
-        plan_of(make_config(accum=2), 3201, None)
+        plan_of(make_config(target_tokens=10**6, accumulation=2), 3201, None)
     assert [key for key, _ in info.value.problems] == [KEY, KEY, KEY]
     text = str(info.value)
     assert "tokens_per_sample" in text
@@ -219,7 +235,7 @@ LONG_TARGET = 3_050_000
 
 
 def long_ops(schedule: dict[str, Any]) -> OpsSchedule:
-    plan = plan_of(make_config(LONG_TARGET, schedule=schedule), 3200, 128)
+    plan = plan_of(make_config(target_tokens=LONG_TARGET, schedule=schedule), 3200, 128)
     assert (plan.total_steps, plan.epochs, plan.last_epoch_steps) == (745, 8, 45)
     return OpsSchedule(plan)
 
@@ -294,20 +310,7 @@ TOKEN_OPTS = ["--opts", "TRAIN.EPOCHS", "null", "TRAIN.TARGET_TOKENS", str(LONG_
 
 
 def test_plan_json_with_tokens_per_sample() -> None:
-    rc, out, err = run_cli(
-        "plan",
-        "--cfg",
-        CFG,
-        "--json",
-        "--no-series",
-        "--dataset-size",
-        "3200",
-        "--tokens-per-sample",
-        "128",
-        *TOKEN_OPTS,
-    )
-    assert rc == 0, err
-    d = json.loads(out)
+    d = plan_json("--no-series", "--dataset-size", "3200", "--tokens-per-sample", "128", *TOKEN_OPTS)
     assert d["target_tokens"] == LONG_TARGET
     assert d["tokens_per_step"] == 4096
     assert d["total_steps"] == 745
@@ -317,22 +320,8 @@ def test_plan_json_with_tokens_per_sample() -> None:
     assert d["events"]["validation"][-1] == 8
 
 
-def timeline_rows(text: str) -> dict[str, str]:
-    lines = text.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("Timeline"))
-    rows: dict[str, str] = {}
-    for line in lines[start + 1 :]:
-        if not line.startswith("  ") or "|" not in line:
-            break
-        rows[line[: line.index("|")].strip()] = line[line.index("|") + 1 : line.rindex("|")]
-    return rows
-
-
 def test_plan_text_with_tokens_per_sample() -> None:
-    rc, text, err = run_cli(
-        "plan", "--cfg", CFG, "--dataset-size", "3200", "--tokens-per-sample", "128", *TOKEN_OPTS
-    )
-    assert rc == 0, err
+    text = plan_text("--dataset-size", "3200", "--tokens-per-sample", "128", *TOKEN_OPTS)
     tokens = next(line for line in text.splitlines() if line.startswith("Tokens:"))
     assert "4096 target tokens per step" in tokens
     assert f"target {LONG_TARGET}" in tokens

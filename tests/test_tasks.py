@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import DEFAULT_CONFIG
+from helpers.configs import DEFAULT_CONFIG
 from torch import Tensor, nn
 
 from linnaeus_accel.config import load_config

@@ -32,63 +32,39 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, run_cli
-from test_lm import SMALL_LM, kill_tree
-from test_resume import (
+from helpers.configs import LM_CFG, SMALL_LM
+from helpers.in_process import run_cli
+from helpers.processes import kill_tree
+from helpers.runs import (
     KILLED,
-    RUN_TIMEOUT_S,
     Result,
     Started,
     TrainRun,
     assert_resumed_from,
     assert_same_run,
     committed,
-    metrics,
-    read_log,
-    summary,
+    logged_records,
+    read_metrics,
+    read_summary,
+    wait_until,
 )
+from helpers.tokens import OPTIONS, TINY_LM, cli_opts, config_of, write_sidecar, write_tokens
 from torch import Tensor, nn
 
 from linnaeus_accel import Trainer, load_config
-from linnaeus_accel.config import Config, ConfigError, validate_config
+from linnaeus_accel.config import ConfigError
 from linnaeus_accel.data import build_dataset
 from linnaeus_accel.data.packing import PackedTokens
 from linnaeus_accel.data.token_files import TokenFiles
-from linnaeus_accel.data.token_format import TokenFileError, TokenSidecar, sidecar_path
+from linnaeus_accel.data.token_format import TokenFileError
 from linnaeus_accel.data.tokenize import tokenize_files
 
-LM_CFG = str(REPO / "configs" / "lm_tiny.yaml")
-OPTIONS = "DATA.DATASET.OPTIONS"
 GIB = 2**30
 
 Window = tuple[int, ...]
 
 
 # -- files, configs and windows ----------------------------------------------------------------
-
-
-def write_tokens(path: Path, tokens: Sequence[int] | np.ndarray[Any, Any], dtype: str = "uint16") -> Path:
-    """Raw little-endian tokens (``.bin``) or a ``.npy`` of ``dtype``."""
-    array = np.asarray(tokens).astype(np.dtype(dtype).newbyteorder("<"))
-    if path.suffix == ".npy":
-        np.save(path, array)
-    else:
-        array.tofile(path)
-    return path
-
-
-def write_sidecar(path: Path, dtype: str, num_tokens: int, max_token_id: int, vocab_size: int = 257) -> None:
-    """A sidecar as ``tokenize`` writes it (byte-level unless ``vocab_size`` says otherwise)."""
-    sidecar = TokenSidecar(
-        dtype=dtype,
-        num_tokens=num_tokens,
-        num_documents=1,
-        vocab_size=vocab_size,
-        eos_id=vocab_size - 1,
-        max_token_id=max_token_id,
-        tokenizer={"type": "bytes"},
-    )
-    sidecar_path(path).write_text(sidecar.to_json(), encoding="utf-8")
 
 
 def sparse(path: Path, size: int) -> Path:
@@ -118,23 +94,6 @@ def packed(tokens: Sequence[int] | np.ndarray[Any, Any], seq_len: int) -> list[W
     if len(tokens) < seq_len:
         return []
     return windows(PackedTokens(torch.as_tensor(np.asarray(tokens, dtype=np.int64)), seq_len))
-
-
-def config_of(options: dict[str, Any], val_fraction: float = 0.1) -> Config:
-    dataset = {"NAME": "token_files", "OPTIONS": options, "VAL_FRACTION": val_fraction}
-    return validate_config({"DATA": {"DATASET": dataset}, "EXPERIMENT": {"SEED": 0}})
-
-
-def cli_opts(out: Path, options: dict[str, Any], *more: str) -> list[str]:
-    """``--opts`` training ``configs/lm_tiny.yaml`` on token files into ``out``: OPTIONS as one
-    YAML value (JSON is YAML), merged into the config's."""
-    return [
-        "--opts",
-        "ENV.OUTPUT.BASE_DIR", str(out),
-        "DATA.DATASET.NAME", "token_files",
-        OPTIONS, json.dumps(options),
-        *more,
-    ]  # fmt: skip
 
 
 # -- windows -----------------------------------------------------------------------------------
@@ -441,14 +400,6 @@ def test_an_id_outside_the_vocabulary_stops_at_its_window(tmp_path: Path, dtype:
 
 # -- the model's vocabulary --------------------------------------------------------------------
 
-TINY_LM = [
-    "MODEL.OPTIONS.hidden_size", "16",
-    "MODEL.OPTIONS.intermediate_size", "32",
-    "MODEL.OPTIONS.num_hidden_layers", "1",
-    "MODEL.OPTIONS.num_attention_heads", "2",
-    "MODEL.OPTIONS.max_position_embeddings", "33",
-]  # fmt: skip
-
 
 @pytest.fixture
 def byte_corpus(tmp_path: Path) -> Path:
@@ -568,38 +519,22 @@ def corpus_opts(corpus: Path, processes: int, steps: int, *more: str) -> list[st
 def reference(root: Path, opts: list[str], processes: int, steps: int) -> Result:
     root.mkdir()
     result = TrainRun(root, opts, processes=processes, cfg=LM_CFG).run().check_ok()
-    data = summary(result.dir)
+    data = read_summary(result.dir)
     assert (data["global_step"], data["epoch"]) == (steps, 2), data
     assert data["tokens_seen"] == steps * processes * 8 * 64
-    losses = [r["val/loss"] for r in metrics(result.dir) if "val/loss" in r]
+    losses = [r["val/loss"] for r in read_metrics(result.dir) if "val/loss" in r]
     assert len(losses) == 2
     assert losses[1] < losses[0] < 5.55  # it learns (ln 257 = 5.55 at random)
     return result
 
 
 def logged_step(run_dir: Path) -> int:
-    """The last training step in metrics.jsonl (0 before any); a killed run may have left half a line."""
-    path = run_dir / "metrics.jsonl"
-    step = 0
-    for line in path.read_text(encoding="utf-8").splitlines() if path.exists() else []:
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if "train/loss" in record:
-            step = max(step, record["global_step"])
-    return step
+    """The last training step in metrics.jsonl (0 before any)."""
+    return max((r["global_step"] for r in logged_records(run_dir) if "train/loss" in r), default=0)
 
 
 def wait_for_step(started: Started, step: int) -> None:
-    deadline = time.monotonic() + RUN_TIMEOUT_S
-    while logged_step(started.dir) < step:
-        if started.proc.poll() is not None:
-            pytest.fail(f"the run ended before step {step}\n{read_log(started.log)[-3000:]}")
-        if time.monotonic() > deadline:
-            kill_tree(started.proc.pid)
-            pytest.fail(f"timed out waiting for step {step}")
-        time.sleep(0.01)
+    wait_until(started, lambda: logged_step(started.dir) >= step, f"it logged step {step}")
 
 
 def killed_until_complete(run: TrainRun, spans: list[tuple[int, int]], seed: int) -> Result:

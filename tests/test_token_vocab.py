@@ -19,9 +19,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import run_cli
-from test_resume import committed, summary
-from test_token_files import LM_CFG, TINY_LM, cli_opts, config_of, write_sidecar, write_tokens
+from helpers.configs import LM_CFG
+from helpers.in_process import run_cli
+from helpers.runs import committed, read_summary
+from helpers.tokens import TINY_LM, cli_opts, config_of, write_sidecar, write_tokens
 from torch.utils.data import DataLoader, Subset
 
 from linnaeus_accel import Trainer, load_config
@@ -87,7 +88,7 @@ def assert_stopped_at_the_bad_window(code: int, stderr: str, run_dir: Path, path
     assert message.startswith(f"{path}: token {BAD_AT} has id {BAD_ID}, outside the vocabulary of "), message
     assert says in message, message
     assert "IndexError" not in stderr
-    recorded = summary(run_dir)
+    recorded = read_summary(run_dir)
     assert recorded["status"] == "failed"
     assert message in recorded["error"]
     assert recorded["global_step"] == 4  # steps 1-4 trained; the bad window was step 6's

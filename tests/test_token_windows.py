@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from accelerate.data_loader import BatchSamplerShard
+from helpers.configs import LM_CFG
 from torch.utils.data import BatchSampler
 
 from linnaeus_accel.config import Config, ConfigError, validate_config
@@ -268,15 +269,14 @@ def test_python_docs_draws_random_training_windows_and_keeps_validation_aligned(
     from linnaeus_accel.config import ConfigError, load_config
     from linnaeus_accel.data import build_dataset
 
-    lm = str(Path(__file__).resolve().parent.parent / "configs" / "lm_tiny.yaml")
-    aligned = build_dataset(load_config(lm, []), "train")
-    random_cfg = load_config(lm, ["DATA.DATASET.OPTIONS.windows", "random"])
+    aligned = build_dataset(load_config(LM_CFG, []), "train")
+    random_cfg = load_config(LM_CFG, ["DATA.DATASET.OPTIONS.windows", "random"])
     drawn = build_dataset(random_cfg, "train")
     assert len(drawn) == len(aligned)  # an epoch is the same number of tokens
     assert any(not torch.equal(drawn[i]["input_ids"], aligned[i]["input_ids"]) for i in range(8))
     val = build_dataset(random_cfg, "val")
-    val_aligned = build_dataset(load_config(lm, []), "val")
+    val_aligned = build_dataset(load_config(LM_CFG, []), "val")
     assert all(torch.equal(val[i]["input_ids"], val_aligned[i]["input_ids"]) for i in range(4))
     with pytest.raises(ConfigError, match=r"windows: random windows need random access"):
-        build_dataset(load_config(lm, ["DATA.DATASET.OPTIONS.windows", "random",
+        build_dataset(load_config(LM_CFG, ["DATA.DATASET.OPTIONS.windows", "random",
                                        "DATA.DATASET.OPTIONS.streaming", "true"]), "train")  # fmt: skip

@@ -20,8 +20,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import xxhash
-from conftest import REPO, run_cli
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from helpers.configs import REPO
+from helpers.in_process import run_cli
+from helpers.tokens import SENTENCES, train_tokenizer
+from tokenizers import Tokenizer
 
 from linnaeus_accel.data import packing
 from linnaeus_accel.data import tokenize as tokenize_module
@@ -30,11 +32,6 @@ from linnaeus_accel.data.tokenize import tokenize_files
 from linnaeus_accel.data.tokenize_inputs import text_pieces
 
 EOS = 256
-SENTENCES = [
-    "The quick brown fox jumps over the lazy dog.",
-    "Pack my box with five dozen liquor jugs!",
-    "Zwölf Boxkämpfer jagen Viktor quer über den großen Sylter Deich.",
-]
 
 
 def tokenize(*args: str | Path) -> tuple[int, str, str]:
@@ -178,22 +175,6 @@ def test_byte_vocabulary_is_python_docs_one() -> None:
         packing.BYTE_EOS,
         packing.BYTE_VOCAB_SIZE,
     )
-
-
-def train_tokenizer(path: Path, special: str) -> Tokenizer:
-    """A tiny byte-level BPE whose decode gives back its input exactly."""
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=400,
-        special_tokens=[special],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(SENTENCES * 20, trainer)
-    tokenizer.save(str(path))
-    return tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import REPO, run_cli
+from helpers.configs import REPO
+from helpers.in_process import run_cli
 
 from linnaeus_accel.config import ConfigError
 from linnaeus_accel.data import tokenize as tokenize_module

@@ -8,20 +8,20 @@ hold is read back with the libraries' own readers: wandb's ``wandb leet inspect`
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from accelerate import Accelerator
 from accelerate.tracking import LOGGER_TYPE_TO_CLASS
-from conftest import REPO, reset_accelerate, run_cli
-from test_trainer import train
+from helpers.configs import CFG
+from helpers.in_process import reset_accelerate, run_cli, train_in_process
+from helpers.runs import read_metrics
+from helpers.trackers import wandb_history, wandb_records, wandb_run_files
 
 from linnaeus_accel.config import ConfigError, load_config, validate_config
 from linnaeus_accel.config.run import TRACKER_NAMES
@@ -30,7 +30,8 @@ from linnaeus_accel.models import build_model
 from linnaeus_accel.run_directory.trackers import TRACKER_INSTALL, log_with
 from linnaeus_accel.training.trainer import Trainer
 
-CFG = str(REPO / "configs" / "default.yaml")
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
+
 NAME = "digits_default"
 TOTAL = 24  # 2 epochs of 12 steps of 128 samples
 SMALL = ["TRAIN.EPOCHS", "2", "DATA.BATCH_SIZE", "128"]
@@ -48,68 +49,8 @@ INTERVALS = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def fresh_accelerate() -> Iterator[None]:
-    reset_accelerate()
-    yield
-    reset_accelerate()
-
-
-@pytest.fixture
-def wandb_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """W&B offline, with every directory it writes to under tmp_path; its service process
-    (wandb-core, kept alive for the next run of the process) is shut down afterwards."""
-    wandb = pytest.importorskip("wandb")
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    for var, sub in (
-        ("WANDB_DIR", "dir"),
-        ("WANDB_CACHE_DIR", "cache"),
-        ("WANDB_CONFIG_DIR", "config"),
-        ("WANDB_DATA_DIR", "data"),
-        ("WANDB_ARTIFACT_DIR", "artifacts"),
-    ):
-        monkeypatch.setenv(var, str(tmp_path / "wandb_env" / sub))
-    monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    yield
-    wandb.teardown()
-
-
-def read_metrics(out: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
-
-
 def steps_with(records: list[dict[str, Any]], key: str) -> list[int]:
     return [r["global_step"] for r in records if key in r]
-
-
-def wandb_records(path: Path, finished: bool = True) -> list[dict[str, Any]]:
-    """The records of a ``.wandb`` file, read by wandb itself. ``finished``: wait for the run's exit
-    record (``wandb.finish()`` returns before wandb-core has closed the file; ``--follow`` reads until
-    the run exits)."""
-    follow = ["--follow", "--idle-timeout", "60s"] if finished else []
-    command = [sys.executable, "-m", "wandb", "leet", "inspect", "--json", *follow, str(path)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=True)
-    records = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
-    if finished:
-        assert records, done.stderr
-        assert records[-1]["type"] == "exit", done.stdout[-2000:]
-    return records
-
-
-def wandb_history(records: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
-    """Global step -> the keys logged at it."""
-    history: dict[int, dict[str, Any]] = {}
-    for record in records:
-        if record["type"] == "history":
-            row = record["history"]["item"]
-            history.setdefault(int(row["_step"]), {}).update(row)
-    return history
-
-
-def wandb_run_files(out: Path) -> list[Path]:
-    """The ``.wandb`` file of every W&B process of the run, oldest first."""
-    return [f for d in sorted((out / "wandb").glob("offline-run-*")) for f in d.glob("*.wandb")]
 
 
 def tensorboard_scalars(directory: Path) -> dict[str, list[tuple[int, float]]]:
@@ -200,7 +141,7 @@ def test_trackers_hold_what_each_interval_says_at_global_steps(
     monkeypatch.chdir(tmp_path)
     opts = ["ENV.OUTPUT.BASE_DIR", str(tmp_path / "out"), *SMALL, *INTERVALS]
     opts += ["EXPERIMENT.TRACKERS", "[tensorboard]", "EXPERIMENT.WANDB.ENABLED", "true"]
-    assert train(opts) == 0
+    assert train_in_process(opts) == 0
     shown = capsys.readouterr().out
     out = tmp_path / "out" / NAME
 
@@ -267,7 +208,7 @@ def test_killed_run_resumes_the_same_wandb_run_and_tensorboard_dir(
     out = tmp_path / "out" / NAME
     assert [s for s, _ in tensorboard_scalars(out / "tensorboard")["train/loss"]] == [5, 10]
 
-    assert train(opts) == 0
+    assert train_in_process(opts) == 0
     metrics = read_metrics(out)
     assert steps_with(metrics, "train/loss") == [5, 10, 15, 20, TOTAL]
 

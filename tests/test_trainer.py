@@ -13,12 +13,9 @@ accumulation value would inherit the previous one.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import math
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +26,9 @@ import torch.nn.functional as F
 import yaml
 from accelerate.state import AcceleratorState, GradientState
 from accelerate.utils import set_seed
+from helpers.configs import CFG
+from helpers.in_process import plan_json, plan_text, reset_accelerate, train_in_process
+from helpers.runs import read_metrics, read_summary
 from safetensors.torch import load_file
 from torch.utils.data import DataLoader
 
@@ -39,8 +39,8 @@ from linnaeus_accel.models import build_model
 from linnaeus_accel.schedule.report.summary import summary_text
 from linnaeus_accel.training.trainer import Trainer
 
-REPO = Path(__file__).resolve().parent.parent
-CFG = str(REPO / "configs" / "default.yaml")
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
+
 NAME = "digits_default"  # EXPERIMENT.NAME of the default config
 N_TRAIN, N_VAL = 1438, 359
 LEVELS = ("shape", "digit")
@@ -57,49 +57,6 @@ WHITELIST = ("val_mask_ROWS", "val_mask_COLS_MOMENTS")  # the default VALIDATION
 
 
 # -- helpers -------------------------------------------------------------------------------------
-def reset_accelerate() -> None:
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-
-
-@pytest.fixture(autouse=True)
-def fresh_accelerate_state() -> Iterator[None]:
-    reset_accelerate()
-    yield
-    reset_accelerate()
-
-
-def train(opts: list[str]) -> int:
-    reset_accelerate()
-    try:
-        return main(["train", "--cfg", CFG, "--opts", *opts])
-    finally:
-        reset_accelerate()
-
-
-def plan_json(opts: list[str], series: bool = False) -> dict[str, Any]:
-    """``linnaeus-accel plan --json`` for the same --opts, as the user would read it."""
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        argv = ["plan", "--cfg", CFG, "--json", *([] if series else ["--no-series"]), "--opts", *opts]
-        assert main(argv) == 0
-    return json.loads(out.getvalue())  # type: ignore[no-any-return]
-
-
-def plan_text(opts: list[str]) -> str:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        assert main(["plan", "--cfg", CFG, "--opts", *opts]) == 0
-    return out.getvalue()
-
-
-def read_metrics(out_dir: Path) -> list[dict[str, Any]]:
-    lines = (out_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
-    records = [json.loads(line) for line in lines]
-    for record in records:
-        assert isinstance(record, dict)
-        assert isinstance(record["global_step"], int)
-    return records
 
 
 def train_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -108,10 +65,6 @@ def train_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def val_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in records if "val/loss" in r]
-
-
-def read_summary(out_dir: Path) -> dict[str, Any]:
-    return json.loads((out_dir / "summary.json").read_text(encoding="utf-8"))  # type: ignore[no-any-return]
 
 
 def batches_per_epoch(n: int, batch: int, drop_last: bool = False) -> int:
@@ -240,7 +193,7 @@ def step_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     opts = step_opts(base, accum, batch, drop_last)
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(base)
-        rc = train(opts)
+        rc = train_in_process(opts)
     return {
         "accum": accum,
         "batch": batch,
@@ -256,7 +209,7 @@ def step_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
 @pytest.mark.slow
 def test_final_global_step_equals_plan_total_steps(step_run: dict[str, Any]) -> None:
     assert step_run["rc"] == 0
-    plan = plan_json(step_run["opts"])
+    plan = plan_json("--no-series", "--opts", *step_run["opts"])
     accum, batch = step_run["accum"], step_run["batch"]
     batches = batches_per_epoch(N_TRAIN, batch, step_run["drop_last"])
     assert plan["world_size"] == 1
@@ -295,7 +248,7 @@ def test_outputs_final_weights_and_assets(step_run: dict[str, Any]) -> None:
     # The schedule summary is the plan's human text for the same config.
     written = (out / "assets" / "schedule_summary.txt").read_text(encoding="utf-8")
     assert written == summary_text(config, plan_for(config, 1, None))
-    assert written == plan_text(step_run["opts"])
+    assert written == plan_text("--opts", *step_run["opts"])
     # The resolved config reads back as the same config.
     resolved = out / "assets" / "config.yaml"
     assert (
@@ -308,7 +261,7 @@ def test_outputs_final_weights_and_assets(step_run: dict[str, Any]) -> None:
 @pytest.mark.slow
 def test_metrics_jsonl_steps_lr_samples_and_loss(step_run: dict[str, Any]) -> None:
     assert step_run["rc"] == 0
-    plan = plan_json(step_run["opts"], series=True)
+    plan = plan_json("--opts", *step_run["opts"])
     total = plan["total_steps"]
     lr_of_step = dict(zip(plan["series"]["step"], plan["series"]["lr"], strict=True))
     records = read_metrics(step_run["out"])
@@ -392,7 +345,7 @@ def test_validation_passes_follow_ops_schedule_python_api(tmp_path: Path) -> Non
         "SCHEDULE.META_MASKING.ENABLED",
         "false",
     ]
-    plan = plan_json(opts)
+    plan = plan_json("--no-series", "--opts", *opts)
     events = plan["events"]
     assert events["validation"] == [1, 2, 3, 4]
     assert events["mask_meta_validation"] == [2, 4]
@@ -423,7 +376,7 @@ def test_validation_passes_follow_ops_schedule_python_api(tmp_path: Path) -> Non
     assert len(recorded.lrs) == total
     assert recorded.lrs == pytest.approx([trainer.plan.lr(k) for k in range(total)], rel=1e-12)
     assert recorded.lrs[-1] == pytest.approx(config.LR_SCHEDULER.MIN_LR)
-    series = plan_json(opts, series=True)["series"]
+    series = plan_json("--opts", *opts)["series"]
     assert recorded.lrs == pytest.approx(series["lr"], rel=1e-12)
 
     vals = val_records(read_metrics(out))
@@ -488,12 +441,12 @@ def test_max_steps_stops_exactly_with_final_validation(tmp_path: Path) -> None:
         "TRAIN.EARLY_STOP.PATIENCE_STEPS",
         "null",
     ]
-    plan = plan_json(opts)
+    plan = plan_json("--no-series", "--opts", *opts)
     per_epoch = plan["optimizer_steps_per_epoch"]
     assert per_epoch == 12
     assert max_steps % per_epoch != 0
     assert plan["total_steps"] == 36  # a cut-off, not a shorter run
-    assert train(opts) == 0
+    assert train_in_process(opts) == 0
     out = tmp_path / "out" / NAME
     summary = read_summary(out)
     stop_epoch = max_steps // per_epoch + 1
@@ -540,13 +493,13 @@ def test_patience_stops_at_first_validation_past_patience(tmp_path: Path, patien
         "TRAIN.EARLY_STOP.MIN_DELTA",
         "10.0",  # only the first validation is ever an improvement
     ]
-    plan = plan_json(opts)
+    plan = plan_json("--no-series", "--opts", *opts)
     per_epoch = plan["optimizer_steps_per_epoch"]
     assert plan["events"]["validation"] == [1, 2, 3, 4, 5, 6]
     step_of_best = per_epoch  # the first validation, after epoch 1
     stop_step = next(e * per_epoch for e in range(1, 7) if e * per_epoch >= step_of_best + patience)
     assert stop_step < plan["total_steps"]
-    assert train(opts) == 0
+    assert train_in_process(opts) == 0
     out = tmp_path / "out" / NAME
     summary = read_summary(out)
     assert summary["global_step"] == stop_step
@@ -569,9 +522,9 @@ def test_default_config_trains_to_stated_accuracy(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     opts = ["ENV.OUTPUT.BASE_DIR", str(tmp_path / "out")]
-    plan = plan_json(opts)
+    plan = plan_json("--no-series", "--opts", *opts)
     capsys.readouterr()
-    assert train(opts) == 0
+    assert train_in_process(opts) == 0
     captured = capsys.readouterr()
     shown = captured.out + captured.err
     out = tmp_path / "out" / NAME
@@ -605,7 +558,7 @@ def test_config_error_exits_2_and_writes_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    rc = train(["ENV.OUTPUT.BASE_DIR", str(tmp_path / "out"), "TRAIN.EPOCHS", "0"])
+    rc = train_in_process(["ENV.OUTPUT.BASE_DIR", str(tmp_path / "out"), "TRAIN.EPOCHS", "0"])
     assert rc == 2
     assert "TRAIN.EPOCHS" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
@@ -617,12 +570,12 @@ def test_rerunning_a_finished_run_does_nothing_and_exits_0(
 ) -> None:
     """Schedulers requeue jobs: the command of a completed run, run again, changes nothing."""
     opts = ["ENV.OUTPUT.BASE_DIR", str(tmp_path / "out"), "TRAIN.EPOCHS", "1", "DATA.BATCH_SIZE", "256"]
-    assert train(opts) == 0
+    assert train_in_process(opts) == 0
     out = tmp_path / "out" / NAME
     assert read_summary(out)["status"] == "completed"
     before = {p: p.read_bytes() for p in files_under(tmp_path)}
     capsys.readouterr()
-    assert train(opts) == 0
+    assert train_in_process(opts) == 0
     said = capsys.readouterr().out
     assert f"{out} already holds a run completed at step" in said, said
     assert "nothing to do" in said, said
@@ -648,7 +601,7 @@ def test_interrupted_output_dir_is_refused_without_auto_resume(
     (out / "metrics.jsonl").write_text('{"global_step": 5, "train/loss": 1.0}\n', encoding="utf-8")
     before = {p: p.read_bytes() for p in files_under(tmp_path)}
     opts = ["ENV.OUTPUT.BASE_DIR", str(tmp_path / "out"), "TRAIN.EPOCHS", "1", "DATA.BATCH_SIZE", "256"]
-    rc = train([*opts, "TRAIN.AUTO_RESUME", "false"])
+    rc = train_in_process([*opts, "TRAIN.AUTO_RESUME", "false"])
     assert rc == 2
     assert "TRAIN.AUTO_RESUME" in capsys.readouterr().err
     assert {p: p.read_bytes() for p in files_under(tmp_path) if p.name != ".lock"} == before
@@ -661,7 +614,9 @@ def test_run_killed_before_its_first_checkpoint_starts_over(tmp_path: Path) -> N
     out = tmp_path / "out" / NAME
     out.mkdir(parents=True)
     (out / "metrics.jsonl").write_text('{"global_step": 5, "train/loss": 123.0}\n', encoding="utf-8")
-    rc = train(["ENV.OUTPUT.BASE_DIR", str(tmp_path / "out"), "TRAIN.EPOCHS", "1", "DATA.BATCH_SIZE", "256"])
+    rc = train_in_process(
+        ["ENV.OUTPUT.BASE_DIR", str(tmp_path / "out"), "TRAIN.EPOCHS", "1", "DATA.BATCH_SIZE", "256"]
+    )
     assert rc == 0
     records = read_metrics(out)
     assert all(r.get("train/loss") != 123.0 for r in records)
@@ -673,7 +628,7 @@ def test_overwrite_starts_a_finished_run_again_from_scratch(tmp_path: Path) -> N
     """``--overwrite`` is the explicit way to reuse a directory: the old run's files are removed,
     so metrics.jsonl and the checkpoints are the new run's alone."""
     opts = ["ENV.OUTPUT.BASE_DIR", str(tmp_path / "out"), "TRAIN.EPOCHS", "1", "DATA.BATCH_SIZE", "256"]
-    assert train(opts) == 0
+    assert train_in_process(opts) == 0
     out = tmp_path / "out" / NAME
     (out / "checkpoints" / "step_00009999").mkdir()  # something only the old run could have left
     reset_accelerate()
@@ -697,7 +652,7 @@ def test_bf16_autocast_through_accelerate_on_cpu_and_run_info(
     the git commit of the working directory."""
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
     opts = ["ENV.OUTPUT.BASE_DIR", str(tmp_path / "out"), "TRAIN.EPOCHS", "2", "DATA.BATCH_SIZE", "128"]
-    assert train(opts) == 0
+    assert train_in_process(opts) == 0
     out = tmp_path / "out" / NAME
     summary = read_summary(out)
     assert summary["status"] == "completed"

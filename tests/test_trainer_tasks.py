@@ -20,10 +20,13 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import REPO, reset_accelerate
+from helpers.configs import REPO
+from helpers.datasets import Sequences
+from helpers.in_process import reset_accelerate
+from helpers.runs import read_metrics, read_summary
 from safetensors.torch import load_file
 from torch import Tensor, nn
-from torch.utils.data import Dataset, IterableDataset, TensorDataset
+from torch.utils.data import IterableDataset, TensorDataset
 
 from linnaeus_accel import Trainer, load_config
 from linnaeus_accel.cli import main
@@ -32,14 +35,6 @@ from linnaeus_accel.data.packing import PackedTokens
 from linnaeus_accel.tasks import STANDARD_PASS, Direction, Task, ValidationPass
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
-
-
-def records(out: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-
-
-def summary(out: Path) -> dict[str, Any]:
-    return json.loads((out / "summary.json").read_text())  # type: ignore[no-any-return]
 
 
 # -- causal_lm ---------------------------------------------------------------------------------
@@ -55,21 +50,6 @@ class CausalBag(nn.Module):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         return self.out(torch.tanh(self.embed(input_ids).cumsum(1)))
-
-
-class Sequences(Dataset[dict[str, Tensor]]):
-    """Sequences of 2 to 19 tokens (ids 1..15; 0 pads)."""
-
-    def __init__(self, n: int, seed: int) -> None:
-        gen = torch.Generator().manual_seed(seed)
-        lengths = torch.randint(2, 20, (n,), generator=gen)
-        self.items = [torch.randint(1, 16, (int(length),), generator=gen) for length in lengths]
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __getitem__(self, i: int) -> dict[str, Tensor]:
-        return {"input_ids": self.items[i]}
 
 
 def pad(items: list[dict[str, Tensor]]) -> dict[str, Tensor]:
@@ -112,7 +92,7 @@ def test_accumulated_padded_micro_batches_weigh_like_one_batch(tmp_path: Path) -
     counts = [len(data.items[i]) - 1 for i in range(60)]
     assert len(set(counts)) > 5
 
-    a, b = records(split), records(whole)
+    a, b = read_metrics(split), read_metrics(whole)
     ta, tb = [r for r in a if "train/loss" in r], [r for r in b if "train/loss" in r]
     assert [r["global_step"] for r in ta] == [r["global_step"] for r in tb] == list(range(1, 17))
     for ra, rb in zip(ta, tb, strict=True):
@@ -124,7 +104,7 @@ def test_accumulated_padded_micro_batches_weigh_like_one_batch(tmp_path: Path) -
     )
     assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) < 1e-5
     # tokens_seen: every target token (every token after a sequence's first), once per epoch.
-    assert summary(split)["tokens_seen"] == summary(whole)["tokens_seen"] == 2 * sum(counts)
+    assert read_summary(split)["tokens_seen"] == read_summary(whole)["tokens_seen"] == 2 * sum(counts)
     va = [r for r in a if "val/loss" in r]
     assert va[-1]["val/perplexity"] == pytest.approx(torch.tensor(va[-1]["val/loss"]).exp().item())
 
@@ -149,7 +129,7 @@ def test_target_tokens_stops_where_plan_says_mid_epoch(tmp_path: Path) -> None:
     out = tmp_path / "tokens"
     assert result["status"] == "completed"
     assert (result["global_step"], result["tokens_seen"]) == (25, target)
-    validated = [r["global_step"] for r in records(out) if "val/loss" in r]
+    validated = [r["global_step"] for r in read_metrics(out) if "val/loss" in r]
     assert validated == [10, 20, 25]  # each epoch's boundary, and the final one where the target is reached
     checkpoints = sorted(p.name for p in (out / "checkpoints").glob("step_*"))
     assert checkpoints == ["step_00000010", "step_00000020", "step_00000025"]
@@ -168,13 +148,13 @@ def test_throughput_and_mfu_are_counted_in_tokens(tmp_path: Path) -> None:
     torch.manual_seed(0)
     model = CausalBag()
     Trainer(config, model, Sequences(60, 1), Sequences(20, 2), collate_fn=pad).fit()
-    logged = [r for r in records(tmp_path / "mfu") if "train/loss" in r]
+    logged = [r for r in read_metrics(tmp_path / "mfu") if "train/loss" in r]
     flops_per_token = 6 * sum(p.numel() for p in model.parameters())  # causal_lm's default estimate
     for record in logged:
         assert record["perf/tokens_per_s"] > record["perf/samples_per_s"] > 0
         assert record["perf/mfu"] == pytest.approx(record["perf/tokens_per_s"] * flops_per_token / peak)
     # tokens_seen grows by the tokens of each logged step.
-    assert logged[-1]["tokens_seen"] == summary(tmp_path / "mfu")["tokens_seen"]
+    assert logged[-1]["tokens_seen"] == read_summary(tmp_path / "mfu")["tokens_seen"]
 
 
 # -- classification ----------------------------------------------------------------------------
@@ -187,11 +167,11 @@ def test_classification_convnet_learns_digits_above_90_percent(tmp_path: Path) -
         == 0
     )
     out = tmp_path / "digits_classification"
-    result = summary(out)
+    result = read_summary(out)
     assert result["status"] == "completed"
     assert result["last_validation"]["val/acc"] > 0.9
     assert result["last_validation"]["val/acc_top5"] >= result["last_validation"]["val/acc"]
-    accuracies = {r["global_step"]: r["val/acc"] for r in records(out) if "val/acc" in r}
+    accuracies = {r["global_step"]: r["val/acc"] for r in read_metrics(out) if "val/acc" in r}
     best = max(accuracies, key=lambda step: (accuracies[step], -step))
     # Ranked by accuracy, higher is better (the task's direction, not a name containing "loss").
     assert result["best_metric"] == {"name": "val/acc", "value": accuracies[best], "step": best}
@@ -250,7 +230,7 @@ def test_a_task_of_ones_own_trains_and_stops_on_its_metric(tmp_path: Path) -> No
     )
     assert trainer.early_stopping.mode == "min"
     result = trainer.fit()
-    maes = [r["val/mae"] for r in records(tmp_path / "regression") if "val/mae" in r]
+    maes = [r["val/mae"] for r in read_metrics(tmp_path / "regression") if "val/mae" in r]
     assert maes[-1] < 0.5 * maes[0]
     assert result["best_metric"]["name"] == "val/mae"
     assert result["best_metric"]["value"] == min(maes)

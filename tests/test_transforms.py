@@ -410,7 +410,7 @@ def test_runs_on_the_digits_batch_format() -> None:
     assert torch.equal(out["labels"], batch["labels"])
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.gpu
 def test_cuda_matches_cpu_without_synchronising() -> None:
     batch = make_batch()
     cuda = {k: ({c: x.cuda() for c, x in v.items()} if k == "meta" else v.cuda()) for k, v in batch.items()}

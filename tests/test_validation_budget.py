@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import DEFAULT_CONFIG, reset_accelerate, run_cli
+from accelerate.utils import set_seed
+from helpers.configs import DEFAULT_CONFIG
+from helpers.in_process import reset_accelerate, run_cli
 from torch.utils.data import Dataset, IterableDataset
 
 from linnaeus_accel.config import Config, load_config
@@ -73,7 +75,7 @@ class Reversed(EpochOrderSampler):
         return iter(range(self.size - 1 - start, -1, -1))
 
 
-def make_config(tmp_path: Path, *opts: str) -> Config:
+def budget_config(tmp_path: Path, *opts: str) -> Config:
     return load_config(DEFAULT_CONFIG, [*FAST, "ENV.OUTPUT.BASE_DIR", str(tmp_path), *opts])
 
 
@@ -82,6 +84,7 @@ def train(config: Config, wrap: Any = Recorded, resume: bool = False) -> tuple[d
     reset_accelerate()
     data, val = build_dataset(config, "train"), build_dataset(config, "val")
     recorded = wrap(val)
+    set_seed(config.EXPERIMENT.SEED)  # as the command line does: the same initial weights in every run
     trainer = Trainer(config, build_model(config, data), data, recorded)
     try:
         return trainer.fit(overwrite=not resume), recorded
@@ -121,7 +124,7 @@ def test_the_subset_is_fixed_seeded_and_nested() -> None:
 
 
 def test_validations_read_the_same_budget_and_the_final_one_the_whole_split(tmp_path: Path) -> None:
-    config = make_config(tmp_path / "a", "TRAIN.EPOCHS", "3")
+    config = budget_config(tmp_path / "a", "TRAIN.EPOCHS", "3")
     result, recorded = train(config)
     assert result["status"] == "completed"
     one, two, final = passes(recorded.seen, [BUDGET, BUDGET, N_VAL])
@@ -133,13 +136,13 @@ def test_validations_read_the_same_budget_and_the_final_one_the_whole_split(tmp_
     # Another run with the seed: the same subset (WHOLE_SPLIT false: the final validation too).
     # Another seed's subset: test_the_subset_is_fixed_seeded_and_nested, without a run.
     subset_only = ("TRAIN.EPOCHS", "1", "SCHEDULE.VALIDATION.FINAL_EPOCH.WHOLE_SPLIT", "false")
-    same, recorded = train(make_config(tmp_path / "b", *subset_only))
+    same, recorded = train(budget_config(tmp_path / "b", *subset_only))
     assert same["status"] == "completed"
     assert recorded.seen == one
 
 
 def test_a_stream_reads_its_first_max_batches_per_pass(tmp_path: Path) -> None:
-    result, recorded = train(make_config(tmp_path, "TRAIN.EPOCHS", "2"), wrap=RecordedStream)
+    result, recorded = train(budget_config(tmp_path, "TRAIN.EPOCHS", "2"), wrap=RecordedStream)
     assert result["status"] == "completed"
     first, final = recorded.passes
     # The stream is read in order: a pass stops after its first MAX_BATCHES batches (no DataLoader
@@ -158,8 +161,8 @@ def test_a_run_killed_during_a_budgeted_validation_resumes_to_the_same_outputs(
         "SCHEDULE.VALIDATION.MASK_META_INTERVAL_EPOCHS", "1",
         "SCHEDULE.CHECKPOINT.INTERVAL_EPOCHS", "1",
     )  # fmt: skip
-    reference, _ = train(make_config(tmp_path / "ref", *opts))
-    config = make_config(tmp_path / "run", *opts)
+    reference, _ = train(budget_config(tmp_path / "ref", *opts))
+    config = budget_config(tmp_path / "run", *opts)
     monkeypatch.setattr(faults, "_ARMED", {"validation_pass": (1, faults._raise)})
     monkeypatch.setattr(faults, "_seen", faults.Counter())
     with pytest.raises(RuntimeError, match="fault point"):

@@ -1,0 +1,78 @@
+"""Running the package inside the test's own process: the command line, and Accelerate's
+process-wide state, forgotten between runs."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from typing import Any
+
+from helpers.configs import CFG
+
+
+def run_cli(*args: str) -> tuple[int, str, str]:
+    """Run ``linnaeus-accel ARGS`` in-process; (exit status, stdout, stderr).
+
+    Works inside hypothesis tests too (no function-scoped fixture needed)."""
+    from linnaeus_accel.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = main(list(args))
+        except SystemExit as exc:  # argparse usage errors
+            rc = exc.code if isinstance(exc.code, int) else 1
+    return rc, out.getvalue(), err.getvalue()
+
+
+def reset_accelerate() -> None:
+    """Forget Accelerate's process-wide state, so that the next Accelerator starts fresh."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+
+
+def train_in_process(opts: list[str], cfg: str = CFG) -> int:
+    """``linnaeus-accel train --cfg CFG --opts OPTS`` in this process, Accelerate's state forgotten
+    before and after; the exit status. Its console goes where the test's does (capsys reads it)."""
+    from linnaeus_accel.cli import main
+
+    reset_accelerate()
+    try:
+        return main(["train", "--cfg", cfg, "--opts", *opts])
+    finally:
+        reset_accelerate()
+
+
+def plan_json(*args: str, cfg: str = CFG) -> dict[str, Any]:
+    """What ``linnaeus-accel plan --cfg CFG --json ARGS`` says: one JSON object on one line."""
+    rc, out, err = run_cli("plan", "--cfg", cfg, "--json", *args)
+    assert rc == 0, err
+    assert out.endswith("\n")
+    assert out.count("\n") == 1, "the JSON must be one object on one line"
+    data = json.loads(out)
+    assert isinstance(data, dict)
+    return data
+
+
+def plan_text(*args: str, cfg: str = CFG) -> str:
+    """What ``linnaeus-accel plan --cfg CFG ARGS`` prints."""
+    rc, out, err = run_cli("plan", "--cfg", cfg, *args)
+    assert rc == 0, err
+    return out
+
+
+def timeline_rows(text: str) -> dict[str, str]:
+    """Of ``plan``'s text: timeline row label -> the cells between the outer bars (the epochs row
+    uses '|' as its mark)."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("Timeline"))
+    rows: dict[str, str] = {}
+    for line in lines[start + 1 :]:
+        if not line.startswith("  ") or "|" not in line:
+            break
+        first, last = line.index("|"), line.rindex("|")
+        rows[line[:first].strip()] = line[first + 1 : last]
+    return rows
