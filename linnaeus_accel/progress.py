@@ -1,9 +1,9 @@
-"""``TrainingProgress``: the single source of truth for where a run is (SPEC §6).
+"""``TrainingProgress``: the single source of truth for where a run is (docs/semantics.md §6).
 
-``epoch`` counts *completed* epochs (SPEC §5 numbers boundaries 1..EPOCHS by completed epochs);
+``epoch`` counts *completed* epochs (docs/semantics.md §5 numbers boundaries 1..EPOCHS by completed epochs);
 the epoch being trained is ``epoch + 1``. ``global_step`` counts optimizer updates, never
 micro-batches nor processes; ``samples_seen`` counts samples over all processes, each once (not
-even-batch repeats); ``tokens_seen`` counts target tokens the same way (SPEC §11).
+even-batch repeats); ``tokens_seen`` counts target tokens the same way (docs/semantics.md §1).
 
 Its state is versioned plain data (JSON) so that a checkpoint never needs unpickling; its format
 is ``ProgressState``, which a checkpoint's ``trainer_state.json`` is verified against before a

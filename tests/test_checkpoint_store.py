@@ -763,7 +763,7 @@ def test_retention_rejects_nonsense() -> None:
 def reference_rule(
     checkpoints: list[tuple[int, float | None]], keep_top: int, keep_last: int, mode: str, protect: set[int]
 ) -> set[int]:
-    """SPEC §6 written independently of the implementation: ranks by counting who beats whom."""
+    """docs/semantics.md §6 written independently of the implementation: ranks by counting who beats whom."""
     steps = {s for s, _ in checkpoints}
     if not steps or keep_top == keep_last == 0:
         return steps

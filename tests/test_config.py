@@ -1,4 +1,4 @@
-"""Config loading and validation as a user meets it (SPEC §2 and the rules in ``linnaeus_accel.config``).
+"""Config loading and validation as a user meets it (docs/semantics.md §2 and the rules in ``linnaeus_accel.config``).
 
 Every rule has a table row: the config given, and the keys the error must name (with their full
 dotted path). Then: every problem of a config is reported in one ``ConfigError``; YAML files with
@@ -113,13 +113,17 @@ def two_units(stem: str, unit_a: str, unit_b: str) -> tuple[dict[str, Any], list
 
 
 # ---------------------------------------------------------------------------------------------
-# exactly one unit per timed parameter (SPEC §2): the error names both keys
+# exactly one unit per timed parameter (docs/semantics.md §2): the error names both keys
 
 
 @pytest.mark.parametrize(
     ("stem", "unit_a", "unit_b"),
     [
-        ("LR_SCHEDULER.WARMUP", "STEPS", "FRACTION"),  # SPEC example: WARMUP_STEPS 30 + WARMUP_FRACTION
+        (
+            "LR_SCHEDULER.WARMUP",
+            "STEPS",
+            "FRACTION",
+        ),  # two units of one parameter: WARMUP_STEPS 30 + WARMUP_FRACTION
         ("LR_SCHEDULER.WARMUP", "FRACTION", "EPOCHS"),  # warmup: fraction and epochs
         ("LR_SCHEDULER.DECAY", "STEPS", "EPOCHS"),  # step-decay period in two units
         ("LR_SCHEDULER.DECAY", "FRACTION", "STEPS"),  # step-decay period, fraction and steps
@@ -219,7 +223,7 @@ PROBABILITY_KEYS = [
 @pytest.mark.parametrize(
     "value",
     [
-        1.5,  # SPEC example: above 1
+        1.5,  # a fraction above 1
         -0.1,  # below 0
         1.0001,  # just above 1
         float("nan"),  # YAML .nan
@@ -442,13 +446,13 @@ def test_section_rule_satisfied_is_accepted(data: dict[str, Any]) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# GradNorm: UPDATE_INTERVAL < accumulation is an error, only when GradNorm is on (SPEC §8)
+# GradNorm: UPDATE_INTERVAL < accumulation is an error, only when GradNorm is on (docs/design.md §5)
 
 
 @pytest.mark.parametrize(
     ("enabled", "interval", "accumulation", "is_error"),
     [
-        (True, 2, 4, True),  # SPEC example: interval 2, accumulation 4
+        (True, 2, 4, True),  # an update interval below the accumulation: interval 2, accumulation 4
         (True, 1, 2, True),  # interval 1 is too short as soon as accumulation > 1
         (False, 2, 4, False),  # GradNorm off: the interval does not matter
         (True, 4, 4, False),  # equal is fine

@@ -1,4 +1,4 @@
-"""Data at scale, end to end, as a user runs it (``linnaeus-accel train`` subprocesses; SPEC §12):
+"""Data at scale, end to end, as a user runs it (``linnaeus-accel train`` subprocesses; docs/semantics.md §7):
 
 - a weighted mixture of two ``token_files`` corpora: the share of each source in the trained steps
   follows the weights (far inside a binomial tolerance: the interleave is deterministic) and is the

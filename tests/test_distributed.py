@@ -4,7 +4,7 @@
   (same per-process batch, same effective batch, the default data that neither divides evenly,
   masking and mixup on) log the same global steps, LRs, losses and validation epochs and end with
   the same weights (within 1e-5; measured 2.4e-7).
-- Step and sample accounting under 2 processes (SPEC §1): the final ``global_step`` is `plan`'s
+- Step and sample accounting under 2 processes (docs/semantics.md §1): the final ``global_step`` is `plan`'s
   ``total_steps``, each sample is counted once (Accelerate's even-batch padding is not), and only
   the main process writes metrics.jsonl.
 - `torchrun` works when Accelerate is told to stay on the CPU (``ACCELERATE_USE_CPU``).

@@ -1,4 +1,4 @@
-"""Early stopping (SPEC §7): improvement by MIN_DELTA, patience in global steps, hard limits, state."""
+"""Early stopping (docs/semantics.md §5): improvement by MIN_DELTA, patience in global steps, hard limits, state."""
 
 from __future__ import annotations
 

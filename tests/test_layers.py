@@ -1,4 +1,4 @@
-"""The package reads bottom-up (DESIGN's layers): a module imports only its own layer and those
+"""The package reads bottom-up (docs/design.md §1): a module imports only its own layer and those
 below it, and the lower layers never import torch or Accelerate. Read from the source with ``ast``,
 every import counted (also those inside functions and under ``TYPE_CHECKING``): a lazy import
 upwards is still a dependency upwards.
@@ -78,7 +78,9 @@ def sources() -> list[Path]:
 
 def test_every_module_has_a_layer() -> None:
     tops = {path.relative_to(PACKAGE).parts[0].removesuffix(".py") for path in sources()}
-    assert tops <= set(LAYERS), f"give these a layer in LAYERS and DESIGN: {sorted(tops - set(LAYERS))}"
+    assert tops <= set(LAYERS), (
+        f"give these a layer in LAYERS and docs/design.md: {sorted(tops - set(LAYERS))}"
+    )
 
 
 def upward_imports(path: Path, root: Path = PACKAGE) -> list[str]:

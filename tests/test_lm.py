@@ -1,5 +1,5 @@
 """Language-model runs killed and resumed, as real ``linnaeus-accel train`` subprocesses on
-``configs/lm_tiny.yaml`` with a smaller model (SPEC §6, §11):
+``configs/lm_tiny.yaml`` with a smaller model (docs/semantics.md §6, §1):
 
 - on 2 CPU processes, killed with SIGKILL at seeded random moments (first the launcher's process
   group alone, as a user's ``kill -9`` or a job script does: the workers, in sessions of their own,

@@ -1,4 +1,4 @@
-"""Learning-rate curves as pure functions of the global step (SPEC §3), via resolve_plan."""
+"""Learning-rate curves as pure functions of the global step (docs/semantics.md §3), via resolve_plan."""
 
 from __future__ import annotations
 
@@ -117,7 +117,7 @@ def test_wsd_stable_phase_is_exactly_base_lr(keys: dict[str, Any]) -> None:
 )
 @pytest.mark.parametrize("decay_type", ["linear", "cosine"])
 def test_wsd_decay_ends_exactly_at_min_lr(decay_type: str, base_lr: float, min_lr: float) -> None:
-    # SPEC §3: the last decay step (q = 1) is MIN_LR, exactly: not an ulp below the floor
+    # docs/semantics.md §3: the last decay step (q = 1) is MIN_LR, exactly: not an ulp below the floor
     # (which would also trip TRAIN.EARLY_STOP.MIN_LR set to the same value).
     plan = example_plan(
         "wsd", **{**WSD_LINEAR, "DECAY_TYPE": decay_type, "BASE_LR": base_lr, "MIN_LR": min_lr}

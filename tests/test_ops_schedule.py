@@ -1,4 +1,4 @@
-"""OpsSchedule: epoch-boundary events (SPEC §5), probability ramps (SPEC §4), GradNorm (SPEC §8)
+"""OpsSchedule: epoch-boundary events (docs/semantics.md §5), probability ramps (docs/semantics.md §4), GradNorm (docs/design.md §5)
 and logging intervals, answered from a resolved plan."""
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def checkpoint(**keys: Any) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Events at epoch boundaries (SPEC §5)
+# Events at epoch boundaries (docs/semantics.md §5)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -249,7 +249,7 @@ def test_pass_names_of_exhaustive_validation_are_distinct() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Probability ramps (SPEC §4), T = 100 batches x 10 epochs = 1000
+# Probability ramps (docs/semantics.md §4), T = 100 batches x 10 epochs = 1000
 # ---------------------------------------------------------------------------------------------
 
 META_MASK = {
@@ -441,7 +441,7 @@ def test_ramp_is_in_optimizer_steps(world: int, accum: int, k: int, prob: float)
 
 
 # ---------------------------------------------------------------------------------------------
-# GradNorm (SPEC §8)
+# GradNorm (docs/design.md §5)
 # ---------------------------------------------------------------------------------------------
 
 GRADNORM = {

@@ -364,7 +364,7 @@ def test_event_epochs_found_by_arithmetic_match_asking_every_epoch(
 
 
 # ---------------------------------------------------------------------------------------------
-# Property: plan's total_steps is SPEC §1's formula
+# Property: plan's total_steps is docs/semantics.md §1's formula
 # ---------------------------------------------------------------------------------------------
 
 
@@ -613,7 +613,7 @@ def test_errors_exit_2_naming_the_key(args: list[str], key: str) -> None:
 
 def test_one_step_run_plans() -> None:
     # 100 samples / batch 32 = 4 batches, accumulation 4 -> 1 optimizer step, 1 epoch: T = 1.
-    # SPEC §2 resolves the default config's partial window (START_FRACTION 0.1, END_FRACTION 0.9)
+    # docs/semantics.md §2 resolves the default config's partial window (START_FRACTION 0.1, END_FRACTION 0.9)
     # to max(1, round(0.1)) = 1 and max(1, round(0.9)) = 1: an empty window, i.e. partial masking
     # simply never active in this run. The config itself is valid (0.1 < 0.9), and other
     # degenerate short runs (warmup covering the whole run) are warnings, so plan must not refuse.

@@ -1,4 +1,4 @@
-"""TrainingProgress (SPEC §6) and TrainingConsistencyChecker (SPEC §1)."""
+"""TrainingProgress (docs/semantics.md §6) and TrainingConsistencyChecker (docs/semantics.md §1)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Step accounting (SPEC §1) and resolving steps / fractions / epochs into global steps (SPEC §2)."""
+"""Step accounting (docs/semantics.md §1) and resolving steps / fractions / epochs into global steps (docs/semantics.md §2)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def ceil_div(a: int, b: int) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
-# SPEC §1: step accounting
+# docs/semantics.md §1: step accounting
 # ---------------------------------------------------------------------------------------------
 
 
@@ -124,7 +124,7 @@ def test_effective_batch_and_lr_scale(
 
 
 # ---------------------------------------------------------------------------------------------
-# SPEC §2: resolution of fractions and epochs
+# docs/semantics.md §2: resolution of fractions and epochs
 # ---------------------------------------------------------------------------------------------
 
 

@@ -1,4 +1,4 @@
-"""Crash and resume, end to end (SPEC §5-6): real ``python -m linnaeus_accel train``
+"""Crash and resume, end to end (docs/semantics.md §5-6): real ``python -m linnaeus_accel train``
 subprocesses are killed at chosen moments and rerun with the same command; the resumed run must end
 exactly where an uninterrupted run ends.
 

@@ -1,4 +1,4 @@
-"""How long a run is (SPEC §12): exactly one of ``TRAIN.EPOCHS``, ``TRAIN.STEPS`` and
+"""How long a run is (docs/semantics.md §7): exactly one of ``TRAIN.EPOCHS``, ``TRAIN.STEPS`` and
 ``TRAIN.TARGET_TOKENS``; with STEPS, ``T = STEPS`` and epochs end where the data ends, the last one
 possibly partial; a stream without ``__len__`` has epochs of unknown length (its ``*_EPOCHS`` keys
 are errors naming them, fractions resolve against ``T``, and ``plan`` says what it cannot know).

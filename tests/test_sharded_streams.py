@@ -1,4 +1,4 @@
-"""Streams that split themselves (``data/sharded.py``, SPEC §12): every shard read by exactly one
+"""Streams that split themselves (``data/sharded.py``, docs/semantics.md §7): every shard read by exactly one
 reader (process x DataLoader worker) per pass, counted rather than assumed; the order a pure
 function of (seed, epoch, shards, layout); a resume continuing each reader where it was (in O(1)
 through the shard's own state, else by skipping inside one shard); another layout refused inside a

@@ -1,4 +1,4 @@
-"""``TRAIN.TARGET_TOKENS`` (SPEC §11): a run measured in target tokens, resolved once to
+"""``TRAIN.TARGET_TOKENS`` (docs/semantics.md §1): a run measured in target tokens, resolved once to
 ``T = ceil(TARGET_TOKENS / tokens per global step)``; its last epoch may be partial, and its last
 boundary (final checkpoint and validation) is at ``T``. Then: every configuration that would make
 global steps hold different numbers of tokens is a config error naming the key; the events, the

@@ -1,4 +1,4 @@
-"""The built-in tasks on single micro-batches (DESIGN: task tests run a micro-batch).
+"""The built-in tasks on single micro-batches (a task is tested on a micro-batch, without a run).
 
 Each task's summed losses and unit counts against hand computations; even-batch repeats (rows
 outside ``real``) weigh nothing anywhere; validation sums turn into the documented metrics; the

@@ -1,4 +1,4 @@
-"""Metadata masking and in-group mixup (SPEC §4): rates, keying by sample, no host sync."""
+"""Metadata masking and in-group mixup (docs/semantics.md §4): rates, keying by sample, no host sync."""
 
 from __future__ import annotations
 

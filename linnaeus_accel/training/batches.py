@@ -113,7 +113,7 @@ class BatchSource:
 
     def windows(self, start: int, accumulation: int) -> Iterator[list[MicroBatch]]:
         """The training batches from batch ``start`` on, grouped into optimizer steps; the epoch's
-        last group may be shorter (SPEC §1: a trailing partial window is one optimizer step). The
+        last group may be shorter (docs/semantics.md §1: a trailing partial window is one optimizer step). The
         time spent waiting for batches is added up in ``data_wait``. One generator, the real rows
         looked up only where repeats can be: this runs once per micro-batch."""
         if self.unsized is not None:

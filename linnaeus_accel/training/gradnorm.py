@@ -1,4 +1,4 @@
-"""GradNorm task weighting of a task's loss components (SPEC §8).
+"""GradNorm task weighting of a task's loss components (docs/design.md §5).
 
 ``GradNorm`` (Chen et al. 2018) moves the per-component weights so that each component's weighted
 gradient norm on the shared parameters tracks the mean norm scaled by that component's relative

@@ -174,7 +174,7 @@ def committed(run_dir: Path) -> list[str]:
 
 
 def assert_same_run(result: Result, reference: Result) -> None:
-    """The resumed run ended exactly where the uninterrupted one did (SPEC §6, §10)."""
+    """The resumed run ended exactly where the uninterrupted one did (docs/semantics.md §6 and docs/design.md §4)."""
     result.check_ok()
     final, ref_final = (
         result.dir / "final" / "model.safetensors",
