@@ -15,7 +15,6 @@ from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list
 from torch import nn
 
-from ..config import Config
 from ..process.faults import fault_point
 from ..process.preemption import PreemptionWatch
 from ..progress import TrainingProgress
@@ -34,7 +33,7 @@ class Boundaries:
     def __init__(
         self,
         accelerator: Accelerator,
-        config: Config,
+        ranking_metric: str,
         model: nn.Module,
         task: Task,
         ops: OpsSchedule,
@@ -48,7 +47,8 @@ class Boundaries:
         on_validation_end: Callable[[int, dict[str, float]], None],
         out: RunOutputs,
     ) -> None:
-        self.accelerator, self.config, self.model, self.task, self.ops = accelerator, config, model, task, ops
+        self.accelerator, self.model, self.task, self.ops = accelerator, model, task, ops
+        self.ranking_metric = ranking_metric  # what ranks checkpoints and is the best metric
         self.progress, self.val_batches, self.checkpoints = progress, val_batches, checkpoints
         self.writer, self.reader = checkpoints.writer, checkpoints.reader
         self.preemption, self.early_stopping, self.meter = preemption, early_stopping, meter
@@ -232,7 +232,7 @@ class Boundaries:
 
     def _early_stop(self, results: dict[str, float]) -> StopDecision | None:
         es = self.early_stopping
-        ranking = self.config.ranking_metric
+        ranking = self.ranking_metric
         if ranking in results:
             self.progress.update_best(ranking, results[ranking], self.ranking_mode)
         step = self.progress.global_step

@@ -180,11 +180,11 @@ def build_run(
     out = run_outputs(acc, config, plan.total_steps)  # writes nothing before the run is claimed
     preemption = PreemptionWatch(acc, timeout_s=config.ENV.DIST_TIMEOUT_S)
     boundaries = Boundaries(
-        acc, config, model, task, ops, progress, val_batches, checkpoints, preemption, early_stopping, meter,
+        acc, config.ranking_metric, model, task, ops, progress, val_batches, checkpoints, preemption, early_stopping, meter,
         ranking_mode, on_validation_end=callback_list.validation_end, out=out,
     )  # fmt: skip
     end = RunEnd(
-        acc, config, plan, model, progress, checkpoints.writer, nonfinite, meter.take_tokens, out,
+        acc, config.output_dir, config.ENV.DIST_TIMEOUT_S, plan, model, progress, checkpoints.writer, nonfinite, meter.take_tokens, out,
         train_data=train.dataset, last_validation=lambda: boundaries.last_validation,
     )  # fmt: skip
     return RunParts(

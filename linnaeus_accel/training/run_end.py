@@ -11,12 +11,12 @@ from __future__ import annotations
 import contextlib
 import shutil
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from accelerate import Accelerator
 from torch import nn
 
-from ..config import Config
 from ..data.token_format import TokenOutOfVocab
 from ..process.failures import (
     OutputWriteError,
@@ -40,7 +40,8 @@ class RunEnd:
     def __init__(
         self,
         accelerator: Accelerator,
-        config: Config,
+        output_dir: Path,
+        dist_timeout_s: float,
         plan: ResolvedPlan,
         model: nn.Module,
         progress: TrainingProgress,
@@ -51,7 +52,8 @@ class RunEnd:
         train_data: Any = None,
         last_validation: Callable[[], dict[str, float]] = dict,
     ) -> None:
-        self.accelerator, self.config, self.plan, self.model = accelerator, config, plan, model
+        self.accelerator, self.plan, self.model = accelerator, plan, model
+        self.output_dir, self.dist_timeout_s = output_dir, dist_timeout_s  # ENV.DIST_TIMEOUT_S
         self.progress, self.writer, self.nonfinite, self.take_tokens = (
             progress,
             writer,
@@ -104,7 +106,7 @@ class RunEnd:
     def _save_final(self) -> None:
         """``final/`` (collective); one that could not be written whole is removed, and every
         process stops together."""
-        acc, final = self.accelerator, self.config.output_dir / "final"
+        acc, final = self.accelerator, self.output_dir / "final"
         failure = attempt_write(lambda: save_final(acc, self.model, final, self.tokenizer), final)
         if failure is not None and acc.is_main_process:
             shutil.rmtree(final, ignore_errors=True)
@@ -126,7 +128,7 @@ class RunEnd:
         if self.accelerator.is_local_main_process:
             status = str(finished["status"]).replace("_", " ")
             print(
-                f"{self.config.output_dir} already holds a run {status} at step {finished['global_step']}: "
+                f"{self.output_dir} already holds a run {status} at step {finished['global_step']}: "
                 "nothing to do (pass overwrite=True / --overwrite to train it again from scratch, or choose "
                 "another EXPERIMENT.NAME)",
                 flush=True,
@@ -165,7 +167,7 @@ class RunEnd:
         fault and the error says it all; else None (the exception itself goes on: a bug's
         traceback is what its author needs)."""
         stop_if_launcher_gone()  # a peer's error once the launcher was killed: a kill, not a failure
-        timed_out = collective_timeout(exc, self.config.ENV.DIST_TIMEOUT_S)
+        timed_out = collective_timeout(exc, self.dist_timeout_s)
         written = self._write_failure(exc)
         said_in_full = isinstance(exc, TokenOutOfVocab)
         own = timed_out or written or (str(exc) if said_in_full else f"{type(exc).__name__}: {exc}")
@@ -181,7 +183,7 @@ class RunEnd:
         commits), once the background thread's write is finished or removed."""
         if isinstance(exc, OutputWriteError):
             words = str(exc)
-        elif (cause := disk_failure(exc, self.config.output_dir)) is not None:
+        elif (cause := disk_failure(exc, self.output_dir)) is not None:
             words = f"could not write a file: {cause}"
         else:
             return None
