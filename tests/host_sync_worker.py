@@ -1,13 +1,14 @@
 """Run under ``torchrun --standalone --nproc_per_node 2`` (CPU, gloo) by tests/test_host_sync.py: trains
-the default config for two epochs and prints, as one JSON line per process, the read-backs of tensor
-values to the host (``.item()`` and the like) made in the per-step path, outside the steps that read
-the device anyway (metric records, validation, boundaries)."""
+the default config for two epochs and writes, one JSON file per process (``readbacks_<rank>.json``),
+the read-backs of tensor values to the host (``.item()`` and the like) made in the per-step path,
+outside the steps that read the device anyway (metric records, validation, boundaries)."""
 
 from __future__ import annotations
 
 import json
 import os
 import sys
+from pathlib import Path
 
 import torch
 from helpers.host_sync import ReadBackRecorder, in_steps
@@ -35,7 +36,8 @@ def main() -> None:
         "example": found[0][:8] if found else None,
         "allowed": sum("flush" in s for s in recorder.calls),
     }
-    print("READBACKS " + json.dumps(report), flush=True)
+    # A file per process: their console lines interleave on the launcher's output.
+    (Path(output) / f"readbacks_{report['rank']}.json").write_text(json.dumps(report), encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -91,11 +91,7 @@ def test_two_processes_agree_on_preemption_without_reading_the_device_between_re
     ]  # fmt: skip
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    reports = [
-        json.loads(line.split(" ", 1)[1])
-        for line in done.stdout.splitlines()
-        if line.startswith("READBACKS ")
-    ]
+    reports = [json.loads(f.read_text()) for f in sorted(tmp_path.glob("readbacks_*.json"))]
     assert sorted(r["rank"] for r in reports) == [0, 1], done.stdout[-2000:]
     for report in reports:
         assert report["in_steps"] == 0, report
