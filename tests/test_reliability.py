@@ -179,6 +179,7 @@ def test_a_config_change_that_rewrites_the_past_is_refused_and_one_that_does_not
     run = TrainRun(tmp_path, [*SHORT, "SCHEDULE.CHECKPOINT.INTERVAL_EPOCHS", "1"])
     run.run(kill_at="optimizer_step:30").check_killed()
     before = committed(run.dir)
+    forced = run.clone(tmp_path / "forced")  # the same killed run, for --allow-config-change below
 
     run.opts += ["TRAIN.EPOCHS", "4"]
     refused = run.run()
@@ -196,9 +197,6 @@ def test_a_config_change_that_rewrites_the_past_is_refused_and_one_that_does_not
     )
     assert [r["global_step"] for r in read_metrics(run.dir) if is_train(r)] == [20, 30, 40, 50, 60, 69]
 
-    (tmp_path / "forced").mkdir()
-    forced = TrainRun(tmp_path / "forced", [*SHORT, "SCHEDULE.CHECKPOINT.INTERVAL_EPOCHS", "1"])
-    forced.run(kill_at="optimizer_step:30").check_killed()
     forced.opts += ["TRAIN.EPOCHS", "4"]
     done = forced.run(args=["--allow-config-change"]).check_ok()
     assert "applied: TRAIN.EPOCHS: 3 -> 4" in done.output, done.tail()
