@@ -141,7 +141,7 @@ def build_run(
     for source in (train_batches, val_batches):
         if source is not None and source.unsized is not None:
             source.unsized.template = batch  # what a process out of batches trains on, at zero weight
-    mode, ranking_mode = check_task(config, task, plan, model, batch, acc.device)
+    mode, ranking_mode = check_task(config, task, plan, model, batch, acc.device, ops)
     early_stopping = EarlyStopping(config.TRAIN.EARLY_STOP, plan.warmup_steps, mode)
     gradnorm = gradnorm_for(config, len(task.components))
     meter = meter_for(acc, config, task, model, plan.metrics_interval)

@@ -26,14 +26,20 @@ Mode = Literal["min", "max"]
 
 
 def check_task(
-    config: Config, task: Task, plan: ResolvedPlan, model: nn.Module, batch: Any, device: torch.device
+    config: Config,
+    task: Task,
+    plan: ResolvedPlan,
+    model: nn.Module,
+    batch: Any,
+    device: torch.device,
+    ops: OpsSchedule | None = None,
 ) -> tuple[Mode, Mode]:
     """Every problem at once as one ConfigError; else whether the early-stopping metric and the
-    checkpoint-ranking metric are better lower or higher."""
+    checkpoint-ranking metric are better lower or higher. ``ops``: the run's (default: one of ``plan``)."""
     early = config.TRAIN.EARLY_STOP
     ranking = config.SCHEDULE.CHECKPOINT.METRIC
     problems = task_problems(config, task, plan)
-    passes = validation_prefixes(task, plan)
+    passes = validation_prefixes(task, plan, ops)
     mode, problem = metric_mode(task, early.METRIC, "TRAIN.EARLY_STOP.METRIC", early.MODE, passes)
     # A metric matters when it stops the run or ranks the checkpoints (by default, the early-stop one).
     if problem is not None and (early.ACTIVE or ranking is None):
@@ -51,11 +57,11 @@ def check_task(
     return mode, ranking_mode
 
 
-def validation_prefixes(task: Task, plan: ResolvedPlan) -> set[str]:
+def validation_prefixes(task: Task, plan: ResolvedPlan, ops: OpsSchedule | None = None) -> set[str]:
     """The metric prefixes (``val``, ``val_mask_meta``, ...) of every validation pass this run makes:
     the passes due at the first epoch of each boundary event and at the final boundary (an early
     stop's included) cover every kind the schedule has."""
-    ops = OpsSchedule(plan)
+    ops = ops if ops is not None else OpsSchedule(plan)
     final = ops.final_point()
     prefixes = {p.prefix for p in task.validation_passes(ops.at(final), final.epoch, True)}
     if plan.epochs is not None and plan.known_epochs:
