@@ -58,6 +58,10 @@ class PreemptionWatch:
         if self._pending is not None and exc[0] is None:  # every process started it: all finish it
             self._pending[0].wait()
         self._pending = None
+        if self._group is not None and exc[0] is None:
+            # Its threads must not outlive the run (gloo's, left at exit, can abort the interpreter).
+            dist.destroy_process_group(self._group)
+            self._group = None
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.requested = True

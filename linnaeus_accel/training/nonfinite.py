@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from ..process.failures import RunFailed
 
@@ -37,6 +36,7 @@ def _local_part(parameter: torch.Tensor) -> torch.Tensor:
     """What this process holds of a parameter: its shard under FSDP2 (a DTensor), its partition
     under DeepSpeed ZeRO-3 (whose parameter itself is an empty placeholder), else all of it. The
     caller combines processes' answers, so every value is checked once."""
+    from torch.distributed.tensor import DTensor  # here: importing it costs ~0.5 s at every start
 
     if isinstance(parameter, DTensor):
         return parameter.to_local()
