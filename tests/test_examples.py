@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -124,27 +123,6 @@ def test_train_lm_example_on_two_processes_matches_one_process_accumulating_two(
     val1 = [r["val/loss"] for r in one["metrics"] if "val/loss" in r]
     assert val2 == pytest.approx(val1, rel=1e-5)
     assert val2[-1] < val2[0]  # it learns
-
-
-def python_blocks(markdown: str) -> list[str]:
-    return re.findall(r"```python\n(.*?)```", markdown, flags=re.DOTALL)
-
-
-@pytest.mark.slow
-def test_readme_python_snippets_run_verbatim(tmp_path: Path) -> None:
-    """What a notebook user copies from the README runs as written, in a fresh interpreter."""
-    blocks = python_blocks((REPO / "README.md").read_text(encoding="utf-8"))
-    assert blocks, "the README has no python snippet"
-    for i, code in enumerate(blocks):
-        done = subprocess.run(
-            [sys.executable, "-c", code],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            cwd=tmp_path,
-            env=launch_env(tmp_path),
-        )
-        assert done.returncode == 0, f"README python block {i + 1} failed:\n{code}\n{done.stderr[-3000:]}"
 
 
 NANOGPT_CONFIG = REPO / "examples" / "nanogpt.yaml"

@@ -1,4 +1,4 @@
-"""A refusal under `accelerate launch --multi_gpu --num_processes 2`, as the README describes it.
+"""A refusal under `accelerate launch --multi_gpu --num_processes 2`, as docs/guides/multi-process.md describes it.
 
 Every process meets the bad value; the local main process says it, once, and exits 2. The
 launcher then does what Accelerate and torchelastic do with any failed worker, which no worker can

@@ -1,4 +1,4 @@
-"""The README's "Precision, compile and accumulation" table, each row run as written: Accelerate's
+"""The "Precision, compile and accumulation" table of docs/guides/precision.md, each row run as written: Accelerate's
 environment variables for one process on the command line, an ``Accelerator`` handed to the
 ``Trainer`` in a notebook, and config keys; ``run_info`` records what the run used."""
 

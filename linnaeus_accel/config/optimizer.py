@@ -57,7 +57,7 @@ Momentum = Annotated[float, AfterValidator(_check_momentum)]
 
 class OptimizerConfig(Section):
     """The optimizer ``train`` builds (a Python ``optimizer=`` factory given to the Trainer builds its
-    own, from the parameter groups: README, "Optimizer")."""
+    own, from the parameter groups: docs/guides/configuration.md, "Build the optimizer in Python")."""
 
     NAME: str = Field(
         "adamw",

@@ -13,6 +13,8 @@
 - ``tokens``: token files, their sidecars, a tiny tokenizer, and configs training on them.
 - ``trackers``: what W&B wrote, read back by wandb itself.
 - ``datasets``: small datasets several modules train on.
+- ``markdown_blocks``: the fenced code blocks of a Markdown page, and which of them run.
+- ``host_sync``: recording reads of tensor values back to the host, and where they were made.
 - ``host_sync``: recording reads of tensor values back to the host, and where they were made.
 
 Fixtures several modules use live in ``conftest.py``. Test modules (and the scripts they start
