@@ -20,6 +20,7 @@ from ..callbacks import Callback, RunActions, RunContext, build_callbacks, callb
 from ..config import Config
 from ..models.init_from import InitFrom, load_init_from
 from ..optim.groups import optimizer_line
+from ..process.gloo_exit import settle_gloo_threads_at_exit
 from ..process.preemption import PreemptionWatch
 from ..progress import TrainingConsistencyChecker, TrainingProgress
 from ..run_directory.outputs import RunOutputs, run_outputs
@@ -179,6 +180,8 @@ def build_run(
     checkpoints.writer.on_commit = callback_list.committed
     out = run_outputs(acc, config, plan.total_steps)  # writes nothing before the run is claimed
     preemption = PreemptionWatch(acc, timeout_s=config.ENV.DIST_TIMEOUT_S)
+    if acc.num_processes > 1:
+        settle_gloo_threads_at_exit()  # a user's script that ends after fit() exits 0, not -6
     boundaries = Boundaries(
         acc, config.ranking_metric, model, task, ops, progress, val_batches, checkpoints, preemption, early_stopping, meter,
         ranking_mode, on_validation_end=callback_list.validation_end, out=out,
