@@ -348,3 +348,25 @@ def test_credentials_never_appear_in_files_logs_or_reprs(
         assert all(secret not in text for text in seen), secret
         for path in files:
             assert secret.encode() not in path.read_bytes(), path
+
+
+def test_single_file_operations_of_a_step(b2: Any, tmp_path: Path) -> None:
+    """What multi-node sync builds on, in B2: a file rewritten keeps no old version after delete_files."""
+    api, _, _ = b2
+    remote = remote_for(api)
+    remote.put_bytes(3, "shards/rank_1.json", b"old")
+    remote.put_bytes(3, "shards/rank_1.json", b'{"rank": 1}')  # a second version of the same name
+    remote.upload_file(3, "optimizer.bin", make_checkpoint(tmp_path, 3) / "optimizer.bin")
+    assert remote.get_bytes(3, "shards/rank_1.json") == b'{"rank": 1}'
+    assert remote.get_bytes(3, "absent.json") is None
+    assert remote.list_files(3) == {"shards/rank_1.json": 11, "optimizer.bin": 260}
+    remote.download_files(3, ["shards/rank_1.json", "optimizer.bin"], tmp_path / "node2")
+    assert tree(tmp_path / "node2") == {
+        "optimizer.bin": bytes(range(256)) + b"\x00\r\n\xff",
+        "shards/rank_1.json": b'{"rank": 1}',
+    }
+    with pytest.raises(RemoteSyncError, match="outside the checkpoint"):
+        remote.download_files(3, ["../../etc/passwd"], tmp_path / "node3")
+    remote.delete_files(3, ["shards/rank_1.json"])
+    names = [v.file_name for v, _ in api.get_bucket_by_name(BUCKET).ls("", latest_only=False, recursive=True)]
+    assert names == ["runs/exp1/checkpoints/step_00000003/optimizer.bin"]

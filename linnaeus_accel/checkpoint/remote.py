@@ -1,12 +1,12 @@
-"""A Backblaze B2 copy of the run's checkpoints (``ENV.OUTPUT.BUCKET``; docs/semantics.md §6 and docs/design.md §4).
+"""A copy of the run's checkpoints in a bucket (``ENV.OUTPUT.BUCKET``; docs/semantics.md §6 and docs/design.md §4).
 
-The bucket mirrors the local layout: ``<PREFIX>/<EXPERIMENT.NAME>/checkpoints/step_00001234/<files>``.
-B2 has no atomic multi-file commit, so the rule of the local store is kept by ordering: the commit
-marker is uploaded after every other file and deleted before any other, hence a remote checkpoint
-that has its marker is complete, whatever moment the upload or deletion was interrupted at.
+The bucket mirrors the local layout: ``<URL>/<EXPERIMENT.NAME>/checkpoints/step_00001234/<files>``,
+in any store ``object_store`` opens (s3://, gs://, file://, b2://). No store has an atomic
+multi-file commit, so the rule of the local store is kept by ordering: the commit marker is
+uploaded after every other file and deleted before any other, hence a remote checkpoint that has
+its marker is complete, whatever moment the upload or deletion was interrupted at.
 
-Credentials come only from the environment and are handed straight to b2sdk's in-memory account
-info: this module never stores, logs or formats them.
+Credentials never pass through this module: each store's library reads them from its own chain.
 """
 
 from __future__ import annotations
@@ -18,14 +18,12 @@ import re
 import shutil
 import tempfile
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar
 
-from b2sdk.v2 import B2Api, InMemoryAccountInfo
-from b2sdk.v2.exception import B2Error, InvalidUploadSource
 from tenacity import (
     RetryCallState,
     RetryError,
@@ -36,18 +34,22 @@ from tenacity import (
 )
 
 from .marker import MARKER
+from .object_store import KEY_ID_VAR, KEY_VAR, B2Store, ObjectStore, RemoteSyncError, open_store
 from .store import step_name
+
+__all__ = [
+    "KEY_ID_VAR",
+    "KEY_VAR",
+    "BackgroundUploader",
+    "RemoteCheckpoints",
+    "RemoteSyncError",
+    "RetryPolicy",
+]
 
 log = logging.getLogger(__name__)
 
-KEY_ID_VAR = "B2_APPLICATION_KEY_ID"
-KEY_VAR = "B2_APPLICATION_KEY"
 _STEP_DIR = re.compile(r"^step_(\d{8,})$")
 _T = TypeVar("_T")
-
-
-class RemoteSyncError(RuntimeError):
-    """A bucket operation failed for good (after retries), or the bucket cannot be used."""
 
 
 @dataclass(frozen=True)
@@ -55,29 +57,24 @@ class RetryPolicy:
     """Bounded exponential backoff around each single-file operation: after the n-th failure,
     wait ``min(max_delay, base_delay * 2 ** (n - 1))`` seconds; give up after ``attempts`` tries.
 
-    b2sdk already retries transient errors a few times without waiting; this outer loop waits, so a
-    network outage of tens of seconds (a node's NIC flapping, B2 returning 503s) is ridden out too.
+    The stores' libraries already retry transient errors a few times without waiting long; this
+    outer loop waits, so a network outage of tens of seconds (a node's NIC flapping, a store
+    returning 503s) is ridden out too. Only errors the store calls retryable are retried: a local
+    file that vanished, a refused key or a missing bucket fail at once.
     """
 
     attempts: int = 5
     base_delay: float = 1.0
     max_delay: float = 30.0
 
-    def retrying(self, what: str) -> Retrying:
+    def retrying(self, what: str, worth_retrying: Callable[[BaseException], bool]) -> Retrying:
         """Tenacity's loop for one operation described by ``what`` (named in the warnings)."""
         return Retrying(
-            retry=retry_if_exception(_worth_retrying),
+            retry=retry_if_exception(worth_retrying),
             stop=stop_after_attempt(self.attempts),
             wait=wait_exponential(multiplier=self.base_delay, exp_base=2, max=self.max_delay),
             before_sleep=partial(_warn_retry, what),
         )
-
-
-def _worth_retrying(error: BaseException) -> bool:
-    """Every B2 error but one that waiting cannot fix: a local file that vanished or cannot be read
-    (local retention deleting a checkpoint mid-upload). Retried, it held the uploader, and every
-    checkpoint queued after it, for 15 s of backoff with the default policy."""
-    return isinstance(error, B2Error) and not isinstance(error, InvalidUploadSource)
 
 
 def _warn_retry(what: str, state: RetryCallState) -> None:
@@ -93,61 +90,79 @@ def _warn_retry(what: str, state: RetryCallState) -> None:
     )
 
 
-class RemoteCheckpoints:
-    """The checkpoints of one experiment in one bucket. ``api`` is an authorized ``b2sdk.v2.B2Api``."""
+def _safe_rel(rel: str) -> PurePosixPath:
+    """A file's path inside a checkpoint; a bucket (or a caller) is not trusted to stay inside it."""
+    path = PurePosixPath(rel)
+    if not rel or path.is_absolute() or ".." in path.parts or "\\" in rel:
+        raise RemoteSyncError(f"refusing remote file name {rel!r} outside the checkpoint")
+    return path
 
-    def __init__(
-        self, api: Any, bucket: str, prefix: str, experiment: str, *, retry: RetryPolicy | None = None
-    ) -> None:
+
+def _unreachable(url: str, error: BaseException) -> str:
+    """The one sentence for a bucket that cannot be listed at start."""
+    detail = f"{type(error).__name__}: {error}"
+    if isinstance(error, FileNotFoundError):
+        return f"{url} does not exist ({detail}): create the bucket (or directory) or correct the URL"
+    if isinstance(error, PermissionError):
+        return f"{url} refused access ({detail}): check the credentials in the environment"
+    return f"{url} is not reachable ({detail}): check the endpoint, the network and the credentials"
+
+
+class RemoteCheckpoints:
+    """The checkpoints of one experiment in one object store (keys ``<experiment>/checkpoints/...``)."""
+
+    def __init__(self, store: ObjectStore, experiment: str, *, retry: RetryPolicy | None = None) -> None:
+        self.store = store
         self.retry = retry or RetryPolicy()
-        self.bucket_name = bucket
-        self.root = "/".join(p for p in (prefix.strip("/"), experiment, "checkpoints") if p)
+        self.root = f"{experiment}/checkpoints"
+        self.url = f"{store.describe}/{self.root}"  # for messages
+
+    @classmethod
+    def from_url(
+        cls, url: str, experiment: str, *, retry: RetryPolicy | None = None, store: ObjectStore | None = None
+    ) -> RemoteCheckpoints:
+        """The checkpoints of ``experiment`` under a bucket URL (``ENV.OUTPUT.BUCKET.URL``), checked
+        with one listing: a missing bucket, refused credentials or an unreachable endpoint is a
+        ``RemoteSyncError`` of one sentence here, not an upload failing later in the background.
+
+        ``store``: the ``ObjectStore`` to use instead of opening ``url`` (tests wrap one to inject faults).
+        """
         try:
-            self._bucket = api.get_bucket_by_name(bucket)
-        except B2Error as e:
-            raise RemoteSyncError(f"B2 bucket {bucket!r} is not usable: {type(e).__name__}: {e}") from None
+            store = store if store is not None else open_store(url)
+        except ValueError as e:  # BucketConfig.split_url's words
+            raise RemoteSyncError(str(e)) from None
+        remote = cls(store, experiment, retry=retry)
+        try:
+            # No outer retries: the store's library has retried transient errors; a run should
+            # not wait a minute at start to be told its endpoint is mistyped.
+            store.list(experiment)
+        except Exception as e:
+            raise RemoteSyncError(_unreachable(store.describe, e)) from None
+        return remote
 
     @classmethod
     def from_environment(
         cls, bucket: str, prefix: str, experiment: str, *, api: Any = None, retry: RetryPolicy | None = None
     ) -> RemoteCheckpoints:
-        """Authorize with ``B2_APPLICATION_KEY_ID`` / ``B2_APPLICATION_KEY`` from the environment.
-
-        ``api`` is an unauthorized B2Api to use instead of a new one (tests pass a simulator-backed one).
-        """
-        key_id, key = os.environ.get(KEY_ID_VAR), os.environ.get(KEY_VAR)
-        if not key_id or not key:
-            missing = [name for name, value in ((KEY_ID_VAR, key_id), (KEY_VAR, key)) if not value]
-            raise RemoteSyncError(
-                f"ENV.OUTPUT.BUCKET.ENABLED needs B2 credentials in the environment: set {' and '.join(missing)}"
-            )
-        # In-memory account info: b2sdk's default (SqliteAccountInfo) would write the key to ~/.b2_account_info.
-        api = api if api is not None else B2Api(InMemoryAccountInfo())
-        try:
-            api.authorize_account(realm="production", application_key_id=key_id, application_key=key)
-        except B2Error as e:
-            # `from None`: the chained exception carries nothing we need and we vouch for no third-party text.
-            raise RemoteSyncError(
-                f"B2 authorization with {KEY_ID_VAR}/{KEY_VAR} failed ({type(e).__name__})"
-            ) from None
-        return cls(api, bucket, prefix, experiment, retry=retry)
+        """A B2 bucket (``b2://<bucket>/<prefix>``), authorized with ``B2_APPLICATION_KEY_ID`` /
+        ``B2_APPLICATION_KEY`` from the environment; ``api``: an unauthorized B2Api to use instead of
+        a new one (tests pass a simulator-backed one)."""
+        return cls(B2Store.from_environment(bucket, prefix, api=api), experiment, retry=retry)
 
     def __repr__(self) -> str:
-        return f"RemoteCheckpoints(bucket={self.bucket_name!r}, root={self.root!r})"
+        return f"RemoteCheckpoints({self.url!r})"
 
     # -- listing -----------------------------------------------------------------------------------
-    def _files(self, step: int | None = None, *, all_versions: bool = False) -> list[tuple[int, str, Any]]:
-        """(step, path inside the checkpoint, FileVersion) for every file under the checkpoints root."""
-        base = self.root + "/" + (step_name(step) + "/" if step is not None else "")
+    def _files(self, step: int | None = None) -> list[tuple[int, str, int]]:
+        """(step, path inside the checkpoint, size) for every file under the checkpoints root."""
+        base = self.root if step is None else f"{self.root}/{step_name(step)}"
+        listing = self._retry(f"list {self.store.describe}/{base}", lambda: self.store.list(base))
         out = []
-        listing: Iterable[tuple[Any, Any]] = self._retry(
-            f"list {base}", lambda: list(self._bucket.ls(base, latest_only=not all_versions, recursive=True))
-        )
-        for version, _ in listing:
-            step_dir, _, rel = str(version.file_name)[len(self.root) + 1 :].partition("/")
+        for key, size in listing.items():
+            step_dir, _, rel = key[len(self.root) + 1 :].partition("/")
             match = _STEP_DIR.match(step_dir)
-            if match and rel:
-                out.append((int(match.group(1)), rel, version))
+            if key.startswith(self.root + "/") and match and rel:
+                out.append((int(match.group(1)), rel, size))
         return out
 
     def remote_steps(self) -> list[int]:
@@ -158,7 +173,11 @@ class RemoteCheckpoints:
         """Steps whose remote copy is complete (its marker exists), oldest first."""
         return sorted({step for step, rel, _ in self._files() if rel == MARKER})
 
-    # -- upload / download / delete ----------------------------------------------------------------
+    def list_files(self, step: int) -> dict[str, int]:
+        """Every file of a step's remote checkpoint, complete or not: path inside the step -> size."""
+        return {rel: size for s, rel, size in self._files(step) if s == step}
+
+    # -- whole checkpoints -------------------------------------------------------------------------
     def upload(self, local_checkpoint_dir: Path) -> None:
         """Upload one committed local checkpoint, its marker last."""
         local = Path(local_checkpoint_dir)
@@ -168,14 +187,13 @@ class RemoteCheckpoints:
         step = int(match.group(1))
         # A re-upload of a step (e.g. after its validation journal grew) must not leave an old marker
         # vouching for a mix of old and new files, so the marker goes first.
-        self._delete_versions(v for _, rel, v in self._files(step, all_versions=True) if rel == MARKER)
+        self.delete_files(step, [MARKER])
         files = sorted(
             p for p in local.rglob("*") if p.is_file() and p.relative_to(local).as_posix() != MARKER
         )
         for path in [*files, local / MARKER]:
-            name = f"{self.root}/{step_name(step)}/{path.relative_to(local).as_posix()}"
-            self._retry(f"upload {name}", partial(self._bucket.upload_local_file, str(path), name))
-        log.info("uploaded checkpoint step %d to b2://%s/%s", step, self.bucket_name, self.root)
+            self.upload_file(step, path.relative_to(local).as_posix(), path)
+        log.info("uploaded checkpoint step %d to %s", step, self.url)
 
     def download(self, step: int, dest_dir: Path) -> Path:
         """Download a complete remote checkpoint to ``dest_dir/step_XXXXXXXX`` (``dest_dir`` is the
@@ -184,11 +202,9 @@ class RemoteCheckpoints:
         Files land in a hidden temporary directory next to it (marker last), which is renamed into
         place only when complete: an interrupted download never looks like a checkpoint locally.
         """
-        files = {rel: v for s, rel, v in self._files(step) if s == step}
+        files = self.list_files(step)
         if MARKER not in files:
-            raise RemoteSyncError(
-                f"no complete checkpoint for step {step} in b2://{self.bucket_name}/{self.root}"
-            )
+            raise RemoteSyncError(f"no complete checkpoint for step {step} in {self.url}")
         dest_dir = Path(dest_dir)
         final = dest_dir / step_name(step)
         if (final / MARKER).is_file():
@@ -199,26 +215,24 @@ class RemoteCheckpoints:
         tmp = Path(tempfile.mkdtemp(prefix=f".download-{final.name}-", dir=dest_dir))
         try:
             for rel in [*sorted(r for r in files if r != MARKER), MARKER]:
-                parts = PurePosixPath(rel).parts
-                if ".." in parts or PurePosixPath(rel).is_absolute():  # a bucket is not trusted input
-                    raise RemoteSyncError(f"refusing remote file name {rel!r} outside the checkpoint")
-                target = tmp.joinpath(*parts)
+                target = tmp.joinpath(*_safe_rel(rel).parts)
                 target.parent.mkdir(parents=True, exist_ok=True)
-                name = str(files[rel].file_name)
-                self._retry(f"download {name}", partial(self._download_file, name, target))
+                key = self._key(step, rel)
+                self._retry(
+                    f"download {self.store.describe}/{key}", partial(self.store.get_file, key, target)
+                )
             if final.exists():  # an incomplete local copy of the same step (no marker)
                 shutil.rmtree(final)
             os.replace(tmp, final)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        log.info("downloaded checkpoint step %d from b2://%s/%s", step, self.bucket_name, self.root)
+        log.info("downloaded checkpoint step %d from %s", step, self.url)
         return final
 
     def delete(self, step: int) -> None:
-        """Delete every version of every file of a remote checkpoint, the marker first."""
-        versions = self._files(step, all_versions=True)
-        self._delete_versions(v for _, rel, v in sorted(versions, key=lambda f: f[1] != MARKER))
+        """Delete every file of a remote checkpoint (every version, in B2), the marker first."""
+        self.delete_files(step, sorted(self.list_files(step), key=lambda rel: rel != MARKER))
 
     def retain(self, keep: set[int]) -> list[int]:
         """Delete remote checkpoints not in ``keep``; return the deleted steps.
@@ -233,26 +247,65 @@ class RemoteCheckpoints:
             self.delete(step)
         return doomed
 
-    # -- internals ---------------------------------------------------------------------------------
-    def _delete_versions(self, versions: Iterable[Any]) -> None:
-        for v in versions:
-            self._retry(
-                f"delete {v.file_name}", partial(self._bucket.delete_file_version, v.id_, v.file_name)
-            )
+    # -- single files of a step (each retried; ``rel`` is the '/'-separated path inside the step) ---
+    def upload_file(self, step: int, rel: str, path: Path) -> None:
+        """Upload the local file ``path`` as ``rel`` of step ``step`` (replacing any object there)."""
+        key = self._key(step, rel)
+        self._retry(f"upload {self.store.describe}/{key}", partial(self.store.put_file, Path(path), key))
 
-    def _download_file(self, name: str, target: Path) -> None:
-        self._bucket.download_file_by_name(name).save_to(str(target))
+    def put_bytes(self, step: int, rel: str, data: bytes) -> None:
+        """Write ``data`` as ``rel`` of step ``step`` (replacing any object there)."""
+        key = self._key(step, rel)
+        self._retry(f"upload {self.store.describe}/{key}", partial(self.store.put_bytes, key, data))
+
+    def get_bytes(self, step: int, rel: str) -> bytes | None:
+        """The content of ``rel`` of step ``step``, or None when there is no such object."""
+        key = self._key(step, rel)
+        try:
+            return self._retry(f"download {self.store.describe}/{key}", partial(self.store.get_bytes, key))
+        except RemoteSyncError as e:
+            if isinstance(e.__cause__, FileNotFoundError):
+                return None
+            raise
+
+    def download_files(self, step: int, rels: list[str], dest: Path) -> None:
+        """Download each ``rel`` of step ``step`` to ``dest/rel``, each written under a temporary
+        name and renamed into place: a file is either absent or whole. A ``rel`` with ``..`` or an
+        absolute path is refused before anything is downloaded."""
+        targets = [(rel, Path(dest).joinpath(*_safe_rel(rel).parts)) for rel in rels]
+        for rel, target in targets:
+            key = self._key(step, rel)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent)
+            os.close(fd)
+            tmp = Path(name)
+            try:
+                self._retry(f"download {self.store.describe}/{key}", partial(self.store.get_file, key, tmp))
+                os.replace(tmp, target)
+            finally:
+                tmp.unlink(missing_ok=True)
+
+    def delete_files(self, step: int, rels: list[str]) -> None:
+        """Delete each ``rel`` of step ``step`` in the order given (every version, in B2); a missing
+        one is no error."""
+        for rel in rels:
+            key = self._key(step, rel)
+            self._retry(f"delete {self.store.describe}/{key}", partial(self.store.delete, key))
+
+    # -- internals ---------------------------------------------------------------------------------
+    def _key(self, step: int, rel: str) -> str:
+        return f"{self.root}/{step_name(step)}/{_safe_rel(rel).as_posix()}"
 
     def _retry(self, what: str, operation: Callable[[], _T]) -> _T:
         try:
-            return self.retry.retrying(what)(operation)
+            return self.retry.retrying(what, self.store.retryable)(operation)
         except RetryError as gave_up:
             last = gave_up.last_attempt
             error = last.exception()
             raise RemoteSyncError(
                 f"{what} failed after {last.attempt_number} attempts: {type(error).__name__}: {error}"
             ) from error
-        except B2Error as e:  # one that retrying cannot fix (see _worth_retrying)
+        except Exception as e:  # one that retrying cannot fix (the store's ``retryable``)
             raise RemoteSyncError(f"{what} failed (not retried): {type(e).__name__}: {e}") from e
 
 
@@ -269,7 +322,7 @@ class BackgroundUploader:
         self._errors: list[str] = []
         self._lock = threading.Lock()
         self._closed = False
-        self._thread = threading.Thread(target=self._work, name="b2-checkpoint-sync", daemon=True)
+        self._thread = threading.Thread(target=self._work, name="checkpoint-sync", daemon=True)
         self._thread.start()
 
     @property
@@ -286,6 +339,11 @@ class BackgroundUploader:
         """Queue the deletion of remote checkpoints not in ``keep`` (after the uploads queued before)."""
         frozen = frozenset(keep)  # the caller's set may change before the worker gets to it
         self._put("remote retention", lambda: self._retain(set(frozen)))
+
+    def run(self, what: str, task: Callable[[], None]) -> None:
+        """Queue ``task`` (``what``: it in words, for the errors), after the work queued before it:
+        the parts of a checkpoint of a run on machines without a shared filesystem."""
+        self._put(what, task)
 
     def close(self, timeout: float | None = None) -> bool:
         """Finish the queued work (end of run); False if it did not finish within ``timeout`` seconds."""
@@ -315,8 +373,8 @@ class BackgroundUploader:
         try:
             self.remote.upload(path)
         except (FileNotFoundError, RemoteSyncError):
-            # b2sdk reports a file that vanished as InvalidUploadSource (wrapped by the retries),
-            # not as FileNotFoundError: either way, only a checkpoint still committed is an error.
+            # Stores report a file that vanished in their own words (b2sdk: InvalidUploadSource,
+            # wrapped by the retries): whatever the words, only a checkpoint still committed is an error.
             if (path / MARKER).is_file():
                 raise
             # Local retention deleted it mid-upload: a newer checkpoint supersedes it, and the

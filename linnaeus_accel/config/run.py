@@ -4,7 +4,8 @@ for each other, and what the run is called and reports to (trackers, W&B)."""
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
 
@@ -19,23 +20,93 @@ from .sections import MAX_DIST_TIMEOUT_S, Seed
 
 
 class BucketConfig(Section):
-    """A Backblaze B2 copy of the run's checkpoints."""
+    """A copy of the run's checkpoints in an object store (S3-compatible, Google Cloud Storage,
+    Backblaze B2) or a shared directory, named by URL."""
 
-    ENABLED: bool = Field(
-        False,
-        description="Upload each committed checkpoint to <BUCKET>/<PREFIX>/<EXPERIMENT.NAME>/checkpoints/ "
-        "in the background (remote retention follows local retention; a run with an empty output "
-        "directory resumes from the bucket). Needs the b2 extra and B2_APPLICATION_KEY_ID and "
-        "B2_APPLICATION_KEY in the environment.",
+    # The URL schemes a bucket may have; each backend is in linnaeus_accel/checkpoint/object_store.py.
+    SCHEMES: ClassVar[tuple[str, ...]] = ("s3", "gs", "file", "b2")
+
+    URL: str | None = Field(
+        None,
+        description="Where checkpoints are copied: s3://bucket/prefix (any S3-compatible store: AWS, "
+        "Cloudflare R2, MinIO, B2's S3 endpoint; needs the s3 extra), gs://bucket/prefix (the gcs extra), "
+        "file:///abs/path (a mounted shared directory, e.g. NFS; it must exist) or b2://bucket/prefix "
+        "(b2sdk, the b2 extra). Each committed checkpoint is uploaded in the background to "
+        "<URL>/<EXPERIMENT.NAME>/checkpoints/ (remote retention follows local retention; a run with an "
+        "empty output directory resumes from the bucket). Credentials and endpoints come only from each "
+        "library's standard environment: for s3, AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, "
+        "AWS_PROFILE and ~/.aws files; for gs, Google's application default credentials; for b2, "
+        "B2_APPLICATION_KEY_ID and B2_APPLICATION_KEY. Setting it turns the bucket on.",
+    )
+    ENABLED: bool | None = Field(
+        None,
+        description="null: the bucket is on when URL is set. true with BUCKET (and PREFIX): the older "
+        "spelling of URL b2://<BUCKET>/<PREFIX>. false: no bucket, even with URL set.",
     )
     BUCKET: str | None = Field(
-        None, description="Backblaze B2 bucket name (credentials come from the environment)."
+        None,
+        description="With ENABLED true: a Backblaze B2 bucket name, the same as URL b2://<BUCKET>/<PREFIX> "
+        "(credentials from B2_APPLICATION_KEY_ID and B2_APPLICATION_KEY).",
     )
-    PREFIX: str = Field("", description="Key prefix inside the bucket.")
+    PREFIX: str = Field("", description="With BUCKET: the key prefix inside it (the path of a b2:// URL).")
+
+    @field_validator("URL")
+    @classmethod
+    def _usable_url(cls, value: str | None) -> str | None:
+        if value is not None:
+            cls.split_url(value)
+        return value
+
+    @classmethod
+    def split_url(cls, url: str) -> tuple[str, str, str]:
+        """(scheme, bucket, prefix) of a bucket URL; for file://, the bucket is empty and the prefix is
+        the absolute directory. ValueError, in words, for a URL that names no usable bucket."""
+        parts = urlsplit(url)
+        scheme = parts.scheme.lower()
+        if scheme not in cls.SCHEMES:
+            schemes = ", ".join(f"{s}://" for s in cls.SCHEMES)
+            raise ValueError(f"{url!r} is not a bucket URL: it must start with one of {schemes}")
+        if parts.query or parts.fragment:
+            raise ValueError(f"{url!r} has a query or fragment: a bucket URL is <scheme>://<bucket>/<prefix>")
+        if scheme == "file":
+            path = parts.path.rstrip("/")
+            if parts.netloc not in ("", "localhost") or not path.startswith("/"):
+                raise ValueError(
+                    f"{url!r} names no absolute directory: write file:///abs/path (three slashes)"
+                )
+            return scheme, "", path
+        if "@" in parts.netloc or ":" in parts.netloc:
+            # Credentials in a URL end up in config.yaml and logs; endpoints have their own variables.
+            raise ValueError(
+                f"{scheme}:// URLs hold only <bucket>/<prefix>: credentials and endpoints come from the environment"
+            )
+        if not parts.netloc:
+            raise ValueError(f"{url!r} names no bucket: write {scheme}://<bucket>/<prefix>")
+        return scheme, parts.netloc, parts.path.strip("/")
+
+    @property
+    def target_url(self) -> str | None:
+        """The URL checkpoints are copied to, or None when the bucket is off."""
+        if self.ENABLED is False:
+            return None
+        if self.URL is not None:
+            return self.URL
+        if self.ENABLED and self.BUCKET:
+            return "/".join(p for p in ("b2:/", self.BUCKET, self.PREFIX.strip("/")) if p)
+        return None
 
     def problems(self) -> list[Problem]:
-        if self.ENABLED and not self.BUCKET:
-            return [Problem(("BUCKET",), "{0} is required when ENABLED is true")]
+        if self.URL is not None and (self.BUCKET or self.PREFIX):
+            given = ("BUCKET",) if self.BUCKET else ("PREFIX",)
+            return [
+                Problem(
+                    ("URL", *given),
+                    "{0} and {1} name the bucket twice: keep only URL (BUCKET and PREFIX are the older "
+                    "spelling of b2://<BUCKET>/<PREFIX>)",
+                )
+            ]
+        if self.ENABLED and self.URL is None and not self.BUCKET:
+            return [Problem(("BUCKET",), "{0} (or URL) is required when ENABLED is true")]
         return []
 
 

@@ -104,17 +104,19 @@ class CheckpointWriter:
 
     def _remote(self, remote: Any) -> tuple[Any, Any]:
         bucket = self.config.ENV.OUTPUT.BUCKET
-        if remote is None and not bucket.ENABLED:
+        url = bucket.target_url  # URL, or b2://BUCKET/PREFIX from the older keys; None: no bucket
+        if remote is None and url is None:
             return None, None
         from ..checkpoint.remote import BackgroundUploader, RemoteCheckpoints, RemoteSyncError
 
         if remote is None:
             try:
-                remote = RemoteCheckpoints.from_environment(
-                    bucket.BUCKET or "", bucket.PREFIX, self.config.EXPERIMENT.NAME
-                )
+                # One listing at start: a missing bucket or a refused key stops the run here, in
+                # one sentence, instead of failing every upload in the background.
+                remote = RemoteCheckpoints.from_url(url or "", self.config.EXPERIMENT.NAME)
             except RemoteSyncError as exc:
-                raise ConfigError([("ENV.OUTPUT.BUCKET", str(exc))]) from None
+                key = "ENV.OUTPUT.BUCKET.URL" if bucket.URL is not None else "ENV.OUTPUT.BUCKET"
+                raise ConfigError([(key, str(exc))]) from None
         return remote, BackgroundUploader(remote)
 
     def close(self, timeout: float = 600.0) -> list[str]:
