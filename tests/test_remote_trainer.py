@@ -1,6 +1,7 @@
-"""The Trainer with B2 sync (b2sdk's RawSimulator): checkpoints reach the bucket in the background,
-remote retention follows local retention, and a fresh machine with an empty output directory
-resumes from the bucket. Credentials never reach any file of the run."""
+"""The Trainer with bucket sync: B2 through b2sdk's RawSimulator, and ENV.OUTPUT.BUCKET.URL s3://
+against moto's S3 server on localhost. Checkpoints reach the bucket in the background, remote
+retention follows local retention, and a fresh machine with an empty output directory resumes from
+the bucket. Credentials never reach any file of the run."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from accelerate.state import AcceleratorState, GradientState
 from b2sdk.v2 import B2Api, B2HttpApiConfig, InMemoryAccountInfo, RawSimulator
 from helpers.checkpoints import RunsCode, reseal
 from helpers.configs import DEFAULT_CONFIG
+from helpers.s3_server import SECRET_KEY, object_keys, s3_bucket_fixture, s3_server_fixture  # noqa: F401
 
 from linnaeus_accel.checkpoint.remote import KEY_ID_VAR, KEY_VAR, RemoteCheckpoints, RetryPolicy
 from linnaeus_accel.cli import EXIT_NOT_SYNCED, exit_status
@@ -48,12 +50,17 @@ def _remote(api: B2Api) -> RemoteCheckpoints:
     )
 
 
-def _train(base: Path, api: B2Api, remote: RemoteCheckpoints | None = None) -> dict[str, Any]:
+def _train(
+    base: Path, api: B2Api | None, remote: RemoteCheckpoints | None = None, opts: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """Three epochs of the default run, a checkpoint each, the last one kept; ``api``: the B2
+    simulator to sync with, or None for the bucket ``opts`` name."""
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
     config = load_config(
         DEFAULT_CONFIG,
         [
+            *opts,
             "ENV.OUTPUT.BASE_DIR",
             str(base),
             "TRAIN.EPOCHS",
@@ -70,7 +77,7 @@ def _train(base: Path, api: B2Api, remote: RemoteCheckpoints | None = None) -> d
     )
     train, val = build_dataset(config, "train"), build_dataset(config, "val")
     torch.manual_seed(0)
-    remote = remote or _remote(api)
+    remote = remote or (_remote(api) if api is not None else None)
     return Trainer(config, build_model(config, train), train, val, remote=remote).fit()
 
 
@@ -140,3 +147,32 @@ def test_a_checkpoint_planted_in_the_bucket_runs_no_code_and_is_not_resumed(
         _train(tmp_path / "machine_b", api)
     assert not marker.exists()
     assert (tmp_path / "machine_b" / "digits_default" / "checkpoints" / "rejected" / "step_00000036").is_dir()
+
+
+@pytest.mark.slow
+def test_a_run_syncs_to_an_s3_url_and_a_fresh_machine_resumes_from_it(tmp_path: Path, s3_bucket: str) -> None:
+    """ENV.OUTPUT.BUCKET.URL alone turns the bucket on; the endpoint and keys come from the AWS
+    variables (helpers.s3_server), as they would for R2 or MinIO."""
+    url = ("ENV.OUTPUT.BUCKET.URL", f"s3://{s3_bucket}/team")
+    first = _train(tmp_path / "machine_a", None, opts=url)
+    assert first["status"] == "completed"
+    assert first["remote_sync_errors"] == []
+    run_a = tmp_path / "machine_a" / "digits_default"
+    local = run_a / "checkpoints" / "step_00000036"
+    # Remote retention followed local retention (KEEP_LAST_N 1): only step 36, every file of it.
+    assert object_keys(s3_bucket) == sorted(
+        f"team/digits_default/checkpoints/step_00000036/{p.relative_to(local).as_posix()}"
+        for p in local.rglob("*")
+        if p.is_file()
+    )
+    second = _train(tmp_path / "machine_b", None, opts=url)  # empty output directory, same bucket
+    run_b = tmp_path / "machine_b" / "digits_default"
+    assert second["status"] == "completed"
+    assert second["global_step"] == first["global_step"] == 36
+    assert (run_b / "checkpoints" / "step_00000036" / "COMMITTED.json").exists()  # downloaded
+    assert (run_b / "final" / "model.safetensors").read_bytes() == (
+        run_a / "final" / "model.safetensors"
+    ).read_bytes()
+    for path in [*run_a.rglob("*"), *run_b.rglob("*")]:
+        if path.is_file():
+            assert SECRET_KEY.encode() not in path.read_bytes(), path
