@@ -44,10 +44,19 @@ def read_marker(path: Path) -> dict[str, Any]:
     """The validated contents of ``path/COMMITTED.json`` (plain JSON; for verify and remote sync)."""
     marker = Path(path) / MARKER
     try:
-        data = json.loads(marker.read_text(encoding="utf-8"))
+        raw = marker.read_bytes()
     except FileNotFoundError:
         raise MarkerError(f"{MARKER} missing") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except OSError as e:
+        raise MarkerError(f"{MARKER} unreadable ({e})") from None
+    return parse_marker(raw)
+
+
+def parse_marker(raw: bytes) -> dict[str, Any]:
+    """The validated contents of a marker's bytes (one read from a bucket as from a directory)."""
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise MarkerError(f"{MARKER} unreadable ({e})") from None
     if not isinstance(data, dict):
         raise MarkerError(f"{MARKER} is not a JSON object")

@@ -19,8 +19,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
-
-from ..config.run import BucketConfig
+from urllib.parse import urlsplit
 
 KEY_ID_VAR = "B2_APPLICATION_KEY_ID"
 KEY_VAR = "B2_APPLICATION_KEY"
@@ -48,6 +47,35 @@ _TRANSIENT_ERRNOS = frozenset(
     for name in ("EIO", "EREMOTEIO", "EBUSY", "EAGAIN", "ETIMEDOUT", "ESTALE", "ECONNRESET", "ECONNABORTED")
     if hasattr(errno, name)
 )
+
+
+# The URL schemes a bucket may have, each a store below.
+SCHEMES: tuple[str, ...] = ("s3", "gs", "file", "b2")
+
+
+def split_url(url: str) -> tuple[str, str, str]:
+    """(scheme, bucket, prefix) of a bucket URL; for file://, the bucket is empty and the prefix is
+    the absolute directory. ValueError, in words, for a URL that names no usable bucket."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme not in SCHEMES:
+        schemes = ", ".join(f"{s}://" for s in SCHEMES)
+        raise ValueError(f"{url!r} is not a bucket URL: it must start with one of {schemes}")
+    if parts.query or parts.fragment:
+        raise ValueError(f"{url!r} has a query or fragment: a bucket URL is <scheme>://<bucket>/<prefix>")
+    if scheme == "file":
+        path = parts.path.rstrip("/")
+        if parts.netloc not in ("", "localhost") or not path.startswith("/"):
+            raise ValueError(f"{url!r} names no absolute directory: write file:///abs/path (three slashes)")
+        return scheme, "", path
+    if "@" in parts.netloc or ":" in parts.netloc:
+        # Credentials in a URL end up in config.yaml and logs; endpoints have their own variables.
+        raise ValueError(
+            f"{scheme}:// URLs hold only <bucket>/<prefix>: credentials and endpoints come from the environment"
+        )
+    if not parts.netloc:
+        raise ValueError(f"{url!r} names no bucket: write {scheme}://<bucket>/<prefix>")
+    return scheme, parts.netloc, parts.path.strip("/")
 
 
 class RemoteSyncError(RuntimeError):
@@ -79,8 +107,8 @@ class ObjectStore(Protocol):
 
 
 def open_store(url: str) -> ObjectStore:
-    """The store a bucket URL names (``BucketConfig.split_url`` rules)."""
-    scheme, bucket, prefix = BucketConfig.split_url(url)
+    """The store a bucket URL names (``split_url``)."""
+    scheme, bucket, prefix = split_url(url)
     if scheme == "b2":
         return B2Store.from_environment(bucket, prefix)
     return FsspecStore(scheme, bucket, prefix)
@@ -164,12 +192,21 @@ class FsspecStore:
             return
         head, _, name = final.rpartition("/")
         tmp = f"{head}/{_PARTIAL}{uuid.uuid4().hex[:8]}-{name}"
-        try:
-            write(tmp)
-            os.replace(tmp, final)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        for attempt in range(3):
+            try:
+                os.makedirs(head, exist_ok=True)
+                write(tmp)
+                os.replace(tmp, final)
+                return
+            except FileNotFoundError:
+                # Another machine's delete removed the directory, empty, between its creation and
+                # this write (a share where several machines write one step): create it again.
+                Path(tmp).unlink(missing_ok=True)
+                if attempt == 2:
+                    raise
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
 
 
 def _filesystem(scheme: str) -> Any:

@@ -238,11 +238,14 @@ class RemoteCheckpoints:
         """Delete remote checkpoints not in ``keep``; return the deleted steps.
 
         The newest complete remote checkpoint always survives: if the upload of a kept step failed,
-        the bucket still holds something to resume from.
+        the bucket still holds something to resume from. So does every step after the newest kept
+        one: a checkpoint still being put together (on a run whose machines upload their own parts,
+        another machine may be sending its files of a step this process has not committed yet).
         """
         complete = self.complete_steps()
         protected = set(keep) | set(complete[-1:])
-        doomed = [s for s in self.remote_steps() if s not in protected]
+        newest = max(keep, default=None)
+        doomed = [s for s in self.remote_steps() if s not in protected and (newest is None or s < newest)]
         for step in doomed:
             self.delete(step)
         return doomed

@@ -49,6 +49,18 @@ _TRASH_PREFIX = ".deleting-"  # a checkpoint being deleted: renamed out of the w
 _NAME = re.compile(r"step_(\d{8,})")
 
 
+def node_part(marker: Mapping[str, Any]) -> str | None:
+    """Why a committed directory is one machine's part of a checkpoint, not a checkpoint (node-local
+    mode: each machine commits its own processes' files; the whole one is in the bucket), or None."""
+    info = marker.get("info")
+    if not isinstance(info, dict) or "node" not in info:
+        return None
+    return (
+        f"holds only the files of machine {info['node']} of the {info.get('nodes', '?')} that took it "
+        "(the whole checkpoint is in the bucket)"
+    )
+
+
 def step_name(step: int) -> str:
     if step < 0:
         raise ValueError(f"a checkpoint step must be >= 0, got {step}")
@@ -287,7 +299,7 @@ class CheckpointStore:
         gone = [s for s in steps if s not in keep]
         for step in gone:
             final = self.final_path(step)
-            problem = self.verify(final, deep=False)
+            problem = self.verify(final, deep=False, whole=False)  # a machine's part goes as a whole one
             if problem is None:
                 self.delete(step)
                 continue
@@ -312,12 +324,14 @@ class CheckpointStore:
         """Steps whose directory has a marker, ascending (presence only: cheap; see ``verify``)."""
         return [step for step, path in self._step_dirs() if (path / MARKER).is_file()]
 
-    def verify(self, path: Path | str, *, deep: bool = True, check_signature: bool = True) -> str | None:
+    def verify(
+        self, path: Path | str, *, deep: bool = True, check_signature: bool = True, whole: bool = True
+    ) -> str | None:
         """None if ``path`` is a complete checkpoint, else what is wrong with it: its marker is signed
         with the checkpoint key if one is set (unless not ``check_signature``: whether the key is all
-        that stops it); every manifest file exists with its size and, with ``deep`` (reads
-        everything), its digest; no other file is there but the journal; and the owner's ``check``
-        passes."""
+        that stops it); it is not one machine's part of a checkpoint (unless not ``whole``); every
+        manifest file exists with its size and, with ``deep`` (reads everything), its digest; no
+        other file is there but the journal; and the owner's ``check`` passes."""
         path = Path(path)
         if (rejected := note_problem(path)) is not None:
             return rejected  # a rejection cut short before its move; or a rejected copy, not repaired
@@ -327,6 +341,8 @@ class CheckpointStore:
             return str(e)
         if check_signature and (problem := signature_problem(marker, checkpoint_key())) is not None:
             return problem
+        if whole and (part := node_part(marker)) is not None:
+            return part
         match = _NAME.fullmatch(path.name)
         if match and int(match.group(1)) != marker["step"]:
             return f"{MARKER} is for step {marker['step']}, not {int(match.group(1))}"

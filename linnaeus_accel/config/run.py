@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import re
 from typing import Annotated, ClassVar, Literal
-from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
 
+from ..checkpoint.object_store import SCHEMES, split_url
 from .base import (
     PositiveFloat,
     PositiveInt,
@@ -24,7 +24,7 @@ class BucketConfig(Section):
     Backblaze B2) or a shared directory, named by URL."""
 
     # The URL schemes a bucket may have; each backend is in linnaeus_accel/checkpoint/object_store.py.
-    SCHEMES: ClassVar[tuple[str, ...]] = ("s3", "gs", "file", "b2")
+    SCHEMES: ClassVar[tuple[str, ...]] = SCHEMES
 
     URL: str | None = Field(
         None,
@@ -59,30 +59,8 @@ class BucketConfig(Section):
 
     @classmethod
     def split_url(cls, url: str) -> tuple[str, str, str]:
-        """(scheme, bucket, prefix) of a bucket URL; for file://, the bucket is empty and the prefix is
-        the absolute directory. ValueError, in words, for a URL that names no usable bucket."""
-        parts = urlsplit(url)
-        scheme = parts.scheme.lower()
-        if scheme not in cls.SCHEMES:
-            schemes = ", ".join(f"{s}://" for s in cls.SCHEMES)
-            raise ValueError(f"{url!r} is not a bucket URL: it must start with one of {schemes}")
-        if parts.query or parts.fragment:
-            raise ValueError(f"{url!r} has a query or fragment: a bucket URL is <scheme>://<bucket>/<prefix>")
-        if scheme == "file":
-            path = parts.path.rstrip("/")
-            if parts.netloc not in ("", "localhost") or not path.startswith("/"):
-                raise ValueError(
-                    f"{url!r} names no absolute directory: write file:///abs/path (three slashes)"
-                )
-            return scheme, "", path
-        if "@" in parts.netloc or ":" in parts.netloc:
-            # Credentials in a URL end up in config.yaml and logs; endpoints have their own variables.
-            raise ValueError(
-                f"{scheme}:// URLs hold only <bucket>/<prefix>: credentials and endpoints come from the environment"
-            )
-        if not parts.netloc:
-            raise ValueError(f"{url!r} names no bucket: write {scheme}://<bucket>/<prefix>")
-        return scheme, parts.netloc, parts.path.strip("/")
+        """(scheme, bucket, prefix) of a bucket URL (``checkpoint.object_store.split_url``)."""
+        return split_url(url)
 
     @property
     def target_url(self) -> str | None:

@@ -46,6 +46,7 @@ from ..checkpoint.background import SerialWorker
 from ..config import Config, ConfigError
 from ..process.failures import OutputWriteError, attempt_write
 from ..process.faults import fault_point
+from ..run_directory.shared_storage import SHARED
 from ..state.content import TENSORS_FILE
 from ..state.files import (
     JOURNAL_FILE,
@@ -57,6 +58,7 @@ from ..state.files import (
 from ..state.journal import ValidationJournals
 from .failures import CheckpointWriteError, StepFailed, abandon, agree_on_failure, background_failure
 from .host_snapshot import HostSnapshot
+from .node_parts import seal, upload_part
 
 __all__ = ["CheckpointWriteError", "CheckpointWriter"]
 
@@ -78,7 +80,12 @@ class CheckpointWriter:
         self.store = checkpoint_store(config.output_dir / "checkpoints")
         self.remote: Any = None  # RemoteCheckpoints and its BackgroundUploader (b2sdk is optional)
         self.uploader: Any = None
-        if accelerator.is_main_process:
+        # Where this machine stands (set at start, ``check_shared_output``): in node-local mode its
+        # local main process commits and uploads its machine's part of every checkpoint.
+        self.layout = SHARED
+        self.giving_up = threading.Event()  # the run failed: stop waiting for other machines' parts
+        self.attempt = ""  # this start, as every process agreed on it (node_parts)
+        if accelerator.is_local_main_process:  # every machine reaches the bucket, or the run stops
             self.remote, self.uploader = self._remote(remote)
         self.ranking_metric = config.ranking_metric
         self.mode: Mode = mode or ("min" if "loss" in self.ranking_metric else "max")
@@ -119,9 +126,12 @@ class CheckpointWriter:
                 raise ConfigError([(key, str(exc))]) from None
         return remote, BackgroundUploader(remote)
 
-    def close(self, timeout: float = 600.0) -> list[str]:
+    def close(self, timeout: float = 600.0, failing: bool = False) -> list[str]:
         """Wait (bounded) for the background commit, then for the uploads still queued; the errors
-        of those that failed. Not collective: for the end of a run that failed."""
+        of those that failed. Not collective: for the end of a run that failed too (``failing``:
+        a checkpoint waiting for another machine's part in the bucket waits no more)."""
+        if failing:
+            self.giving_up.set()
         self.worker.wait(timeout)
         if self.uploader is None:
             return []
@@ -184,7 +194,7 @@ class CheckpointWriter:
         started = time.perf_counter()
         staging = self.store.staging_path(step)
         failure = self._background_failure()
-        if failure is None and acc.is_main_process:
+        if failure is None and self.commits_here:
             error = attempt_write(lambda: self.store.staging_dir(step), staging)
             failure = (step, *error) if error is not None else None
         self._agree(failure)
@@ -210,7 +220,7 @@ class CheckpointWriter:
             raise
         if self.snapshot is None or not acc.is_main_process:
             fault_point("checkpoint_staged")
-        if acc.is_main_process:
+        if self.commits_here:
             sealed: dict[str, Any] = {}  # files the ASYNC write sealed already
             if self.snapshot is not None:
                 write = partial(self._write_captured, step, captured[0], rank_json, state_json, sealed)
@@ -260,19 +270,55 @@ class CheckpointWriter:
         upload. A failure removes what was written and is raised on every process by the loop's
         next agreement (the next checkpoint, or the end of the run)."""
         staging, final = self.store.staging_path(step), self.store.final_path(step)
-        error = attempt_write(lambda: self.store.commit(step, {"global_step": step}, sealed=sealed), staging)
+        info: dict[str, Any] = {"global_step": step}
+        if self.layout.node_local:  # this machine's part: never a resume point by itself
+            info.update(node=self.layout.node, nodes=self.layout.nodes)
+        error = attempt_write(lambda: self.store.commit(step, info, sealed=sealed), staging)
         if error is not None:
             raise StepFailed(step, *error)
         self._committed = final
-        if self.on_commit is not None:
+        if self.on_commit is not None and self.accelerator.is_main_process:
             self.on_commit(step, final)
         self.committed_at = time.perf_counter()  # for benchmarks: a save's start to its commit
         fault_point("checkpoint_committed")
         with self._metrics_lock:
             self.metric_at.setdefault(step, None)
         self._apply_retention()
-        if self.uploader is not None:  # queued again: training does not wait on the network either
-            self.uploader.submit(final)
+        self._upload(final)  # queued again: training does not wait on the network either
+
+    @property
+    def commits_here(self) -> bool:
+        """Whether this process commits checkpoints: the main process, and in node-local mode each
+        machine's local main process (its machine's part)."""
+        acc = self.accelerator
+        return acc.is_main_process or (self.layout.node_local and acc.is_local_main_process)
+
+    def _upload(self, final: Path, journal: bool = False) -> None:
+        """Queue the upload of a committed checkpoint (node-local mode: this machine's part, and on
+        the main process the marker of the whole once every machine's part is there). ``journal``:
+        only its validation journal grew (main process)."""
+        if self.uploader is None:
+            return
+        if not self.layout.node_local:
+            if self.accelerator.is_main_process:
+                self.uploader.submit(final)
+            return
+        remote, node, nodes, attempt = self.remote, self.layout.node, self.layout.nodes, self.attempt
+        if journal:  # not in the manifest: the checkpoint in the bucket stays whole meanwhile
+            step, file = self.store.step_of(final), final / JOURNAL_FILE
+            if step is not None and file.is_file():
+                self.uploader.run(f"upload of {file}", lambda: remote.upload_file(step, JOURNAL_FILE, file))
+            return
+        step = self.store.step_of(final)
+        timeout = float(self.config.ENV.DIST_TIMEOUT_S)
+
+        def part() -> None:
+            if (final / MARKER).is_file():  # not removed by retention while it waited
+                upload_part(remote, final, node, attempt)
+                if self.accelerator.is_main_process and step is not None:
+                    seal(remote, step, nodes, attempt, timeout, stop=self.giving_up.is_set)
+
+        self.uploader.run(f"upload of {final.name} (machine {node})", part)
 
     def _background_failure(self) -> tuple[int, str, BaseException] | None:
         current_step = self.store.step_of(self.current) if self.current is not None else 0
@@ -309,11 +355,21 @@ class CheckpointWriter:
             self.worker.submit("checkpoint retention", self._apply_retention)
         current = self.current
         if self.uploader is not None and current is not None and self.current_step == step:
-            self.worker.submit(f"uploading {current.name}", lambda: self.uploader.submit(current))
+            self.worker.submit(f"uploading {current.name}", lambda: self._upload(current, journal=True))
 
     def _apply_retention(self) -> None:
-        """Background, main process (the one writer of the checkpoint directory)."""
+        """Background, main process (the one writer of the checkpoint directory); in node-local mode
+        the other machines keep as many of their parts as the main process keeps checkpoints, the
+        newest (the bucket holds every checkpoint retention keeps, whole)."""
         ck = self.config.SCHEDULE.CHECKPOINT
+        if not self.accelerator.is_main_process:
+            parts = ck.KEEP_TOP_N + ck.KEEP_LAST_N  # 0: keep all
+            for step in self.store.complete_steps()[:-parts] if parts else []:
+                try:
+                    self.store.delete(step)
+                except OSError as exc:
+                    log.warning("could not remove this machine's part of checkpoint step %d: %s", step, exc)
+            return
         protect = {self.resumed_from} if self.resumed_from is not None else set()
         rejected: list[str] = []
         with self._metrics_lock:

@@ -146,7 +146,7 @@ class RunEnd:
             if lost := self.writer.abandon(timeout=60.0):
                 message = f"{message}; {lost}"
         with contextlib.suppress(Exception):
-            self.writer.close(timeout=60.0)
+            self.writer.close(timeout=60.0, failing=True)
         try:
             self.out.write_json("summary.json", self.summary("failed", error=message))
         except OutputWriteError as exc:

@@ -28,6 +28,7 @@ from ..config import Config, ConfigError
 from ..models.init_from import check_overwrite
 from ..process.failures import RunFailed
 from ..process.faults import fault_point
+from ..resume.from_bucket import complete_from_bucket
 from ..run_directory.outputs import claim_output_dir
 from ..run_directory.run_info import model_line, run_info
 from ..run_directory.shared_storage import check_shared_output
@@ -282,10 +283,15 @@ class Trainer:
             raise ConfigError([problem])
         if finished is not None:
             return finished  # type: ignore[no-any-return]
-        check_shared_output(acc, config.output_dir)  # every machine sees the directory, or all stop
+        writer = run.checkpoints.writer
+        # Every machine sees the directory, or each keeps its own and the bucket joins them, or all stop.
+        writer.layout = layout = check_shared_output(acc, config.output_dir, bucket=writer.remote is not None)
+        writer.attempt = layout.attempt
         run.checkpoints.verify_explicit(resume_from)  # a refusal writes nothing
-        if acc.is_main_process:
-            run.checkpoints.writer.store.remove_stale_staging()
+        if writer.commits_here:
+            writer.store.remove_stale_staging()
+        if layout.node_local and resume_from is None and config.TRAIN.AUTO_RESUME:
+            complete_from_bucket(acc, writer.store, writer.remote)  # before the newest one is looked for
         out.open()
         if acc.is_main_process:
             init = run.init_from.info() if run.init_from is not None else None

@@ -15,7 +15,8 @@
 - ``datasets``: small datasets several modules train on.
 - ``markdown_blocks``: the fenced code blocks of a Markdown page, and which of them run.
 - ``host_sync``: recording reads of tensor values back to the host, and where they were made.
-- ``host_sync``: recording reads of tensor values back to the host, and where they were made.
+- ``s3_server``: a real S3 endpoint on localhost (moto's server mode), a bucket on it, its keys.
+- ``nodes``: two "machines" on this one, each with its own working directory (``torchrun --nnodes 2``).
 
 Fixtures several modules use live in ``conftest.py``. Test modules (and the scripts they start
 with ``python tests/<script>.py``) import these as ``helpers.<module>``: ``tests/`` is on the
