@@ -45,7 +45,9 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 from linnaeus_accel.config import load_config
+from linnaeus_accel.resume.from_bucket import complete_from_bucket
 from linnaeus_accel.resume.reader import CheckpointReader
+from linnaeus_accel.run_directory.shared_storage import check_shared_output
 from linnaeus_accel.save.writer import CheckpointWriter
 from linnaeus_accel.training.nonfinite import parameters_finite
 
@@ -121,6 +123,9 @@ def main() -> int:
     parser.add_argument("--final", required=True, help="where rank 0 writes the full final weights")
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--every", type=int, default=4)
+    parser.add_argument(
+        "--bucket", help="ENV.OUTPUT.BUCKET.URL: machines without a shared directory meet there"
+    )
     args = parser.parse_args()
 
     accelerator = Accelerator(cpu=True)  # joins torchrun's gloo group; nothing is prepared
@@ -156,16 +161,23 @@ def main() -> int:
     accelerator.register_save_state_pre_hook(save_hook)
     accelerator.register_load_state_pre_hook(load_hook)
 
+    bucket = ["ENV.OUTPUT.BUCKET.URL", args.bucket] if args.bucket else []
     config = load_config(
         REPO / "configs" / "default.yaml",
-        opts=["ENV.OUTPUT.BASE_DIR", args.base_dir, "EXPERIMENT.NAME", args.name],
+        opts=["ENV.OUTPUT.BASE_DIR", args.base_dir, "EXPERIMENT.NAME", args.name, *bucket],
     )
     writer = CheckpointWriter(accelerator, config)
     reader = CheckpointReader(accelerator, config, writer.store)
 
-    # Resume as the trainer does: stale staging removed, the newest checkpoint that verifies.
-    if accelerator.is_main_process:
+    # Resume as the trainer does: the machines' layout (node-local with a bucket), stale staging
+    # removed, the bucket's newest checkpoint made whole on each machine, the newest that verifies.
+    config.output_dir.mkdir(parents=True, exist_ok=True)
+    writer.layout = check_shared_output(accelerator, config.output_dir, bucket=writer.remote is not None)
+    writer.attempt = writer.layout.attempt
+    if writer.commits_here:
         writer.store.remove_stale_staging()
+    if writer.layout.node_local:
+        complete_from_bucket(accelerator, writer.store, writer.remote)
     path, skipped = reader.find_everywhere(None)
     if accelerator.is_main_process:
         for message in skipped:
@@ -216,6 +228,8 @@ def main() -> int:
         save_file(tensors, args.final)
         print(f"final weights ({len(tensors)} tensors) written to {args.final}", flush=True)
     nan_is_detected(model, rank)
+    errors = writer.close()  # every machine's uploads done (node-local mode: the last checkpoint sealed)
+    assert not errors, errors
     accelerator.wait_for_everyone()
     accelerator.end_training()  # destroys the process group, on every process together
     return 0

@@ -23,6 +23,10 @@ linnaeus-accel's real code.
   byte.
 - One flipped byte in rank 1's shard of the newest checkpoint (same size: only the sha256 sees it)
   makes resume reject that checkpoint (moved to ``rejected/``) and choose the previous one.
+- On 2 machines without a shared directory (``helpers.nodes``) meeting in a ``file://`` bucket:
+  each machine's disk holds its own rank's shards (DCP's ``.metadata``, the coordinator's, on the
+  first only); killed once step 4 is whole in the bucket and rerun with the second machine's disk
+  gone, the run resumes from the bucket and ends with the reference weights.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import pytest
 import torch
 from helpers.configs import CFG, REPO
 from helpers.launches import Launch, launch_logged
+from helpers.nodes import two_nodes
 from helpers.processes import torchrun_command
 from safetensors.torch import load_file
 
@@ -170,3 +175,42 @@ def test_corrupt_shard_is_rejected_and_previous_checkpoint_chosen(
     assert (moved / "REJECTED.txt").is_file()
     assert (moved / "pytorch_model_fsdp_0" / "__1_0.distcp").is_file()  # moved aside, not deleted
     assert reader.store.complete_steps() == [8]
+
+
+def test_fsdp2_on_two_machines_resumes_from_the_bucket(
+    reference: tuple[Path, Launch], tmp_path: Path
+) -> None:
+    ref_dir, _ = reference
+    bucket, node0, node1 = tmp_path / "bucket", tmp_path / "node0", tmp_path / "node1"
+    bucket.mkdir()
+    final = tmp_path / "run.final.safetensors"
+    script = [
+        str(WORKER),
+        "--base-dir",
+        "outputs",
+        "--name",
+        "run",
+        "--final",
+        str(final),
+        "--bucket",
+        bucket.as_uri(),
+    ]
+    kill = {"LINNAEUS_ACCEL_KILL_AT": "bucket_sealed:1", "LINNAEUS_ACCEL_FAULT_RANK": "0"}
+    killed = two_nodes((node0, node1), tmp_path, [], node_env=(kill, {}), log_name="killed", script=script)
+    assert killed[0][0] != 0, killed[0][1][-3000:]
+    remote_step = bucket / "run" / "checkpoints" / "step_00000004"
+    manifest = {entry["path"] for entry in read_marker(remote_step)["files"]}
+    assert {f"{d}/{f}" for d in DCP_DIRS for f in DCP_FILES} <= manifest, sorted(manifest)
+    part1 = {
+        entry["path"]
+        for entry in read_marker(node1 / "outputs" / "run" / "checkpoints" / "step_00000004")["files"]
+    }
+    assert "pytorch_model_fsdp_0/__1_0.distcp" in part1
+    assert "pytorch_model_fsdp_0/.metadata" not in part1
+
+    shutil.rmtree(node1)  # the second machine's disk is gone
+    rerun = two_nodes((node0, node1), tmp_path, [], log_name="rerun", script=script)
+    for status, output in rerun:
+        assert status == 0, output[-3000:]
+    assert "resumed from step_00000004 (global step 4)" in rerun[0][1], rerun[0][1][-3000:]
+    assert final.read_bytes() == (ref_dir / "ref.final.safetensors").read_bytes()

@@ -22,15 +22,18 @@ def two_nodes(
     env: Mapping[str, str] | None = None,
     node_env: Sequence[Mapping[str, str]] = ({}, {}),
     log_name: str = "node",
+    script: Sequence[str] = (),
 ) -> list[tuple[int, str]]:
-    """Launch node ranks 0 and 1 at once, each from its working directory, training with ``opts``;
-    their (exit status, output). ``node_env``: variables for one node only (a fault point)."""
+    """Launch node ranks 0 and 1 at once, each from its working directory, training with ``opts``
+    (or running ``script``: a script and its arguments); their (exit status, output).
+    ``node_env``: variables for one node only (a fault point)."""
     port = free_port()
     procs = []
     for rank, cwd in enumerate(cwds):
         cwd.mkdir(parents=True, exist_ok=True)
         log_path = tmp_path / f"{log_name}{rank}.log"
-        command = [*torchrun_command(1, nodes=2, node_rank=rank, port=port), *train_arguments(*opts)]
+        what = list(script) if script else train_arguments(*opts)
+        command = [*torchrun_command(1, nodes=2, node_rank=rank, port=port), *what]
         extra = {**(env or {}), **node_env[rank]}
         with log_path.open("wb") as log:
             proc = subprocess.Popen(
