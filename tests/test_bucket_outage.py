@@ -142,11 +142,6 @@ def test_training_outlives_the_store_and_names_what_did_not_reach_it(outage: Out
     assert on_disk["remote_sync_errors"] == errors
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FsspecStore.retryable tests isinstance(error, EndpointUnreachable | S3_RETRYABLE_ERRORS), a "
-    "type | tuple: a TypeError, so no S3 error is retried and each says 'TypeError' instead of its cause",
-)
 def test_uploads_during_the_outage_were_retried_and_say_why_they_failed(outage: Outage) -> None:
     """A refused connection is worth a wait (RetryPolicy): each failed transfer was tried as often
     as the policy says, and its error names the endpoint that could not be reached."""

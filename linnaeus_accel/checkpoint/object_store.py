@@ -178,7 +178,7 @@ class FsspecStore:
             from botocore.exceptions import ConnectionError as EndpointUnreachable  # type: ignore[import-untyped]
             from s3fs.core import S3_RETRYABLE_ERRORS  # type: ignore[import-untyped]
 
-            return isinstance(error, EndpointUnreachable | S3_RETRYABLE_ERRORS)
+            return isinstance(error, (EndpointUnreachable, *S3_RETRYABLE_ERRORS))
         if self.scheme == "gs":
             from gcsfs.retry import is_retriable  # type: ignore[import-untyped]
 
