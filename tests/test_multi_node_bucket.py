@@ -101,15 +101,17 @@ def test_a_machine_that_lost_its_disk_and_then_both_resume_from_the_bucket(
 def test_killed_while_a_machine_uploads_to_s3_resumes_from_the_checkpoint_before(
     tmp_path: Path, reference: dict[str, bytes], s3_bucket: str
 ) -> None:
-    """Against a real S3 endpoint (moto's server, reached through the standard AWS variables)."""
+    """Against a real S3 endpoint (moto's server, reached through the standard AWS variables), with
+    ``SCHEDULE.CHECKPOINT.ASYNC``."""
     node0, node1, url = tmp_path / "node0", tmp_path / "node1", f"s3://{s3_bucket}/runs"
     # Machine 1 dies with its files of step 6 in the bucket but not the record that completes them.
     kill = {"LINNAEUS_ACCEL_KILL_AT": "part_uploaded:2", "LINNAEUS_ACCEL_FAULT_RANK": "1"}
-    results = two_nodes((node0, node1), tmp_path, opts(url), node_env=({}, {**kill}), log_name="killed")
+    asynchronous = [*opts(url), "SCHEDULE.CHECKPOINT.ASYNC", "true"]  # written from host memory meanwhile
+    results = two_nodes((node0, node1), tmp_path, asynchronous, node_env=({}, {**kill}), log_name="killed")
     assert results[1][0] != 0, results[1][1][-3000:]
     keys = object_keys(s3_bucket)
     assert [k for k in keys if k.endswith(MARKER)] == [f"runs/run/checkpoints/step_00000003/{MARKER}"], keys
     assert "runs/run/checkpoints/step_00000006/rank_00001.json" in keys
-    output = run_ok(two_nodes((node0, node1), tmp_path, opts(url), log_name="rerun"))
+    output = run_ok(two_nodes((node0, node1), tmp_path, asynchronous, log_name="rerun"))
     assert re.search(r"resum\w+ .*step 3\b", output), output[-3000:]
     assert final_weights(node0) == reference

@@ -14,6 +14,7 @@ waits for any of it; what failed is in ``summary.json``'s ``remote_sync_errors``
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +22,8 @@ from typing import Any
 
 from ..checkpoint.marker import MARKER, MARKER_VERSION, SIGNATURE, checkpoint_key, read_marker, signature
 from ..process.faults import fault_point
+
+log = logging.getLogger(__name__)
 
 PARTS = ".parts"
 POLL_S = 0.5
@@ -41,7 +44,12 @@ def upload_part(remote: Any, local: Path, node: int, attempt: str) -> None:
         for file in sorted(p for p in local.rglob("*") if p.is_file() and p.name != MARKER):
             remote.upload_file(step, file.relative_to(local).as_posix(), file)
     except Exception as exc:
-        # Said in the record, so that the main process stops waiting for this part and reports why.
+        # Said in the record, so that the main process stops waiting for this part, and why.
+        if not (local / MARKER).is_file():  # retention removed it meanwhile: a newer one supersedes it
+            record = {"node": node, "attempt": attempt, "superseded": True}
+            remote.put_bytes(step, part_record(node), json.dumps(record).encode("utf-8"))
+            log.warning("stopped the upload of %s: retention removed it meanwhile", local)
+            return
         failed = {"node": node, "attempt": attempt, "failed": f"{type(exc).__name__}: {exc}"}
         remote.put_bytes(step, part_record(node), json.dumps(failed).encode("utf-8"))
         raise
@@ -71,6 +79,11 @@ def seal(
         failed = [f"machine {n}: {records[n]['failed']}" for n in sorted(records) if "failed" in records[n]]
         if failed:
             raise RuntimeError(f"step {step}: not complete in {remote.url}: " + "; ".join(failed))
+        if any(records[n].get("superseded") for n in records):
+            log.warning(
+                "step %d is not completed in %s: retention removed a part of it first", step, remote.url
+            )
+            return
         if not missing:
             break
         if time.monotonic() > deadline or stop():
@@ -112,6 +125,10 @@ def _record(remote: Any, step: int, node: int, attempt: str) -> dict[str, Any] |
         return None
     if not isinstance(record, dict) or record.get("attempt") != attempt:
         return None
-    if not isinstance(record.get("files"), list) and not isinstance(record.get("failed"), str):
+    if not (
+        isinstance(record.get("files"), list)
+        or isinstance(record.get("failed"), str)
+        or record.get("superseded")
+    ):
         return None
     return record

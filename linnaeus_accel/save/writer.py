@@ -306,8 +306,17 @@ class CheckpointWriter:
         remote, node, nodes, attempt = self.remote, self.layout.node, self.layout.nodes, self.attempt
         if journal:  # not in the manifest: the checkpoint in the bucket stays whole meanwhile
             step, file = self.store.step_of(final), final / JOURNAL_FILE
+
+            def upload_journal() -> None:
+                try:
+                    remote.upload_file(step, JOURNAL_FILE, file)
+                except Exception:
+                    if (final / MARKER).is_file():
+                        raise
+                    # Retention removed the checkpoint while the upload waited: nothing is lost.
+
             if step is not None and file.is_file():
-                self.uploader.run(f"upload of {file}", lambda: remote.upload_file(step, JOURNAL_FILE, file))
+                self.uploader.run(f"upload of {file}", upload_journal)
             return
         step = self.store.step_of(final)
         timeout = float(self.config.ENV.DIST_TIMEOUT_S)
