@@ -313,6 +313,14 @@ class TaskConfig(Section):
         "cross-entropy's ignore_index: -1 for nanoGPT and minGPT, -100 for PyTorch's default); "
         "targets without a label (padding, even-batch repeats) are given to the model as this value.",
     )
+    LOSS_CHUNK_TOKENS: NonNegativeInt = Field(
+        0,
+        description="causal_lm: compute the output projection and the cross-entropy this many (flattened) "
+        "tokens at a time, so that the [batch, length, vocab] logits and their gradient never exist whole "
+        "(the loss and gradients are the plain path's); 0 is off. The model exposes its output nn.Linear "
+        "as get_output_embeddings() and its final hidden states through logits_to_keep (transformers) or "
+        "forward(..., return_hidden=True): docs/guides/pretraining.md, Chunked loss.",
+    )
 
     def problems(self) -> list[Problem]:
         problems: list[Problem] = []
@@ -328,6 +336,14 @@ class TaskConfig(Section):
             problems.append(
                 Problem(
                     ("MODEL_LOSS", "NAME"), f"{{0}} is for causal_lm, and {{1}} is {self.NAME}: turn it off"
+                )
+            )
+        if self.LOSS_CHUNK_TOKENS and (self.MODEL_LOSS or self.NAME in ("hierarchical", "classification")):
+            other = "{1} is on (the model computes its own)" if self.MODEL_LOSS else f"{{1}} is {self.NAME}"
+            problems.append(
+                Problem(
+                    ("LOSS_CHUNK_TOKENS", "MODEL_LOSS" if self.MODEL_LOSS else "NAME"),
+                    "{0} chunks the loss causal_lm computes, and " + other + ": set {0} to 0",
                 )
             )
         if self.MODEL_IGNORE_INDEX != -100 and not self.MODEL_LOSS:

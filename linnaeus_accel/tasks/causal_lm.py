@@ -56,6 +56,7 @@ from .base import (
     logits_of,
     output_logits_problem,
 )
+from .chunked_loss import causal_lm_chunked_loss
 
 VOCAB_KEY = "MODEL.OPTIONS.vocab_size"
 MODEL_LOSS_ADVICE = (
@@ -129,6 +130,7 @@ class CausalLMTask(Task):
     # TASK.MODEL_LOSS and TASK.MODEL_IGNORE_INDEX, read at bind unless given to the constructor.
     model_loss = False
     ignore_index = IGNORE_INDEX
+    loss_chunk_tokens = 0  # TASK.LOSS_CHUNK_TOKENS, read at bind
 
     def __init__(self, model_loss: bool | None = None, ignore_index: int | None = None) -> None:
         self.given = {"model_loss": model_loss, "ignore_index": ignore_index}
@@ -144,6 +146,7 @@ class CausalLMTask(Task):
             self.model_loss = context.config.TASK.MODEL_LOSS
         if given.get("ignore_index") is None:
             self.ignore_index = context.config.TASK.MODEL_IGNORE_INDEX
+        self.loss_chunk_tokens = context.config.TASK.LOSS_CHUNK_TOKENS
 
     def config_problems(self, config: Config) -> list[tuple[str, str]]:
         problems = linnaeus_only_problems(config, self.name)
@@ -280,6 +283,8 @@ class CausalLMTask(Task):
     def _summed_loss(self, model: nn.Module, batch: Any) -> Tensor:
         if self.model_loss:
             return self._model_summed_loss(model, batch)
+        if self.loss_chunk_tokens > 0:  # the logits never whole: chunked_loss.py
+            return causal_lm_chunked_loss(model, batch, self.loss_chunk_tokens, IGNORE_INDEX)
         logits = logits_of(self.forward(model, batch))[:, :-1]
         return F.cross_entropy(
             logits.reshape(-1, logits.shape[-1]).float(),

@@ -257,6 +257,11 @@ def _ramp_lines(config: Config, plan: ResolvedPlan) -> list[str]:
         out.append(
             f"GradNorm:        every {plan.gradnorm_interval} steps from step {plan.gradnorm_warmup_steps}"
         )
+    if config.TASK.LOSS_CHUNK_TOKENS:
+        out.append(
+            f"Chunked loss:    output projection and cross-entropy {config.TASK.LOSS_CHUNK_TOKENS} tokens at a "
+            "time (TASK.LOSS_CHUNK_TOKENS)"
+        )
     es = config.TRAIN.EARLY_STOP
     if es.ACTIVE:
         out.append(
