@@ -24,6 +24,10 @@ writes them); nanoGPT's ``.bin`` files have none, so give ``dtype: uint16`` and 
 it the model is refused.
 
 ``MODEL.OPTIONS`` are the fields of ``GPTConfig`` below; ``vocab_size`` defaults to the data's.
+
+``TASK.DOCUMENT_MASKING: true`` (attention within each document of a window) calls it as
+``model(inputs, targets, position_ids=...)``: positions that restart at 0 after each end-of-document
+id, which it reads its position embedding at and attends within (``block_causal_mask``).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from torch import Tensor, nn
 from linnaeus_accel.cli import main
 from linnaeus_accel.config import Config, ConfigError
 from linnaeus_accel.models import register_model
+from linnaeus_accel.tasks.document_masking import block_causal_mask
 
 IGNORE = -1  # the target value the loss leaves out (nanoGPT's and minGPT's convention)
 
@@ -66,16 +71,17 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.residual_dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
         batch, length, width = x.shape
         # [batch, length, width] -> [batch, heads, length, head width]: SDPA attends over the last two.
         q, k, v = (
             part.view(batch, length, self.n_head, width // self.n_head).transpose(1, 2)
             for part in self.qkv(x).split(width, dim=2)
         )
-        # is_causal instead of a mask tensor: SDPA picks a fused (flash, memory-efficient) kernel.
+        # is_causal instead of a mask tensor: SDPA picks a fused (flash, memory-efficient) kernel;
+        # a mask (document masking's block-causal one) only where the documents must be kept apart.
         y = F.scaled_dot_product_attention(
-            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
+            q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0, is_causal=mask is None
         )
         out: Tensor = self.residual_dropout(self.proj(y.transpose(1, 2).reshape(batch, length, width)))
         return out
@@ -105,8 +111,8 @@ class Block(nn.Module):
         self.ln_mlp = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: Tensor) -> Tensor:
-        x = x + self.attn(self.ln_attn(x))
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        x = x + self.attn(self.ln_attn(x), mask)
         out: Tensor = x + self.mlp(self.ln_mlp(x))
         return out
 
@@ -134,17 +140,23 @@ class GPT(nn.Module):
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
-    def forward(self, idx: Tensor, targets: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+    def forward(
+        self, idx: Tensor, targets: Tensor | None = None, position_ids: Tensor | None = None
+    ) -> tuple[Tensor, Tensor | None]:
+        """``position_ids`` ``[batch, length]``, when given: each token's position in its document
+        (0 at each document's start, as TASK.DOCUMENT_MASKING gives them); the tokens then attend
+        only within their document. Without them, positions 0.. and causal attention over all."""
         length = idx.shape[1]
         if length > self.config.block_size:
             # Past the position table an embedding lookup fails opaquely (a device-side assert on a GPU).
             raise ValueError(
                 f"GPT: a sequence of {length} tokens is longer than block_size {self.config.block_size}"
             )
-        positions = torch.arange(length, device=idx.device)
+        positions = torch.arange(length, device=idx.device) if position_ids is None else position_ids
+        mask = None if position_ids is None else block_causal_mask(position_ids)
         x = self.dropout(self.token_embedding(idx) + self.position_embedding(positions))
         for block in self.blocks:
-            x = block(x)
+            x = block(x, mask)
         # The lm_head is the token embedding itself (tied): a projection on the same tensor rather
         # than a second module holding it, so checkpoints, safetensors and sharding see one parameter.
         logits = F.linear(self.ln_final(x), self.token_embedding.weight)

@@ -321,6 +321,14 @@ class TaskConfig(Section):
         "as get_output_embeddings() and its final hidden states through logits_to_keep (transformers) or "
         "forward(..., return_hidden=True): docs/guides/pretraining.md, Chunked loss.",
     )
+    DOCUMENT_MASKING: bool = Field(
+        False,
+        description="causal_lm: attention within each document of a packed window: the documents end at "
+        "the end-of-document id (the data's eos_id: a token file's sidecar, hf_dataset's tokenizer), "
+        "positions restart at 0 after it, and the model is given them as position_ids (transformers "
+        "models build the block-causal mask from them; a model of one's own takes position_ids=None); "
+        "every target still counts: docs/guides/pretraining.md, Document masking.",
+    )
 
     def problems(self) -> list[Problem]:
         problems: list[Problem] = []
@@ -344,6 +352,21 @@ class TaskConfig(Section):
                 Problem(
                     ("LOSS_CHUNK_TOKENS", "MODEL_LOSS" if self.MODEL_LOSS else "NAME"),
                     "{0} chunks the loss causal_lm computes, and " + other + ": set {0} to 0",
+                )
+            )
+        if self.DOCUMENT_MASKING and (
+            self.LOSS_CHUNK_TOKENS or self.NAME in ("hierarchical", "classification")
+        ):
+            problems.append(
+                Problem(
+                    ("DOCUMENT_MASKING", "LOSS_CHUNK_TOKENS" if self.LOSS_CHUNK_TOKENS else "NAME"),
+                    "{0} masks attention between the documents of causal_lm's packed windows, and "
+                    + (
+                        "{1} is set (the chunked loss calls the model without position_ids): set {1} to 0"
+                        if self.LOSS_CHUNK_TOKENS
+                        else f"{{1}} is {self.NAME}, whose samples are not packed documents"
+                    )
+                    + ", or turn {0} off",
                 )
             )
         if self.MODEL_IGNORE_INDEX != -100 and not self.MODEL_LOSS:

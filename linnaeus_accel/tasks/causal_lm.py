@@ -6,7 +6,9 @@ optional ``attention_mask``, in the Hugging Face convention: ``labels`` are alig
 ``labels[t + 1]``; a label of -100 (padding, a prompt) carries no target. The model is called as
 ``model(input_ids, attention_mask=...)`` (without the mask when the batch has none) and returns
 logits ``[batch, length, vocab]``, or an object with ``.logits`` such as a transformers
-``ModelOutput``; labels are not passed, so a transformers model computes no loss of its own.
+``ModelOutput``; labels are not passed, so a transformers model computes no loss of its own. With
+``TASK.DOCUMENT_MASKING`` it is also given ``position_ids`` that restart after each end-of-document
+id, so that each token attends within its document only (``document_masking.py``).
 
 A target token is a unit: the step's loss is the mean over every target token of the step, on
 every process, and ``tokens_seen`` counts them. Validation: loss and perplexity over every token.
@@ -44,6 +46,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config import Config
+from . import document_masking as masking
 from .base import (
     IGNORE_INDEX,
     Direction,
@@ -132,12 +135,29 @@ class CausalLMTask(Task):
     ignore_index = IGNORE_INDEX
     loss_chunk_tokens = 0  # TASK.LOSS_CHUNK_TOKENS, read at bind
 
-    def __init__(self, model_loss: bool | None = None, ignore_index: int | None = None) -> None:
-        self.given = {"model_loss": model_loss, "ignore_index": ignore_index}
+    # TASK.DOCUMENT_MASKING, and the end-of-document id it splits windows at (the dataset's eos_id).
+    document_masking = False
+    eos_id: int | None = None
+
+    def __init__(
+        self,
+        model_loss: bool | None = None,
+        ignore_index: int | None = None,
+        document_masking: bool | None = None,
+        eos_id: int | None = None,
+    ) -> None:
+        self.given = {
+            "model_loss": model_loss,
+            "ignore_index": ignore_index,
+            "document_masking": document_masking,
+        }
         if model_loss is not None:
             self.model_loss = model_loss
         if ignore_index is not None:
             self.ignore_index = ignore_index
+        if document_masking is not None:
+            self.document_masking = document_masking
+        self.eos_id = eos_id
 
     def bind(self, context: TaskContext) -> None:
         super().bind(context)
@@ -146,10 +166,16 @@ class CausalLMTask(Task):
             self.model_loss = context.config.TASK.MODEL_LOSS
         if given.get("ignore_index") is None:
             self.ignore_index = context.config.TASK.MODEL_IGNORE_INDEX
+        if given.get("document_masking") is None:
+            self.document_masking = context.config.TASK.DOCUMENT_MASKING
+        if self.eos_id is None:
+            self.eos_id = getattr(context.dataset, "eos_id", None)
         self.loss_chunk_tokens = context.config.TASK.LOSS_CHUNK_TOKENS
 
     def config_problems(self, config: Config) -> list[tuple[str, str]]:
         problems = linnaeus_only_problems(config, self.name)
+        if self.document_masking and self.eos_id is None:
+            problems.append((masking.KEY, masking.NO_EOS))
         configured = config.MODEL.OPTIONS.get("vocab_size")
         context = getattr(self, "context", None)  # set by bind
         if context is None or not isinstance(configured, int) or isinstance(configured, bool):
@@ -167,6 +193,8 @@ class CausalLMTask(Task):
                 f"each [batch, length]; the training data gives {describe_keys(batch)} "
                 "(for packed token sequences see linnaeus_accel.data.PackedTokens)"
             )
+        if self.document_masking and (problem := masking.batch_problem(batch)) is not None:
+            return problem
         shapes = {k: tuple(batch[k].shape) for k in ("input_ids", "labels", "attention_mask") if k in batch}
         if any(len(s) != 2 for s in shapes.values()) or len(set(shapes.values())) != 1:
             return f"input_ids, labels and attention_mask must all be [batch, length], got {shapes}"
@@ -236,6 +264,8 @@ class CausalLMTask(Task):
 
     def forward(self, model: nn.Module, batch: Any) -> Any:
         try:
+            if self.document_masking:
+                return self._masked_forward(model, batch)
             if self.model_loss:
                 return model(*self.split_window(batch))
             mask = batch.get("attention_mask")
@@ -250,6 +280,20 @@ class CausalLMTask(Task):
             if not torch.is_grad_enabled() and (hint := self._length_hint(exc, model, batch)) is not None:
                 add_to_message(exc, hint)
             raise
+
+    def _masked_forward(self, model: nn.Module, batch: Any) -> Any:
+        """The model called with ``position_ids`` that restart after each end-of-document id
+        (document_masking.py), on the inputs it is given (the window, or its first length - 1
+        tokens with TASK.MODEL_LOSS); the targets are the same as without masking."""
+        if self.eos_id is None:
+            raise ValueError(f"{masking.KEY} {masking.NO_EOS}")
+        # The forward's signature, read once per model (at the probe before the first step).
+        read: dict[int, dict[str, Any]] = self.__dict__.setdefault("_masking_keywords", {})
+        if (keywords := read.get(id(model))) is None:
+            keywords = read[id(model)] = masking.model_keywords(model)
+        inputs = self.split_window(batch) if self.model_loss else (batch["input_ids"],)
+        positions = masking.document_positions(inputs[0], self.eos_id)
+        return model(*inputs, position_ids=positions, **keywords)
 
     def _length_hint(self, exc: Exception, model: nn.Module, batch: Any) -> str | None:
         """What seq_len counts, when ``exc`` is ``model`` refusing the tokens per row it was given:

@@ -253,6 +253,10 @@ def _ramp_lines(config: Config, plan: ResolvedPlan) -> list[str]:
         if x.enabled
         else "Mixup:           off"
     )
+    if config.TASK.DOCUMENT_MASKING:  # causal_lm only (the config refuses it for other tasks)
+        out.append(
+            "Document masking: on: attention within each document, positions restart after each end-of-document id"
+        )
     if plan.gradnorm_enabled:
         out.append(
             f"GradNorm:        every {plan.gradnorm_interval} steps from step {plan.gradnorm_warmup_steps}"
