@@ -5,7 +5,8 @@
 - Under masking, the summed loss of a window of several documents is the sum of the losses of each
   document run alone (positions from 0), for a transformers Llama (sdpa and eager attention) and
   for the nanoGPT example model (its own loss, position_ids in its forward).
-- Off, the loss is the one the model gives without the feature, to the byte.
+- Off, the loss is the one the model gives without the feature, to the byte; on, a model of one's
+  own reads nothing back to the host.
 - Refusals, each naming the key: another task, the chunked loss, data without an end-of-document
   id, a model whose forward takes no position_ids, batches with an attention_mask.
 - A short training run on token files with masking on: it says so at the start and learns.
@@ -23,7 +24,7 @@ import torch.nn.functional as F
 from helpers.configs import LM_CFG
 from helpers.in_process import run_cli
 from helpers.tokens import TINY_LM, cli_opts, write_sidecar, write_tokens
-from test_model_loss import EXAMPLE, tiny_gpt
+from test_model_loss import EXAMPLE, ReadBacks, tiny_gpt
 from torch import Tensor, nn
 
 from linnaeus_accel import load_config
@@ -119,6 +120,19 @@ def test_nanogpt_window_loss_is_the_sum_over_its_documents_alone() -> None:
     assert window.item() == pytest.approx(documents.item(), abs=1e-5)
     unmasked = CausalLMTask(model_loss=True, ignore_index=EXAMPLE.IGNORE).loss_sums(model, batch_of(WINDOW))
     assert abs(unmasked.item() - window.item()) > 1e-3
+
+
+def test_masking_reads_nothing_back_to_the_host_for_a_model_of_ones_own() -> None:
+    """The positions and the nanoGPT model's block-causal mask are device ops only (a transformers
+    model reads its positions back once per forward, to find the documents: the guide says so)."""
+    gpt, task = (
+        tiny_gpt(),
+        CausalLMTask(model_loss=True, ignore_index=EXAMPLE.IGNORE, document_masking=True, eos_id=EOS),
+    )
+    task.loss_sums(gpt, batch_of(WINDOW))  # the first call reads the forward's signature
+    with ReadBacks() as reads:
+        task.loss_sums(gpt, batch_of(WINDOW)).sum().backward()  # type: ignore[no-untyped-call]
+    assert reads.found == []
 
 
 def test_off_the_loss_is_the_models_own_to_the_byte() -> None:
