@@ -217,7 +217,7 @@ def test_plan_says_the_chunked_loss_is_on() -> None:
 
 
 PEAK = """
-import resource, sys
+import sys
 import torch
 from torch import nn
 from linnaeus_accel.tasks.causal_lm import CausalLMTask
@@ -237,9 +237,17 @@ class Own(nn.Module):
 model, task = Own(), CausalLMTask()
 task.loss_chunk_tokens = int(sys.argv[1])
 ids = torch.randint(0, 50_000, (2, 512), generator=torch.Generator().manual_seed(0))
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+def status(field):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
+# The peak from here on (writing 5 to clear_refs resets VmHWM to the current RSS): a peak reached
+# while importing (which varies with what is cached) is not counted.
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")
+before = status("VmRSS")
 task.loss_sums(model, {"input_ids": ids, "labels": ids}).sum().backward()
-print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)
+print((status("VmHWM") - before) / 1024)
 """
 
 
@@ -247,7 +255,10 @@ def peak_growth_mb(chunk: int) -> float:
     # glibc keeps freed large blocks in its heap once its mmap threshold has grown, so the peak RSS
     # would count every chunk's logits ever allocated; a fixed threshold maps and unmaps each, and
     # the peak is that of the tensors alive at once.
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"}
+    # A clean environment: only what the measurement needs (the same in every pytest worker).
+    keep = ("PATH", "HOME", "TMPDIR", "LANG")
+    env = {k: v for k, v in os.environ.items() if k in keep}
+    env.update(MALLOC_MMAP_THRESHOLD_="131072", OMP_NUM_THREADS="1")
     done = subprocess.run(
         [sys.executable, "-c", PEAK, str(chunk)], capture_output=True, text=True, check=True, env=env
     )

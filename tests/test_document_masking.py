@@ -113,6 +113,25 @@ def test_llama_window_loss_is_the_sum_over_its_documents_alone(attention: str) -
     assert abs(unmasked.item() - window.item()) > 1e-3
 
 
+def test_with_the_chunked_loss_the_masked_loss_and_gradients_are_the_same() -> None:
+    """Both on (the pretraining recipe): the chunked loss calls the model with the same positions."""
+    model = llama("sdpa")
+    plain = CausalLMTask(document_masking=True, eos_id=EOS)
+    chunked = CausalLMTask(document_masking=True, eos_id=EOS)
+    chunked.loss_chunk_tokens = 4  # 14 targets: 4 chunks, the last partial
+    losses, grads = [], []
+    for task in (plain, chunked):
+        model.zero_grad()
+        loss = task.loss_sums(model, batch_of(WINDOW)).sum()
+        loss.backward()
+        losses.append(loss.item())
+        grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
+    assert losses[1] == pytest.approx(losses[0], rel=1e-5)
+    assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(*grads, strict=True))
+    _, documents = masked_and_alone(CausalLMTask(document_masking=True, eos_id=EOS), model)
+    assert losses[1] == pytest.approx(documents.item(), abs=1e-5)
+
+
 def test_nanogpt_window_loss_is_the_sum_over_its_documents_alone() -> None:
     model = tiny_gpt()
     task = CausalLMTask(model_loss=True, ignore_index=EXAMPLE.IGNORE, document_masking=True, eos_id=EOS)
@@ -182,8 +201,8 @@ def test_padded_batches_are_refused() -> None:
 def test_config_refuses_it_where_it_would_do_nothing() -> None:
     with pytest.raises(ConfigError, match=r"TASK\.DOCUMENT_MASKING .* TASK\.NAME is classification"):
         load_config({"TASK": {"NAME": "classification", "DOCUMENT_MASKING": True}})
-    with pytest.raises(ConfigError, match=r"TASK\.LOSS_CHUNK_TOKENS to 0"):
-        load_config({"TASK": {"NAME": "causal_lm", "DOCUMENT_MASKING": True, "LOSS_CHUNK_TOKENS": 64}})
+    # With the chunked loss it is allowed: the chunked loss's call of the model gets the positions.
+    load_config({"TASK": {"NAME": "causal_lm", "DOCUMENT_MASKING": True, "LOSS_CHUNK_TOKENS": 64}})
 
 
 def token_file(path: Path, sidecar: bool) -> str:

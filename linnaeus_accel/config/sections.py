@@ -354,19 +354,12 @@ class TaskConfig(Section):
                     "{0} chunks the loss causal_lm computes, and " + other + ": set {0} to 0",
                 )
             )
-        if self.DOCUMENT_MASKING and (
-            self.LOSS_CHUNK_TOKENS or self.NAME in ("hierarchical", "classification")
-        ):
+        if self.DOCUMENT_MASKING and self.NAME in ("hierarchical", "classification"):
             problems.append(
                 Problem(
-                    ("DOCUMENT_MASKING", "LOSS_CHUNK_TOKENS" if self.LOSS_CHUNK_TOKENS else "NAME"),
+                    ("DOCUMENT_MASKING", "NAME"),
                     "{0} masks attention between the documents of causal_lm's packed windows, and "
-                    + (
-                        "{1} is set (the chunked loss calls the model without position_ids): set {1} to 0"
-                        if self.LOSS_CHUNK_TOKENS
-                        else f"{{1}} is {self.NAME}, whose samples are not packed documents"
-                    )
-                    + ", or turn {0} off",
+                    f"{{1}} is {self.NAME}, whose samples are not packed documents: turn {{0}} off",
                 )
             )
         if self.MODEL_IGNORE_INDEX != -100 and not self.MODEL_LOSS:

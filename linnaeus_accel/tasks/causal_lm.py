@@ -285,15 +285,19 @@ class CausalLMTask(Task):
         """The model called with ``position_ids`` that restart after each end-of-document id
         (document_masking.py), on the inputs it is given (the window, or its first length - 1
         tokens with TASK.MODEL_LOSS); the targets are the same as without masking."""
+        inputs = self.split_window(batch) if self.model_loss else (batch["input_ids"],)
+        return model(*inputs, **self._masking_keywords(model, inputs[0]))
+
+    def _masking_keywords(self, model: nn.Module, input_ids: Tensor) -> dict[str, Any]:
+        """The keywords of a masked call of ``model`` on ``input_ids``: the positions, and what its
+        forward needs besides (the chunked loss's call passes them too)."""
         if self.eos_id is None:
             raise ValueError(f"{masking.KEY} {masking.NO_EOS}")
         # The forward's signature, read once per model (at the probe before the first step).
-        read: dict[int, dict[str, Any]] = self.__dict__.setdefault("_masking_keywords", {})
+        read: dict[int, dict[str, Any]] = self.__dict__.setdefault("_masking_keywords_of", {})
         if (keywords := read.get(id(model))) is None:
             keywords = read[id(model)] = masking.model_keywords(model)
-        inputs = self.split_window(batch) if self.model_loss else (batch["input_ids"],)
-        positions = masking.document_positions(inputs[0], self.eos_id)
-        return model(*inputs, position_ids=positions, **keywords)
+        return {"position_ids": masking.document_positions(input_ids, self.eos_id), **keywords}
 
     def _length_hint(self, exc: Exception, model: nn.Module, batch: Any) -> str | None:
         """What seq_len counts, when ``exc`` is ``model`` refusing the tokens per row it was given:
@@ -328,7 +332,8 @@ class CausalLMTask(Task):
         if self.model_loss:
             return self._model_summed_loss(model, batch)
         if self.loss_chunk_tokens > 0:  # the logits never whole: chunked_loss.py
-            return causal_lm_chunked_loss(model, batch, self.loss_chunk_tokens, IGNORE_INDEX)
+            extra = self._masking_keywords(model, batch["input_ids"]) if self.document_masking else None
+            return causal_lm_chunked_loss(model, batch, self.loss_chunk_tokens, IGNORE_INDEX, extra)
         logits = logits_of(self.forward(model, batch))[:, :-1]
         return F.cross_entropy(
             logits.reshape(-1, logits.shape[-1]).float(),

@@ -135,11 +135,15 @@ def _autocast_of(model: nn.Module) -> AbstractContextManager[Any]:
     return autocast
 
 
-def final_hidden(model: nn.Module, batch: Any, transformers_model: bool) -> Tensor:
+def final_hidden(
+    model: nn.Module, batch: Any, transformers_model: bool, extra: dict[str, Any] | None = None
+) -> Tensor:
     """The hidden states the output projection reads, ``[batch, length, hidden]``, from a call of
-    ``model`` itself that computes no logits."""
+    ``model`` itself that computes no logits; ``extra``: more keywords of that call (document
+    masking's ``position_ids``)."""
     ids, mask = batch["input_ids"], batch.get("attention_mask")
     kwargs: dict[str, Any] = {} if mask is None else {"attention_mask": mask}
+    kwargs.update(extra or {})
     if transformers_model:
         # No position to keep: the head projects [batch, 0, hidden]; the last hidden state is the
         # base model's output, the one the head would have projected.
@@ -180,10 +184,13 @@ def chunked_summed_loss(
     return torch.stack(parts).sum()
 
 
-def causal_lm_chunked_loss(model: nn.Module, batch: Any, chunk_tokens: int, ignore_index: int) -> Tensor:
-    """The causal_lm summed loss (logits at t against ``labels[t + 1]``) in chunks of ``chunk_tokens``."""
+def causal_lm_chunked_loss(
+    model: nn.Module, batch: Any, chunk_tokens: int, ignore_index: int, extra: dict[str, Any] | None = None
+) -> Tensor:
+    """The causal_lm summed loss (logits at t against ``labels[t + 1]``) in chunks of ``chunk_tokens``;
+    ``extra``: more keywords of the model's call (document masking's)."""
     head, transformers_model = projection_of(model)
-    hidden = final_hidden(model, batch, transformers_model)[:, :-1]
+    hidden = final_hidden(model, batch, transformers_model, extra)[:, :-1]
     flat = hidden.reshape(-1, hidden.shape[-1])
     targets = batch["labels"][:, 1:].reshape(-1)
     with _autocast_of(model):  # checkpoint recomputes each chunk under the same autocast
