@@ -175,12 +175,12 @@ class FsspecStore:
         if isinstance(error, OSError) and error.errno in _TRANSIENT_ERRNOS:
             return True
         if self.scheme == "s3":
-            from botocore.exceptions import ConnectionError as EndpointUnreachable  # type: ignore[import-untyped]
-            from s3fs.core import S3_RETRYABLE_ERRORS  # type: ignore[import-untyped]
+            from botocore.exceptions import ConnectionError as EndpointUnreachable
+            from s3fs.core import S3_RETRYABLE_ERRORS
 
             return isinstance(error, (EndpointUnreachable, *S3_RETRYABLE_ERRORS))
         if self.scheme == "gs":
-            from gcsfs.retry import is_retriable  # type: ignore[import-untyped]
+            from gcsfs.retry import is_retriable
 
             return bool(is_retriable(error))
         return False
@@ -212,7 +212,7 @@ class FsspecStore:
 def _filesystem(scheme: str) -> Any:
     extra = {"s3": "s3", "gs": "gcs"}.get(scheme)
     try:
-        import fsspec  # type: ignore[import-untyped]
+        import fsspec
 
         if scheme == "file":
             return fsspec.filesystem("file", auto_mkdir=True)
