@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from helpers.configs import LM_CFG
 from helpers.in_process import run_cli
+from helpers.runs import TrainRun, assert_resumed_from, assert_same_run
 from helpers.tokens import TINY_LM, cli_opts, write_sidecar, write_tokens
 from test_model_loss import EXAMPLE, ReadBacks, tiny_gpt
 from torch import Tensor, nn
@@ -244,3 +245,28 @@ def test_a_short_run_with_masking_says_so_and_learns(tmp_path: Path) -> None:
     losses = [r["train/loss"] for r in map(json.loads, lines) if "train/loss" in r]
     assert len(losses) == 30
     assert losses[-1] < losses[0] - 0.3  # it learns (from ln 257)
+
+
+@pytest.mark.slow
+def test_both_on_killed_then_resumed_ends_byte_identical(tmp_path: Path) -> None:
+    """Document masking with the chunked loss (the pretraining recipe's pair) on a tiny Llama over
+    token files: killed with SIGKILL between checkpoints, then rerun by the same command: the same
+    weights and metrics, to the byte, as the run never killed."""
+    options = {"paths": [token_file(tmp_path / "a.bin", sidecar=True)], "seq_len": 17}
+    opts = [
+        *("DATA.DATASET.NAME", "token_files", "DATA.DATASET.OPTIONS", json.dumps(options)),
+        *("TASK.DOCUMENT_MASKING", "true", "TASK.LOSS_CHUNK_TOKENS", "24"),  # 8 x 16 targets: 6 chunks
+        *("TRAIN.TARGET_TOKENS", "null", "TRAIN.STEPS", "12", "DATA.BATCH_SIZE", "8"),
+        *("SCHEDULE.CHECKPOINT.INTERVAL_EPOCHS", "null", "SCHEDULE.CHECKPOINT.INTERVAL_STEPS", "4"),
+        *("SCHEDULE.CHECKPOINT.MID_EPOCH", "true", "SCHEDULE.CHECKPOINT.KEEP_LAST_N", "2"),
+        *("SCHEDULE.METRICS.STEP_INTERVAL", "1"),
+        *("ENV.PROGRESS_BAR", "false", *TINY_LM),
+    ]
+    (tmp_path / "ref").mkdir()
+    (tmp_path / "killed").mkdir()
+    reference = TrainRun(tmp_path / "ref", opts, cfg=LM_CFG).run().check_ok()
+    run = TrainRun(tmp_path / "killed", opts, cfg=LM_CFG)
+    run.run(kill_at="optimizer_step:10").check_killed()
+    resumed = run.run()
+    assert_resumed_from(resumed.output, 8)
+    assert_same_run(resumed, reference)
