@@ -20,7 +20,7 @@ from benchmarks.gpu.common import compare_weights
 from benchmarks.gpu.host_sync import OURS, reason, where
 
 
-@pytest.mark.slow  # ~1 minute: 8 training runs and 3 lock-stepped loops
+@pytest.mark.slow  # ~1.5 minutes: 8 training runs, 3 lock-stepped loops, then 2 more (the recipe)
 def test_the_gpu_check_runs_on_the_cpu_at_tiny_size(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "LINNAEUS_ACCEL_"))}
     env["CUDA_VISIBLE_DEVICES"] = ""
@@ -36,12 +36,13 @@ def test_the_gpu_check_runs_on_the_cpu_at_tiny_size(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     results = json.loads((tmp_path / "out" / "results.json").read_text(encoding="utf-8"))
     parts = {p["name"]: p for p in results["parts"]}
-    assert list(parts) == ["e2e", "sharded", "throughput", "host_sync", "checkpoint"]
+    assert list(parts) == ["e2e", "sharded", "throughput", "recipe", "host_sync", "checkpoint"]
     status = {name: p["status"] for name, p in parts.items()}
     assert status == {
         "e2e": "passed",
         "sharded": "not run",  # Accelerate selects FSDP and DeepSpeed only on accelerators
         "throughput": "passed",
+        "recipe": "passed",
         "host_sync": "not run",  # torch.cuda.set_sync_debug_mode needs CUDA
         "checkpoint": "passed",
     }, {name: (p["status"], p["reason"]) for name, p in parts.items()}
@@ -59,6 +60,13 @@ def test_the_gpu_check_runs_on_the_cpu_at_tiny_size(tmp_path: Path) -> None:
     assert {"ours tokens/s", "accelerate tokens/s", "plain tokens/s", "ours / accelerate"} <= set(
         parts["throughput"]["figures"]
     )
+    # recipe: configs/gpt2_124m.yaml's settings (masking, chunked loss, accumulation) on both
+    # sides; the same model and data, so their first losses agree (here, in fp32, closely).
+    recipe = parts["recipe"]["figures"]
+    assert {"ours tokens/s", "accelerate tokens/s", "ours / accelerate", "MFU goal (H100)"} <= set(recipe)
+    first = recipe["losses (first logged)"]
+    assert first["ours"] == pytest.approx(first["accelerate"], rel=0.02), first
+    assert recipe["documents in the token file"] > 1
     assert results["size"] == "tiny"
     assert results["device"]["name"] == "cpu"
     log = (tmp_path / "out" / "log.txt").read_text(encoding="utf-8")

@@ -34,7 +34,7 @@ from . import CONCURRENT, PARTS
 from .common import REPO, Context, Part, cuda_device
 
 # Seconds each part may take at full size (a guard against a hang, well above what it needs).
-LIMITS = {"e2e": 300, "sharded": 360, "throughput": 360, "host_sync": 180, "checkpoint": 240}
+LIMITS = {"e2e": 300, "sharded": 360, "throughput": 360, "recipe": 420, "host_sync": 180, "checkpoint": 240}
 TINY_LIMIT = 300
 
 

@@ -43,10 +43,13 @@ class BlockBaton:
     the sync: near the block's time when the host, not the GPU, sets the pace, e.g. when something
     waits for the GPU every step). Told ``p`` instead of ``g``, the side runs its next block (not
     timed) under ``torch.profiler`` and ``torch.cuda.set_sync_debug_mode("warn")``: the GPU kernels
-    that took the most time, and every call that made the host wait, with where it came from."""
+    that took the most time, and every call that made the host wait, with where it came from.
 
-    def __init__(self, conn: Connection, block: int, cuda: bool) -> None:
-        self.conn, self.block, self.cuda = conn, block, cuda
+    ``release``: after each block the side hands its cached GPU memory back (not timed), so that
+    sides too large to sit on the GPU together can take turns on it (part ``recipe``)."""
+
+    def __init__(self, conn: Connection, block: int, cuda: bool, release: bool = False) -> None:
+        self.conn, self.block, self.cuda, self.release = conn, block, cuda, release
         self.steps = 0
         self.times: list[float] = []
         self.host: list[float] = []
@@ -73,6 +76,10 @@ class BlockBaton:
         elif self.start is not None:
             self.times.append(now - self.start)
             self.host.append(queued - self.start)
+        if self.release and self.cuda:
+            import torch
+
+            torch.cuda.empty_cache()
         self.conn.send_bytes(b"d")
         message = self.conn.recv_bytes()
         if message == b"e":
@@ -207,9 +214,9 @@ def ours_config(spec: dict[str, Any], name: str = "ours", **sections: Any) -> An
     )
 
 
-def run_ours(spec: dict[str, Any], baton: BlockBaton) -> dict[str, Any]:
-    """``Trainer.fit`` on a config of ours. Compile and bf16 come from Accelerate's environment
-    variables, as ``linnaeus-accel train`` takes them."""
+def run_ours(spec: dict[str, Any], baton: BlockBaton, config: Any = None) -> dict[str, Any]:
+    """``Trainer.fit`` on a config of ours (``config``, else ``ours_config(spec)``). Compile and
+    bf16 come from Accelerate's environment variables, as ``linnaeus-accel train`` takes them."""
     os.environ["ACCELERATE_MIXED_PRECISION"] = "bf16" if spec["cuda"] else "no"
     os.environ["ACCELERATE_DYNAMO_BACKEND"] = "INDUCTOR" if spec["compile"] else "NO"
     import torch
@@ -218,7 +225,7 @@ def run_ours(spec: dict[str, Any], baton: BlockBaton) -> dict[str, Any]:
     from linnaeus_accel.models import build_model
     from linnaeus_accel.training import trainer as trainer_module
 
-    config = ours_config(spec)
+    config = ours_config(spec) if config is None else config
     train = build_dataset(config, "train")
     torch.manual_seed(0)
     model = build_model(config, train)
@@ -400,13 +407,17 @@ def run_plain(spec: dict[str, Any], baton: BlockBaton) -> dict[str, Any]:
 SIDES = {"ours": run_ours, "accelerate": run_accelerate, "plain": run_plain}
 
 
-def worker(fd: int) -> None:
-    """One side's process: receives its spec, runs it, sends its result (or its traceback)."""
+def worker(fd: int, sides: dict[str, Any] = SIDES) -> None:
+    """One side's process: receives its spec, runs it, sends its result (or its traceback). With
+    ``alone`` in its spec it starts only when the referee says go, and hands back its cached GPU
+    memory after each block (see ``BlockBaton``)."""
     conn = Connection(fd)
     spec = conn.recv()
-    baton = BlockBaton(conn, spec["block"], spec["cuda"])
+    baton = BlockBaton(conn, spec["block"], spec["cuda"], release=spec.get("alone", False))
     try:
-        result = SIDES[spec["side"]](spec, baton)
+        if spec.get("alone"):
+            conn.recv_bytes()
+        result = sides[spec["side"]](spec, baton)
         conn.send(("result", {**result, "times": baton.times, "host": baton.host, "steps": baton.steps,
                                "diagnosis": baton.diagnosis}))  # fmt: skip
     except Exception:

@@ -46,9 +46,12 @@ def write_tokens(path: Path, count: int, vocab: int) -> None:
 
 
 class Referee:
-    """One worker process per side; ``play`` runs the lock-step."""
+    """One worker process per side (``module``'s, ``python -m MODULE FD``: ``sides.worker`` with
+    its loops); ``play`` runs the lock-step."""
 
-    def __init__(self, specs: dict[str, dict[str, Any]], logs: Path, cuda: bool) -> None:
+    def __init__(
+        self, specs: dict[str, dict[str, Any]], logs: Path, cuda: bool, module: str = "benchmarks.gpu.sides"
+    ) -> None:
         self.logs = logs
         self.conns: dict[str, Connection] = {}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -57,7 +60,7 @@ class Referee:
             ours, theirs = socket.socketpair()
             with (logs / f"{side}.log").open("wb") as log:
                 self.procs[side] = subprocess.Popen(
-                    [sys.executable, "-m", "benchmarks.gpu.sides", str(theirs.fileno())],
+                    [sys.executable, "-m", module, str(theirs.fileno())],
                     pass_fds=[theirs.fileno()], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
                 )  # fmt: skip
             theirs.close()
@@ -80,9 +83,13 @@ class Referee:
     def log_tail(self, side: str) -> str:
         return tail((self.logs / f"{side}.log").read_text(encoding="utf-8", errors="replace"), 20)
 
-    def play(self, rounds: int, first_timeout: float) -> dict[str, dict[str, Any]]:
+    def play(self, rounds: int, first_timeout: float, alone: bool = False) -> dict[str, dict[str, Any]]:
+        """``alone``: the sides' specs say ``alone``, and their set-up, compilation and first block
+        run one side after the other, not all at once."""
         try:
-            for side in self.conns:  # set-up, compilation and the first block: all at once
+            for side, conn in self.conns.items():  # set-up, compilation and the first block
+                if alone:
+                    conn.send_bytes(b"g")
                 if self._next(side, first_timeout) is not None:
                     raise RuntimeError(f"{side} ended before its first block\n{self.log_tail(side)}")
             for _ in range(rounds):
