@@ -20,7 +20,7 @@ RECIPE = str(REPO / "configs" / "gpt2_124m.yaml")
 EOS = 256
 TINY = [
     *("DATA.BATCH_SIZE", "4", "DATA.NUM_WORKERS", "0", "DATA.DATASET.OPTIONS.seq_len", "33"),
-    *("MODEL.OPTIONS.vocab_size", "320", "MODEL.OPTIONS.n_positions", "32", "MODEL.OPTIONS.n_embd", "32"),
+    *("MODEL.OPTIONS.vocab_size", "320", "MODEL.OPTIONS.n_positions", "33", "MODEL.OPTIONS.n_embd", "32"),
     *("MODEL.OPTIONS.n_layer", "2", "MODEL.OPTIONS.n_head", "2", "TASK.LOSS_CHUNK_TOKENS", "48"),
     *("TRAIN.ACCUMULATION_STEPS", "2", "TRAIN.TARGET_TOKENS", "null", "TRAIN.STEPS", "6"),
     *("LR_SCHEDULER.WARMUP_STEPS", "2", "OPTIMIZER.IMPLEMENTATION", "auto"),  # fused: CUDA only
@@ -30,8 +30,9 @@ TINY = [
 
 
 def corpus(path: Path, documents: int) -> str:
-    """Byte-level documents, each ended by the end-of-document id 256, with their sidecar."""
-    docs = [[(7 * d + k) % 256 for k in range(5 + 3 * (d % 7))] for d in range(documents)]
+    """Byte-level documents, each ended by the end-of-document id 256, with their sidecar; every
+    other one longer than a window (whose positions then run to the window's end)."""
+    docs = [[(7 * d + k) % 256 for k in range(5 + 3 * (d % 7) if d % 2 else 100)] for d in range(documents)]
     tokens = [t for doc in docs for t in (*doc, EOS)]
     write_tokens(path, tokens)
     write_sidecar(path, "uint16", len(tokens), EOS)

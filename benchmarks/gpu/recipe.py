@@ -41,10 +41,10 @@ RECIPE = CONFIGS / "gpt2_124m.yaml"
 SIDES = ("ours", "accelerate")
 TARGET, GOAL_MFU = 0.98, 0.40
 BLOCK, WARMUP, ROUNDS = 2, 1, 6  # a block: BLOCK optimizer steps of 0.5M tokens, about 2 s on an H100
-# Tiny (CPU): every path at the smallest sizes; the documents shorter than a window, as at full size.
+# Tiny (CPU): every path at the smallest sizes.
 TINY = {
     "batch": 2, "accumulation": 2, "seq_len": 17, "chunk": 8, "workers": 0,
-    "model": {"vocab_size": 128, "n_positions": 16, "n_embd": 16, "n_layer": 1, "n_head": 2},
+    "model": {"vocab_size": 128, "n_positions": 17, "n_embd": 16, "n_layer": 1, "n_head": 2},
 }  # fmt: skip
 
 
@@ -72,8 +72,7 @@ def sizes_of(full: bool) -> dict[str, Any]:
 def write_documents(path: Path, count: int, vocab: int, longest: int) -> int:
     """Random token ids (uint16) in documents of 1 to ``longest`` tokens, each ended by the
     end-of-document id (``vocab - 1``, declared in the sidecar ``tokenize`` would write); the
-    number of documents. No document spans a whole window: the model, given every token of a
-    window (1,025 at n_positions 1,024), relies on the positions restarting."""
+    number of documents."""
     from linnaeus_accel.data.token_format import TokenSidecar, sidecar_path
 
     rng = np.random.default_rng(0)
