@@ -1,7 +1,8 @@
 """Every config that ships (configs/*.yaml, examples/*.yaml) resolves its plan without a warning:
 the README's first command must not greet a newcomer with what reads as a misconfigured default.
 ``train`` prints the same warnings as ``plan`` (both are the plan's), so the plan is what is checked,
-in process, on the data each config names (configs/pretrain.yaml's token files made here, small)."""
+in process, on the data each config names (configs/pretrain.yaml's and gpt2_124m.yaml's token files
+made here, small)."""
 
 from __future__ import annotations
 
@@ -39,5 +40,8 @@ def test_a_shipped_config_plans_without_warnings(
     monkeypatch.chdir(tmp_path)  # configs/pretrain.yaml reads data/*.bin from where it is run
     byte_token_file(tmp_path / "data" / "reference.bin", 400_000)
     byte_token_file(tmp_path / "data" / "keywords.bin", 60_000)
+    byte_token_file(
+        tmp_path / "data" / "train.bin", 600_000
+    )  # configs/gpt2_124m.yaml: 8 x 64 windows of 1,025
     plan = plan_for(load_config(REPO / name), world_size=1, dataset_size=None)
     assert plan.warnings == (), plan.warnings
