@@ -126,6 +126,16 @@ def peak_flops() -> float | None:
     return next((flops for key, flops in PEAK_FLOPS.items() if key in name), None)
 
 
+def record_rates(part: Part, rates: dict[str, list[float]], parameters: int) -> None:
+    """Each side's median tokens/s and, with a known peak, its MFU (6 x parameters per token)."""
+    peak = peak_flops()
+    for side, side_rates in rates.items():
+        median = statistics.median(side_rates)
+        part.figures[f"{side} tokens/s"] = round(median)
+        if peak:
+            part.figures[f"{side} MFU"] = round(6 * parameters * median / peak, 4)
+
+
 def run_part(ctx: Context) -> Part:
     part = Part(NAME, TITLE)
     sizes = FULL if ctx.full else TINY
@@ -161,12 +171,7 @@ def run_part(ctx: Context) -> Part:
         )
         part.figures[f"{side} profile"] = results[side]["diagnosis"]
     parameters = results["ours"]["parameters"]
-    peak = peak_flops()
-    for side in SIDES:
-        median = statistics.median(rates[side])
-        part.figures[f"{side} tokens/s"] = round(median)
-        if peak:
-            part.figures[f"{side} MFU"] = round(6 * parameters * median / peak, 4)
+    record_rates(part, rates, parameters)
     for other in ("accelerate", "plain"):
         ratios = [a / b for a, b in zip(rates["ours"], rates[other], strict=True)]
         ratio = statistics.median(ratios)
