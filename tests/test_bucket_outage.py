@@ -162,10 +162,25 @@ class DeleteTheBucket(Callback):
 
     def on_checkpoint(self, run: Any, step: int, path: Path) -> None:
         if not self.done:
+            from botocore.exceptions import ClientError
+
             client = s3_client()
-            for key in _wait_for_marker(self.bucket, self.prefix, step):
-                client.delete_object(Bucket=self.bucket, Key=key)
-            client.delete_bucket(Bucket=self.bucket)
+            keys = _wait_for_marker(self.bucket, self.prefix, step)
+            # The run's uploader goes on meanwhile (the validation journal is uploaded again once
+            # it grows), so an object may land between the listing and the delete: list again
+            # until S3 takes the bucket's deletion.
+            for _ in range(50):
+                for key in keys:
+                    client.delete_object(Bucket=self.bucket, Key=key)
+                try:
+                    client.delete_bucket(Bucket=self.bucket)
+                    break
+                except ClientError as error:
+                    if error.response.get("Error", {}).get("Code") != "BucketNotEmpty":
+                        raise
+                keys = object_keys(self.bucket)
+            else:
+                raise AssertionError(f"{self.bucket} could not be emptied and deleted")
             self.done = True
 
 
