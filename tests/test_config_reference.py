@@ -34,7 +34,9 @@ def test_every_key_is_in_the_reference_with_its_default() -> None:
     assert "| `LR_SCHEDULER.REFERENCE_BS` | integer >= 1, or null | `512` |" in text
     assert "| `SCHEDULE.VALIDATION.INTERVAL_FRACTION` | number in [0, 1], or null | `null` |" in text
     assert "| `DATA.BATCH_SIZE` | integer >= 1, at most 1,048,576 | `64` |" in text
-    assert "| `TRAIN.NONFINITE` | `stop` \\| `skip` | `stop` |" in text  # a pipe inside a cell is escaped
+    assert (
+        "| `TRAIN.NONFINITE` | `stop` \\| `skip` \\| `rollback` | `stop` |" in text
+    )  # a pipe inside a cell is escaped
 
 
 @pytest.mark.parametrize(

@@ -178,7 +178,7 @@ def test_the_registry_knows_each_parts_schema(tmp_path: Path) -> None:
     train = build_dataset(config, "train")
     registry = Trainer(config, build_model(config, train), train).state
     # Built by the trainer, which names no schema: each part's own, the one checkpoints verify.
-    assert registry.schemas(per_rank=False) == {k: RUN_PARTS[k] for k in ("progress", "early_stopping", "gradnorm", "callbacks")}  # fmt: skip
+    assert registry.schemas(per_rank=False) == {k: RUN_PARTS[k] for k in ("progress", "early_stopping", "gradnorm", "callbacks", "recovery")}  # fmt: skip
     assert registry.schemas(per_rank=True) == RANK_PARTS
     assert RUN_PARTS["gradnorm"] is GradNormState
     assert (RUN_PARTS["progress"], RUN_PARTS["early_stopping"]) == (ProgressState, EarlyStoppingState)

@@ -14,7 +14,7 @@ from .callbacks import CallbackConfig
 from .lr import LRSchedulerConfig
 from .optimizer import OptimizerConfig
 from .run import EnvConfig, ExperimentConfig
-from .schedule import ScheduleConfig
+from .schedule import CheckpointSchedule, ScheduleConfig
 from .sections import (
     DataConfig,
     LossConfig,
@@ -38,10 +38,39 @@ def _gradnorm_vs_accumulation(s: Mapping[str, Any]) -> list[Problem]:
     return []
 
 
+def _rollback_needs_checkpoints(s: Mapping[str, Any]) -> list[Problem]:
+    """A rollback goes back to a checkpoint: without an interval only the final one is written."""
+    train = s["TRAIN"]
+    key = (
+        "TRAIN.NONFINITE"
+        if train.NONFINITE == "rollback"
+        else "TRAIN.LOSS_SPIKE.ACTION"
+        if train.LOSS_SPIKE.ACTION == "rollback"
+        else None
+    )
+    checkpoint = s["SCHEDULE"].CHECKPOINT
+    values = CheckpointSchedule.INTERVAL.values(checkpoint)  # INTERVAL_FRACTION 0 is never
+    # A key reported invalid already (pruned) counts as set: this rule does not guess at it.
+    if (
+        key is None
+        or len(CheckpointSchedule.INTERVAL.given(checkpoint)) > len(values)
+        or any(values.values())
+    ):
+        return []
+    return [
+        Problem(
+            (key, "SCHEDULE.CHECKPOINT.INTERVAL_STEPS"),
+            "{0} is rollback, but no checkpoint is written before the run's end, so there is nothing "
+            "to roll back to: set {1} (or INTERVAL_EPOCHS) as often as you can afford to redo training",
+        )
+    ]
+
+
 # (sections a rule reads, the rule). The loader runs a rule whenever those sections are valid, even
 # if others are not, so that one run reports every problem of a config together.
 CROSS_SECTION_RULES: list[tuple[tuple[str, ...], Callable[[Mapping[str, Any]], list[Problem]]]] = [
     (("LOSS", "TRAIN"), _gradnorm_vs_accumulation),
+    (("TRAIN", "SCHEDULE"), _rollback_needs_checkpoints),
 ]
 
 

@@ -20,6 +20,7 @@ from .base import (
     at_most,
     canonical_metric_name,
 )
+from .recovery import LossSpikeConfig, RollbackConfig
 
 MAX_BATCH_SIZE = 2**20
 MAX_ACCUMULATION_STEPS = 2**16
@@ -131,12 +132,16 @@ class TrainConfig(Section):
     AUTO_RESUME: bool = Field(
         True, description="Resume from the newest complete checkpoint in the output directory."
     )
-    NONFINITE: Literal["stop", "skip"] = Field(
+    NONFINITE: Literal["stop", "skip", "rollback"] = Field(
         "stop",
         description="When the training loss or gradient norm is NaN/inf: stop ends the run with status "
         "failed (the last good checkpoint stays the resume point); skip drops that optimizer step, counts "
-        "it in train/nonfinite_skipped and goes on (costs one host sync per step).",
+        "it in train/nonfinite_skipped and goes on (costs one host sync per step); rollback reloads the "
+        "newest checkpoint from before the window it was found in and skips that data (TRAIN.ROLLBACK; "
+        "found at the next metric record or checkpoint: no host sync on other steps).",
     )
+    LOSS_SPIKE: LossSpikeConfig = Field(default_factory=LossSpikeConfig)
+    ROLLBACK: RollbackConfig = Field(default_factory=RollbackConfig)
     EARLY_STOP: EarlyStopConfig = Field(default_factory=EarlyStopConfig)
 
     @field_validator("STEPS", "TARGET_TOKENS", mode="before")

@@ -68,6 +68,7 @@ POINTS = (
     "validation_pass",
     "checkpoint_staged",
     "checkpoint_committed",
+    "rollback",
 )
 
 

@@ -97,6 +97,8 @@ class CheckpointWriter:
         self.current: Path | None = None  # the newest checkpoint of this run (its commit may be running)
         self._committed: Path | None = None  # the newest committed one: the resume point
         self.on_commit: Callable[[int, Path], None] | None = None  # told each commit (main process)
+        # Among the committed steps, those a rollback may still need (``training.recovery``).
+        self.keep_for_rollback: Callable[[list[int]], set[int]] = lambda steps: set()
         self.journals = ValidationJournals(self.store.rejected_root)
         # The main process writes (ASYNC) and commits in the background, one checkpoint at a time.
         self.worker = SerialWorker("linnaeus-accel checkpoint")
@@ -380,6 +382,7 @@ class CheckpointWriter:
                     log.warning("could not remove this machine's part of checkpoint step %d: %s", step, exc)
             return
         protect = {self.resumed_from} if self.resumed_from is not None else set()
+        protect |= self.keep_for_rollback(self.store.complete_steps())
         rejected: list[str] = []
         with self._metrics_lock:
             metrics = dict(self.metric_at)

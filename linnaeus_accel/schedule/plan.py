@@ -20,6 +20,7 @@ from .callback_steps import resolve_callbacks
 from .lr import LRCurve
 from .ramps import DISABLED, PartialMasking, Ramp
 from .resolved import MAX_TOTAL_STEPS, DataSource, ResolvedPlan
+from .rollback import rollback_warnings
 from .run_length import epoch_unit_keys, run_length
 from .sanity import sanity_warnings
 from .steps import ceil_div, floor_fraction_of, optimizer_steps_per_epoch
@@ -180,7 +181,12 @@ def resolve_plan(
         sources=tuple(DataSource.from_description(row) for row in sources),
         callbacks=resolve_callbacks(config.CALLBACKS, total),
     )
-    return replace(plan, warnings=(*sanity_warnings(config, plan), *source_warnings(plan, sources)))
+    warnings = (
+        *sanity_warnings(config, plan),
+        *rollback_warnings(config, plan),
+        *source_warnings(plan, sources),
+    )
+    return replace(plan, warnings=warnings)
 
 
 def source_warnings(plan: ResolvedPlan, rows: Sequence[Any]) -> list[str]:

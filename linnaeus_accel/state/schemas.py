@@ -22,12 +22,15 @@ from ..checkpoint.state_fields import (
     Flag,
     Int,
     Number,
+    OptCount,
+    OptNumber,
     OptNumbers,
     OptObject,
     OptPositive,
     OptText,
     Positive,
     StateModel,
+    Text,
     absent,
     model_in,
 )
@@ -78,6 +81,43 @@ class DataPosition(StateModel):
     loader: Any = None
 
 
+class RollbackRecord(StateModel):
+    """One rollback (``training.recovery``): found at ``detected_at`` by ``rule`` (``nonfinite`` or
+    ``spike``; ``loss``: the spiking window's, null when not finite), back to the checkpoint of step ``back_to``; the data of the
+    steps ``back_to`` + 1 .. ``skip_until`` never trains the model. ``samples_skipped`` and
+    ``tokens_skipped`` are filled once the skip is over."""
+
+    detected_at: Count
+    rule: Text
+    loss: OptNumber = None
+    back_to: Count
+    checkpoint: Text
+    skip_until: Count
+    skipped_steps: Count
+    samples_at_checkpoint: Count = 0
+    tokens_at_checkpoint: Count = 0
+    samples_skipped: OptCount = None
+    tokens_skipped: OptCount = None
+
+
+class RecoveryState(StateModel):
+    """``training.recovery.Recovery``'s: the spike rule's records (``history``: the running mean's;
+    ``streak``: the spiking records in a row since ``anchor``, the newest record known good: a
+    rollback goes back to a checkpoint at or before it), the rollbacks so far and the step the
+    current skip ends at."""
+
+    version: Int = 1
+    history: Annotated[list[Number], Field(description="must be a list of numbers")] = Field(
+        default_factory=list
+    )
+    streak: Annotated[list[Number], Field(description="must be a list of numbers")] = Field(
+        default_factory=list
+    )
+    anchor: Count = 0
+    skip_until: Count = 0
+    rollbacks: list[RollbackRecord] = Field(default_factory=list)
+
+
 class CallbacksState(RootModel[dict[str, Any]]):
     """``training.callback_list.CallbackList``'s: each callback's own state by its label."""
 
@@ -122,6 +162,7 @@ class TrainerStateFile(StateModel):
     plan: PlanIdentity | None = Field(default=None, description="must be an object or null")
     config: OptObject = None  # the resolved config it was trained with (reviewed on resume)
     callbacks: CallbacksState | None = Field(default=None, description="must be an object or null")
+    recovery: RecoveryState | None = Field(default=None, description="must be an object or null")
     wandb_run_id: OptText = None
     checkpoint_metrics: dict[_StepKey, Number | None] = Field(
         default_factory=dict, description="must map steps to numbers or nulls"

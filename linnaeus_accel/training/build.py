@@ -36,6 +36,7 @@ from .final_weights import save_final
 from .gradnorm import gradnorm_for
 from .meter import TrainMeter, meter_for
 from .nonfinite import NonFiniteGuard
+from .recovery import Recovery
 from .run_end import RunEnd
 from .setup import (
     OptimizerFactory,
@@ -88,6 +89,7 @@ class RunParts:
     step: OptimizerStep
     consistency: TrainingConsistencyChecker
     nonfinite: NonFiniteGuard
+    recovery: Recovery
     preemption: PreemptionWatch
     state: StateRegistry
     data: DataPosition
@@ -179,6 +181,10 @@ def build_run(
     checkpoints.after_save.append(callback_list.checkpoint_saved)
     checkpoints.writer.on_commit = callback_list.committed
     out = run_outputs(acc, config, plan.total_steps)  # writes nothing before the run is claimed
+    recovery = Recovery(acc, config, checkpoints, meter, progress, out)
+    state.register("recovery", recovery)
+    checkpoints.before_save.append(recovery.before_checkpoint)
+    checkpoints.writer.keep_for_rollback = recovery.protected
     preemption = PreemptionWatch(acc, timeout_s=config.ENV.DIST_TIMEOUT_S)
     if acc.num_processes > 1:
         settle_gloo_threads_at_exit()  # a user's script that ends after fit() exits 0, not -6
@@ -188,13 +194,13 @@ def build_run(
     )  # fmt: skip
     end = RunEnd(
         acc, config.output_dir, config.ENV.DIST_TIMEOUT_S, plan, model, progress, checkpoints.writer, nonfinite, meter.take_tokens, out,
-        train_data=train.dataset, last_validation=lambda: boundaries.last_validation,
+        train_data=train.dataset, last_validation=lambda: boundaries.last_validation, rollbacks=recovery.summary,
     )  # fmt: skip
     return RunParts(
         config, acc, model, opt, train_batches, val_batches, plan, ops, task, progress, early_stopping,
-        meter, step, TrainingConsistencyChecker.for_plan(plan, config.DATA.DROP_LAST), nonfinite,
+        meter, step, TrainingConsistencyChecker.for_plan(plan, config.DATA.DROP_LAST), nonfinite, recovery,
         preemption, state, data, checkpoints, callback_list, boundaries,
-        TrainLog(ops, progress, meter, train_batches, checkpoints.writer, nonfinite, out), end, out,
+        TrainLog(ops, progress, meter, train_batches, checkpoints.writer, nonfinite, recovery, out), end, out,
         RunLock(config.output_dir), init_from, line, None if optimizer is default_optimizer else built, train.size,
     )  # fmt: skip
 

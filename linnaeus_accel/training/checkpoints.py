@@ -7,7 +7,7 @@ decided here. Beneath it: ``save.writer.CheckpointWriter`` writes checkpoints,
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ from accelerate.utils import gather_object
 from ..checkpoint import MarkerError, Mode, read_marker
 from ..checkpoint.marker import KEY_ENV, SIGNATURE, checkpoint_key, key_disagreement, key_setting
 from ..config import Config, ConfigError
+from ..process.failures import RunFailed
 from ..progress import TrainingProgress
 from ..resume.config_changes import resume_notes, review_changes
 from ..resume.elastic import check_resume, compatible_position, own_rank_state, plan_identity
@@ -61,6 +62,7 @@ class CheckpointManager:
         self.registry, self.progress = registry, progress
         self.nonfinite, self.take_tokens = nonfinite, take_tokens
         self.after_save: list[Callable[[int], None]] = []  # told the step of each checkpoint saved
+        self.before_save: list[Callable[[int], None]] = []  # asked first (a rollback may be due)
         # What the checkpoint resumed from says (None: a fresh start).
         self.resumed_from: Path | None = None
         self.boundary: dict[str, Any] | None = None  # the event point it was taken at
@@ -73,6 +75,8 @@ class CheckpointManager:
     def save(self, boundary: dict[str, Any] | None) -> None:
         """A checkpoint of the current step; ``boundary``: the event point (None: a preemption)."""
         step = self.progress.global_step
+        for ask in self.before_save:
+            ask(step)
         parameters_finite = self.nonfinite.start_parameters_check()  # read while the state is saved
         resume_point = self.writer.current
         self.progress.tokens_seen += self.take_tokens()
@@ -97,6 +101,23 @@ class CheckpointManager:
         )
         for tell in self.after_save:
             tell(step)
+
+    def restore_training(self, path: Path, keep: Collection[str]) -> dict[str, Any]:
+        """A rollback (``recovery``), every process: the model, optimizer and RNG states of the
+        checkpoint at ``path`` (verified), and every registered part's state but ``keep``'s; the
+        checkpoint's progress is returned as saved. A load that fails on any process fails the run."""
+        saved = self.reader.read_state(path)
+        problem: str | None = None
+        try:
+            state = self.reader.load(path)
+        except CheckpointLoadError as exc:
+            problem, state = str(exc), {}
+        problems = [p for p in gather_object([problem]) if p]
+        if problems:
+            raise RunFailed(f"rolling back to {path} failed: {problems[0]}")
+        put_back(self.optimizer, self.built_groups, changed_group_keys(saved.get("config"), self.config))
+        self.registry.load({k: v for k, v in state.items() if k not in keep}, per_rank=False)
+        return dict(saved["progress"])
 
     def verify_explicit(self, resume_from: str | Path | None) -> None:
         """Before the output directory is written to (collective): the checkpoint key is usable and

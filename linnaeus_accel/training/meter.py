@@ -43,12 +43,15 @@ def peak_flops(accelerator: Accelerator) -> float | None:
 
 
 class NonFiniteLoss(ArithmeticError):
-    """A step's training loss was NaN or infinite: the ``steps_ago``-th optimizer step before the
-    last one of the window (0: the last one)."""
+    """A step's training loss (or, ``what``, its gradient norm) was NaN or infinite: the
+    ``steps_ago``-th optimizer step before the last one of the window (0: the last one).
+    ``tokens_seen``: the run's count, the window's tokens included (read before the window was)."""
 
-    def __init__(self, steps_ago: int, value: float) -> None:
-        super().__init__(f"training loss {value} {steps_ago} steps before the last one")
-        self.steps_ago, self.value = steps_ago, value
+    def __init__(
+        self, steps_ago: int, value: float, what: str = "training loss", tokens_seen: int = 0
+    ) -> None:
+        super().__init__(f"{what} {value} {steps_ago} steps before the last one")
+        self.steps_ago, self.value, self.what, self.tokens_seen = steps_ago, value, what, tokens_seen
 
 
 class TrainMeter:
@@ -80,12 +83,14 @@ class TrainMeter:
         self.flops_per_unit = flops_per_unit
         self.peak = (peak or peak_flops(accelerator)) if flops_per_unit else None
         # The open window: [loss, *components] a resumed window carried over, the steps since
-        # stacked into rows [steps, 1 + components] (a skipped step's row is zero), and the steps
-        # still held as the step's own tensors (None for a skipped step).
+        # stacked into rows [steps, 1 + components] (a skipped step's row is zero) with their
+        # gradient norms beside them (only looked at for being finite), and the steps still held as
+        # the step's own tensors (None for a skipped step).
         columns = 1 + len(components)
         self._carried = torch.zeros(columns, device=accelerator.device)
         self._rows = torch.zeros(0, columns, device=accelerator.device)
-        self._pending: list[tuple[torch.Tensor, torch.Tensor] | None] = []
+        self._norms = torch.zeros(0, device=accelerator.device)
+        self._pending: list[tuple[torch.Tensor, torch.Tensor, Any] | None] = []
         # Held tensors are stacked once this many pile up (a long logging interval), so that a
         # window holds a bounded number of small tensors.
         self._stack_every = max(1, min(window, _MAX_PENDING))
@@ -101,54 +106,81 @@ class TrainMeter:
         # Target tokens counted since they were last read on the host (added up on the device).
         self.tokens_pending = torch.zeros((), dtype=torch.int64, device=accelerator.device)
 
-    def add_step(self, loss: torch.Tensor, losses: torch.Tensor) -> None:
-        """This process's share of one optimizer step's loss and component losses (detached, and
-        not written to afterwards: they are kept as they are until the window is read)."""
-        self._pending.append((loss, losses))
+    def add_step(self, loss: torch.Tensor, losses: torch.Tensor, norm: Any = None) -> None:
+        """This process's share of one optimizer step's loss and component losses, and the step's
+        gradient norm (detached, and not written to afterwards: they are kept as they are until the
+        window is read; ``norm``: a tensor, DeepSpeed's float, or None)."""
+        self._pending.append((loss, losses, norm))
         self._steps += 1
         if len(self._pending) >= self._stack_every:
             self._stack_pending()
 
-    def skip_step(self) -> None:
-        """An optimizer step dropped by TRAIN.NONFINITE: skip: an empty row, so rows still map to
-        steps, and not in the window's average."""
+    def skip_step(self, nonfinite: bool = True) -> None:
+        """An optimizer step dropped by TRAIN.NONFINITE: skip (``nonfinite``), or one whose data a
+        rollback skips: an empty row, so rows still map to steps, and not in the window's average."""
         self._pending.append(None)
-        self.nonfinite_skipped += 1
+        self.nonfinite_skipped += int(nonfinite)
         if len(self._pending) >= self._stack_every:
             self._stack_pending()
 
     def _stack_pending(self) -> torch.Tensor:
         """Every step of the window as rows ``[steps, 1 + components]`` (a few ops for all of them)."""
         if self._pending:
-            zero = (self._carried.new_zeros(()), self._carried.new_zeros(len(self.components)))
+            zero = (self._carried.new_zeros(()), self._carried.new_zeros(len(self.components)), None)
             steps = [zero if step is None else step for step in self._pending]
-            loss = torch.stack([step_loss for step_loss, _ in steps])[:, None]
+            loss = torch.stack([step_loss for step_loss, _, _ in steps])[:, None]
             if len(self.components) > 1:
-                rows = torch.cat([loss, torch.stack([losses for _, losses in steps])], dim=1)
+                rows = torch.cat([loss, torch.stack([losses for _, losses, _ in steps])], dim=1)
             else:  # one component: the loss itself, not logged twice
                 rows = torch.cat([loss, torch.zeros_like(loss)], dim=1)
             self._rows = torch.cat([self._rows, rows]) if len(self._rows) else rows
+            norms = torch.stack([self._norm_of(norm) for _, _, norm in steps])
+            self._norms = torch.cat([self._norms, norms]) if len(self._norms) else norms
             self._pending = []
         return self._rows
 
+    def _norm_of(self, norm: Any) -> torch.Tensor:
+        """A step's gradient norm as a float32 scalar on the device (stacking time, not per step)."""
+        if type(norm) is torch.Tensor:  # not a DTensor: its value is read the way flush reads it
+            return norm.detach().reshape(()).to(self._norms.dtype)
+        return self._carried.new_tensor(0.0 if norm is None else float(norm))
+
     def _window(self) -> list[list[float]]:
         """This process's window on the host (one read): its sums ``[loss, *components]``, then one
-        row per step. The sums are added in step order in float32 from what a resumed window carried
-        over, as a running sum on the device would: a window split by a resume adds up to exactly the
-        uninterrupted window's sums."""
-        values: list[list[float]] = torch.cat([self._carried[None], self._stack_pending()]).tolist()
+        row per step."""
+        return self._read()[0]
+
+    def _read(self) -> tuple[list[list[float]], list[float]]:
+        """This process's window on the host (one read), and each step's gradient norm. The sums are
+        added in step order in float32 from what a resumed window carried over, as a running sum on
+        the device would: a window split by a resume adds up to exactly the uninterrupted window's
+        sums."""
+        rows = torch.cat([self._carried[None], self._stack_pending()])
+        norms = torch.cat([self._norms.new_zeros(1), self._norms]).to(rows.dtype)
+        table: list[list[float]] = torch.cat([rows, norms[:, None]], dim=1).tolist()
+        values = [row[:-1] for row in table]
         sums = np.add.accumulate(np.asarray(values, dtype=np.float32), axis=0)[-1]  # sequential
-        return [sums.tolist(), *values[1:]]
+        return [sums.tolist(), *values[1:]], [row[-1] for row in table[1:]]
 
     def window_is_finite(self) -> bool:
-        """Whether every loss of this process's open window is finite (a host read)."""
-        return all(math.isfinite(value) for row in self._window() for value in row)
+        """Whether every loss and gradient norm of this process's open window is finite (a host read)."""
+        window, norms = self._read()
+        return all(math.isfinite(value) for row in window for value in row) and all(map(math.isfinite, norms))
 
     def _reset_window(self) -> None:
         self._carried.zero_()
         self._rows = self._rows[:0]
+        self._norms = self._norms[:0]
         self._pending = []
         self._steps = 0
+
+    def restart(self, samples_seen: int, tokens_seen: int) -> None:
+        """After a rollback: the open window (the steps rolled back) is dropped, and the next record
+        measures from here."""
+        self._reset_window()
+        self.grad_norm = None
+        self._since = time.perf_counter()
+        self._samples_at_last_flush, self._tokens_at_last_flush = samples_seen, tokens_seen
 
     def state_dict(self) -> dict[str, Any]:
         """The open log window, so that a resumed run's first logged average covers the same
@@ -194,22 +226,32 @@ class TrainMeter:
         ``tokens_seen`` when the task counts tokens. Raises ``NonFiniteLoss`` (on every process
         alike: the rows are added over processes first) naming the window's first bad step."""
         tokens_seen += self.take_tokens()
-        window = self._window()
+        window, norms = self._read()
         if self.accelerator.num_processes > 1:
-            local = torch.tensor(window, dtype=self._carried.dtype, device=self._carried.device)
-            window = self.accelerator.reduce(local, reduction="sum").tolist()
+            # The norms ride along in the same collective (as a last column), so every process
+            # finds the same step at fault.
+            table = [[*row, norm] for row, norm in zip(window, [0.0, *norms], strict=True)]
+            local = torch.tensor(table, dtype=self._carried.dtype, device=self._carried.device)
+            reduced = self.accelerator.reduce(local, reduction="sum").tolist()
+            window, norms = [row[:-1] for row in reduced], [row[-1] for row in reduced[1:]]
         totals, *rows = window
-        for offset, row in enumerate(rows):
+        for offset, (row, norm) in enumerate(zip(rows, norms, strict=True)):
             if not math.isfinite(row[0]):
-                raise NonFiniteLoss(len(rows) - 1 - offset, row[0])
+                raise NonFiniteLoss(len(rows) - 1 - offset, row[0], tokens_seen=tokens_seen)
+            if not math.isfinite(norm):
+                raise NonFiniteLoss(len(rows) - 1 - offset, norm, "gradient norm", tokens_seen)
         steps = max(1, self._steps)
         now = time.perf_counter()
         elapsed = max(1e-9, now - self._since)
         samples = samples_seen - self._samples_at_last_flush
         tokens = tokens_seen - self._tokens_at_last_flush
-        metrics = {"train/loss": totals[0] / steps}
-        if len(self.components) > 1:
-            metrics.update({f"train/loss_{c}": totals[1 + i] / steps for i, c in enumerate(self.components)})
+        metrics: dict[str, float] = {}
+        if self._steps:  # a window of steps a rollback skipped trained nothing: no loss to average
+            metrics["train/loss"] = totals[0] / steps
+            if len(self.components) > 1:
+                metrics.update(
+                    {f"train/loss_{c}": totals[1 + i] / steps for i, c in enumerate(self.components)}
+                )
         metrics.update({f"lr/{label}": lr for label, lr in lrs.items()})
         if self.grad_norm is not None:
             metrics["train/grad_norm"] = float(self.grad_norm)

@@ -99,7 +99,13 @@ class NonFiniteGuard:
         if self.policy == "skip":  # only a non-finite gradient norm is skipped
             why = "TRAIN.NONFINITE: skip drops steps whose gradient norm is not finite, and this was not one"
             fix = "Look for a loss that is infinite while its gradient is not"
+        elif self.policy == "rollback":  # every loss and norm of the window was finite: the weights are not
+            why = "TRAIN.NONFINITE: rollback acts on non-finite losses and gradient norms, and these were finite"
+            fix = "Look for code that writes to the weights outside the optimizer step (a callback)"
         else:
             why = "TRAIN.NONFINITE is stop"
-            fix = "Lower the learning rate, set TRAIN.CLIP_GRAD, or set TRAIN.NONFINITE: skip to drop such steps"
+            fix = (
+                "Lower the learning rate, set TRAIN.CLIP_GRAD, set TRAIN.NONFINITE: skip to drop such steps, "
+                "or TRAIN.NONFINITE: rollback to go back to the last good checkpoint and skip that data"
+            )
         return RunFailed(f"{what}; {why}, so the run stops without saving that state: {kept}. {fix}")

@@ -51,6 +51,7 @@ class RunEnd:
         out: RunOutputs,
         train_data: Any = None,
         last_validation: Callable[[], dict[str, float]] = dict,
+        rollbacks: Callable[[], list[dict[str, Any]]] = list,
     ) -> None:
         self.accelerator, self.plan, self.model = accelerator, plan, model
         self.output_dir, self.dist_timeout_s = output_dir, dist_timeout_s  # ENV.DIST_TIMEOUT_S
@@ -63,6 +64,7 @@ class RunEnd:
         self.out = out
         self.run_info: dict[str, Any] = {}  # what the run ran on (main process)
         self.last_validation = last_validation  # the latest validation's metrics, for summary.json
+        self.rollbacks = rollbacks  # each rollback the run took (``recovery``), for summary.json
         self.tokenizer = run_tokenizer(train_data)  # the run's, shipped in final/
 
     def summary(
@@ -80,6 +82,7 @@ class RunEnd:
             "best_metric": progress.best_metric,
             "expected_total_steps": self.plan.total_steps,
             "last_validation": self.last_validation(),
+            "rollbacks": self.rollbacks(),
             "warnings": list(self.plan.warnings),  # the plan's, as printed at the start
             "run_info": self.run_info,
         }

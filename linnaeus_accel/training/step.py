@@ -140,12 +140,26 @@ class OptimizerStep:
             self.stepped.zero_grad(set_to_none=True)
             self.meter.skip_step()
             return
-        self.meter.add_step(loss, losses)
+        # Under fp16 an infinite norm is the loss scaler's to handle (it skips the step itself).
+        self.meter.add_step(loss, losses, None if self.count_scaler_skips else norm)
         self.meter.grad_norm = norm
         self.stepped.step()
         if self.count_scaler_skips and self.optimizer.step_was_skipped:  # type: ignore[attr-defined]
             self.meter.skipped_steps += 1  # fp16 overflow: Accelerate has read the scale already
         self.stepped.zero_grad(set_to_none=True)
+
+    def skip(self, window: list[MicroBatch], k: int, epoch: int) -> None:
+        """Global step ``k``'s data is skipped (after a rollback, ``training.recovery``): nothing is
+        forwarded, the model is not updated; its target tokens still count as seen, so the run's
+        token counts stay the plan's."""
+        task = self.task
+        if task.counts_tokens:
+            units = [task.units(task.prepare(mb.data, k, epoch, mb.position, mb.real)) for mb in window]
+            totals = units[0] if len(units) == 1 else torch.stack(units).sum(0)
+            if self.world > 1:
+                totals = self.accelerator.reduce(totals, reduction="sum")
+            self.meter.tokens_pending += totals[0]
+        self.meter.skip_step(nonfinite=False)
 
     def _backward(
         self, batch: Any, denominators: Tensor, *, sync: bool, gradnorm_units: Tensor | None = None

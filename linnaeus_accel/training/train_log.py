@@ -3,7 +3,9 @@ intervals (SCHEDULE.METRICS), the LR of every parameter group (known on the host
 the console's progress bar, and for a mixture ``samples_seen/<source>`` and ``tokens_seen/<source>``.
 
 Only a logging step reads the device (the metric window's one host sync); a non-finite training
-loss found there stops the run, naming the step it came from.
+loss or gradient norm found there stops the run, naming the step it came from, or, with
+TRAIN.NONFINITE: rollback, makes a rollback due; each finite record goes to the loss-spike rule
+(``recovery``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from ..schedule import OpsSchedule
 from .batches import BatchSource
 from .meter import NonFiniteLoss, TrainMeter
 from .nonfinite import NonFiniteGuard
+from .recovery import Recovery
 
 
 class TrainLog:
@@ -26,10 +29,12 @@ class TrainLog:
         batches: BatchSource,
         writer: CheckpointWriter,
         nonfinite: NonFiniteGuard,
+        recovery: Recovery,
         out: RunOutputs,
     ) -> None:
         self.ops, self.plan, self.progress, self.meter = ops, ops.plan, progress, meter
         self.batches, self.writer, self.nonfinite, self.out = batches, writer, nonfinite, out
+        self.recovery = recovery
 
     def after_step(self, epoch: int, last: bool) -> None:
         step, ops, out = self.progress.global_step, self.ops, self.out
@@ -43,9 +48,15 @@ class TrainLog:
         try:
             metrics = self.meter.flush(self.progress.samples_seen, self.progress.tokens_seen, lrs, wait)
         except NonFiniteLoss as bad:
-            what = f"the training loss was {bad.value} at step {step - bad.steps_ago}"
+            if self.recovery.nonfinite(step, bad):
+                out.advance(1, epoch)
+                return
+            what = f"the {bad.what} was {bad.value} at step {step - bad.steps_ago}"
             raise self.nonfinite.failure(what, self.writer.current) from None
         self.progress.tokens_seen = int(metrics.get("tokens_seen", self.progress.tokens_seen))
+        self.recovery.record(step, metrics.get("train/loss"))  # may make a rollback due, or stop
+        if rollbacks := len(self.recovery.state.rollbacks):
+            metrics["train/rollbacks"] = float(rollbacks)
         metrics.update(self.source_metrics())
         metrics.update(self.writer.take_timings())
         # SCHEDULE.METRICS.TRACKER_INTERVAL: the other records send the trackers their LR alone.
@@ -54,7 +65,8 @@ class TrainLog:
         if not (last or ops.should_log_console(step)):
             out.advance(1, epoch)
             return
-        shown = {"loss": f"{metrics['train/loss']:.4f}", "lr": f"{self.plan.lr(step - 1):.2e}"}
+        shown = {"loss": f"{metrics['train/loss']:.4f}" if "train/loss" in metrics else "skipped"}
+        shown["lr"] = f"{self.plan.lr(step - 1):.2e}"
         # Token tasks are read in tokens/s (what LM papers and dashboards quote), others in samples/s.
         if "perf/tokens_per_s" in metrics:
             shown["tokens/s"] = f"{metrics['perf/tokens_per_s']:,.0f}"

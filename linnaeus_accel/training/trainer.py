@@ -6,9 +6,9 @@ the resolved plan (``OpsSchedule``) every time. The LR is set from the global st
 optimizer step; no LR scheduler is prepared (Accelerate would step it once per process).
 
 ``build.build_run`` makes the parts once; the loop asks them: ``OptimizerStep`` (one step),
-``TrainLog`` (metrics and the console), ``CallbackList``, ``Boundaries`` (checkpoints and
-validation at an epoch's end and at mid-epoch points), ``CheckpointManager`` (what a checkpoint
-holds; resuming from one), ``RunEnd``.
+``TrainLog`` (metrics and the console), ``Recovery`` (loss spikes and rollbacks), ``CallbackList``,
+``Boundaries`` (checkpoints and validation at an epoch's end and at mid-epoch points),
+``CheckpointManager`` (what a checkpoint holds; resuming from one), ``RunEnd``.
 """
 
 from __future__ import annotations
@@ -202,7 +202,10 @@ class Trainer:
         else:  # nothing is loaded for the skipped batches (a stream continues from its saved position)
             batches.resume(run.data.resumed, done)
         for window in batches.windows(done, run.plan.accumulation):
-            run.step.run(window, progress.global_step, epoch)
+            if run.recovery.should_skip(progress.global_step):  # its data a rollback skips
+                run.step.skip(window, progress.global_step, epoch)
+            else:
+                run.step.run(window, progress.global_step, epoch)
             progress.complete_step(len(window), batches.samples_in(window))
             if progress.global_step >= callbacks.next_due:  # one int compared when none is due
                 callbacks.step_end(progress.global_step)
@@ -228,6 +231,8 @@ class Trainer:
         fault_point("optimizer_step")
         stop = run.early_stopping.reached_max_steps(step)
         run.train_log.after_step(epoch, last=stop is not None)
+        if run.recovery.due is not None:  # the record found the window NaN or spiking
+            run.recovery.roll_back(step)
         # At an epoch's last step every process agrees at once: the boundary comes next.
         if stop is None and run.preemption.should_stop(step, now=epoch_ends):
             if not epoch_ends:  # else the boundary checkpoints it, with the passes still due
@@ -287,6 +292,8 @@ class Trainer:
         # Every machine sees the directory, or each keeps its own and the bucket joins them, or all stop.
         writer.layout = layout = check_shared_output(acc, config.output_dir, bucket=writer.remote is not None)
         writer.attempt = layout.attempt
+        if layout.node_local and run.recovery.rolls_back:
+            raise ConfigError([run.recovery.node_local_problem()])
         run.checkpoints.verify_explicit(resume_from)  # a refusal writes nothing
         if writer.commits_here:
             writer.store.remove_stale_staging()

@@ -13,6 +13,7 @@ from ...config import Config
 from ..lr import LRCurve
 from ..ops import EventEpochs, OpsSchedule
 from ..resolved import ResolvedPlan
+from ..rollback import rollback_lines
 from .boundary_steps import EVENT_KINDS, event_steps, forced_at_end, interval_of, mid_epoch_multiples
 from .optimizer import Optimizer, built_optimizer_lines, optimizer_lines
 from .timeline import timeline
@@ -112,6 +113,7 @@ def summary_text(config: Config, plan: ResolvedPlan, optimizer: Optimizer | None
         else f"best {ck.KEEP_TOP_N} + last {ck.KEEP_LAST_N}"
     )
     lines.append(f"Checkpoints:           {_event_text(plan, 'checkpoint')}; keep {keep}")
+    lines += rollback_lines(config, plan)
     for timing in plan.callbacks:
         lines.append(f"Callback {timing.label}: on_step_end {timing.describe()}")
     lines.append("")

@@ -1,0 +1,81 @@
+"""What ``plan`` says of rollbacks (TRAIN.NONFINITE: rollback, TRAIN.LOSS_SPIKE): how far one goes
+back, what it skips, and how it moves the run's end (it does not: docs/semantics.md §9)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..config import Config
+
+if TYPE_CHECKING:
+    from .resolved import ResolvedPlan
+
+
+def rolls_back(config: Config) -> bool:
+    return config.TRAIN.NONFINITE == "rollback" or config.TRAIN.LOSS_SPIKE.ACTION == "rollback"
+
+
+def checkpoint_every(plan: ResolvedPlan) -> int | None:
+    """Steps between two checkpoints (the first comes at or after this step), when known."""
+    interval = plan.checkpoint
+    if interval is None or interval.every <= 0:
+        return None
+    if interval.unit == "epochs":
+        ope = plan.optimizer_steps_per_epoch
+        return interval.every * ope if ope is not None else None
+    return int(interval.every)
+
+
+def rollback_lines(config: Config, plan: ResolvedPlan) -> list[str]:
+    """The plan's lines on loss spikes and rollbacks (none when neither is on)."""
+    train = config.TRAIN
+    spike, rollback = train.LOSS_SPIKE, train.ROLLBACK
+    lines = []
+    if spike.ACTION != "off":
+        lines.append(
+            f"Loss spikes:     a record's loss over {spike.FACTOR:g}x the mean of the {spike.WINDOW} records "
+            f"before it, {spike.CONSECUTIVE} in a row (records every {plan.metrics_interval} steps): {spike.ACTION}"
+        )
+    if not rolls_back(config):
+        return lines
+    on = " and ".join(
+        what
+        for what, active in (
+            ("a NaN or infinite loss or gradient norm", train.NONFINITE == "rollback"),
+            ("a loss spike", spike.ACTION == "rollback"),
+        )
+        if active
+    )
+    every = checkpoint_every(plan)
+    back = (
+        f"checkpoints every {every} steps, records every {plan.metrics_interval}: up to about "
+        f"{every + plan.metrics_interval * spike.CONSECUTIVE} steps redone"
+        if every is not None
+        else "checkpoints at epoch ends"
+    )
+    lines += [
+        f"Rollback:        on {on}: back to the newest checkpoint before the window ({back}), that data "
+        f"skipped plus {rollback.SKIP_STEPS} more steps' worth; at most {rollback.MAX} rollbacks, then the run stops",
+        f"                 the run still ends at step {plan.total_steps} on the data the plan says; the steps "
+        "rolled back or skipped make no update (each rollback costs its span of optimizer updates)",
+    ]
+    return lines
+
+
+def rollback_warnings(config: Config, plan: ResolvedPlan) -> list[str]:
+    """A rollback that cannot happen, or only far back."""
+    if not rolls_back(config):
+        return []
+    key = "TRAIN.NONFINITE" if config.TRAIN.NONFINITE == "rollback" else "TRAIN.LOSS_SPIKE.ACTION"
+    every = checkpoint_every(plan)
+    if every is not None and every >= plan.total_steps:
+        return [
+            f"{key}: rollback needs a checkpoint to go back to, and the first one comes at the run's end "
+            f"(every {every} steps in a {plan.total_steps}-step run): set SCHEDULE.CHECKPOINT.INTERVAL_STEPS lower"
+        ]
+    if every is not None and every * 4 > plan.total_steps:
+        return [
+            f"{key}: checkpoints every {every} steps of {plan.total_steps}: a window that goes wrong before step "
+            f"{every} cannot be rolled back (the run stops), and a rollback redoes up to {every} steps"
+        ]
+    return []
