@@ -9,8 +9,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # a script's folder; also under runpy
 
-import helpers.rollback  # noqa: E402, F401  (registers poisoned_digits and blow_up)
-from linnaeus_accel.cli import main  # noqa: E402
+import helpers.rollback  # noqa: F401  (registers poisoned_digits and blow_up)
+
+from linnaeus_accel.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

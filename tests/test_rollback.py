@@ -156,7 +156,7 @@ def test_a_poisoned_sample_is_rolled_back_exactly_and_a_kill_anywhere_resumes_to
     # The uninterrupted run, in a subprocess as a user runs it (the reference the others match).
     reference = TrainRun(tmp_path, NAN_RUN).run(python_code=RUN_SCRIPT).check_ok()
     summary = read_summary(reference.dir)
-    assert summary["status"] == "completed" and summary["global_step"] == 24, summary
+    assert (summary["status"], summary["global_step"]) == ("completed", 24), summary
     assert summary["rollbacks"] == EXPECTED_ROLLBACKS
     weights = load_file(str(reference.dir / "final" / "model.safetensors"))
     assert all(bool(torch.isfinite(w).all()) for w in weights.values())
@@ -183,9 +183,11 @@ def test_a_poisoned_sample_is_rolled_back_exactly_and_a_kill_anywhere_resumes_to
     run = TrainRun(mkdir(tmp_path / "killed"), NAN_RUN)
     run.run(kill_at="rollback:1", python_code=RUN_SCRIPT).check_killed()
     first = run.run(kill_at="optimizer_step:9", python_code=RUN_SCRIPT).check_killed()
-    assert "resumed from" in first.output and "rolled back: a non-finite loss at step 8" in first.output
+    assert "resumed from" in first.output
+    assert "rolled back: a non-finite loss at step 8" in first.output
     resumed = run.run(python_code=RUN_SCRIPT)
-    assert "resumed from" in resumed.output and "step_00000012" in resumed.output, resumed.tail()
+    assert "resumed from" in resumed.output, resumed.tail()
+    assert "step_00000012" in resumed.output, resumed.tail()
     assert_same_run(resumed, reference)
     assert read_summary(run.dir)["rollbacks"] == EXPECTED_ROLLBACKS
 
@@ -232,12 +234,11 @@ def test_a_loss_spike_is_rolled_back_and_the_run_recovers(tmp_path: Path) -> Non
     (rollback,) = summary["rollbacks"]
     # The blow-up after step 13 makes the records of steps 14, 16 and 18 spike: found at the third,
     # back to the checkpoint of step 12 (the last good record's), the data of steps 13..18 skipped.
-    assert rollback["rule"] == "spike" and rollback["detected_at"] == 18 and rollback["back_to"] == 12, (
-        rollback
-    )
+    assert (rollback["rule"], rollback["detected_at"], rollback["back_to"]) == ("spike", 18, 12), rollback
     assert rollback["skipped_steps"] == 6
     assert rollback["loss"] > 3 * 1.0, rollback
-    assert summary["status"] == "completed" and summary["global_step"] == 24
+    assert summary["status"] == "completed"
+    assert summary["global_step"] == 24
 
     def losses(run: Path) -> dict[int, float]:
         return {r["global_step"]: r["train/loss"] for r in read_metrics(run) if "train/loss" in r}
@@ -249,4 +250,5 @@ def test_a_loss_spike_is_rolled_back_and_the_run_recovers(tmp_path: Path) -> Non
     assert losses(rolled)[24] < before, losses(rolled)
     stop = in_process(tmp_path / "stop", [*SPIKE_RUN, "TRAIN.LOSS_SPIKE.ACTION", "stop"])
     assert stop[0] == 1
-    assert "the training loss spiked to" in stop[1] and "TRAIN.LOSS_SPIKE.ACTION is stop" in stop[1], stop[1]
+    assert "the training loss spiked to" in stop[1], stop[1]
+    assert "TRAIN.LOSS_SPIKE.ACTION is stop" in stop[1], stop[1]
