@@ -60,7 +60,7 @@ class RollbackConfig(Section):
     GradNorm and callbacks' state), skip the data from there through the window plus SKIP_STEPS
     further optimizer steps' worth, and go on. The run keeps its plan: it still ends at the same
     step, every schedule follows the global step as before, and the steps rolled back or skipped
-    make no update (docs/semantics.md §9)."""
+    make no update (docs/semantics.md §8)."""
 
     SKIP_STEPS: int = Field(
         0,

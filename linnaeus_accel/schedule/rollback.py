@@ -1,5 +1,5 @@
 """What ``plan`` says of rollbacks (TRAIN.NONFINITE: rollback, TRAIN.LOSS_SPIKE): how far one goes
-back, what it skips, and how it moves the run's end (it does not: docs/semantics.md §9)."""
+back, what it skips, and how it moves the run's end (it does not: docs/semantics.md §8)."""
 
 from __future__ import annotations
 

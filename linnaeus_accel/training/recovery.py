@@ -9,7 +9,7 @@ wrong (the model, optimizer, RNG, GradNorm and callbacks' state; not the run's p
 loop skips the data of every step from there through the window plus ``SKIP_STEPS``: those steps
 load their batches and count them, but make no update. The global step, the data position, the
 LR, validation and checkpoint points and token counts stay the plan's, so the run still ends
-where its plan says, with fewer optimizer updates (docs/semantics.md §9).
+where its plan says, with fewer optimizer updates (docs/semantics.md §8).
 
 Exact: the decision is a pure function of what was trained, the state (spike history, rollbacks,
 the skip) is in every checkpoint, and a checkpoint from inside a rolled-back span resumes into the
