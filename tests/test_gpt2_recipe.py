@@ -99,3 +99,34 @@ def test_gpt2_window_loss_is_the_sum_over_its_documents_alone(attention: str) ->
     assert isinstance(alone, torch.Tensor)
     assert masked.item() == pytest.approx(alone.item(), abs=1e-5)
     assert abs(plain.loss_sums(model, batch(window)).item() - masked.item()) > 1e-3  # it can fail
+
+
+def test_accelerates_float8_recipe_converts_no_layer_of_transformers_gpt2() -> None:
+    """What `--mixed_precision fp8 --fp8_backend ao` would make of the recipe's model: Accelerate's
+    torchao recipe converts each `nn.Linear` but the first and the last, and transformers' GPT-2
+    projects with its own `Conv1D`, its one `nn.Linear` being the LM head. So Float8 changes nothing
+    for this recipe (docs/guides/pretraining.md says so); a Llama's projections it does convert."""
+    from accelerate.utils.ao import filter_linear_layers, find_first_last_linear_layers
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    def converted(model: torch.nn.Module) -> list[str]:
+        """The layers ``convert_model_to_fp8_ao`` hands torchao, by its own filter."""
+        kept = list(find_first_last_linear_layers(model))
+        return [
+            name
+            for name, module in model.named_modules()
+            if isinstance(module, torch.nn.Linear) and filter_linear_layers(module, name, kept)
+        ]
+
+    small = {"vocab_size": 320, "n_positions": 33, "n_embd": 32, "n_layer": 2, "n_head": 2}
+    gpt2 = AutoModelForCausalLM.from_config(AutoConfig.for_model("gpt2", **small))
+    assert [n for n, m in gpt2.named_modules() if isinstance(m, torch.nn.Linear)] == ["lm_head"]
+    assert converted(gpt2) == []
+    llama = AutoModelForCausalLM.from_config(
+        AutoConfig.for_model(
+            "llama", vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=2, num_key_value_heads=2,
+        )  # fmt: skip
+    )
+    # q, k, v, o, gate, up and down of each layer, the first of them (and the LM head) kept
+    assert len(converted(llama)) == 2 * 7 - 1

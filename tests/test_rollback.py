@@ -210,6 +210,19 @@ def test_two_processes_agree_on_each_rollback(tmp_path: Path) -> None:
         torch.testing.assert_close(ours[name], tensor, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
+def test_one_rollback_more_than_the_limit_fails_the_run_with_the_reason(tmp_path: Path) -> None:
+    rc, err, run = in_process(tmp_path, [*NAN_RUN, "TRAIN.ROLLBACK.MAX", "1"])
+    assert rc == 1
+    assert (
+        "the training loss or gradient norm became NaN or infinite by step 20; the run has rolled back once "
+        "already (TRAIN.ROLLBACK.MAX), so the run stops without saving that state"
+    ) in err
+    summary = read_summary(run)
+    assert summary["status"] == "failed"
+    assert summary["rollbacks"] == EXPECTED_ROLLBACKS[:1]
+
+
 # A callback multiplies every weight by 30 after steps 13 and 14 (a huge LR for two steps): the
 # records from step 14 on spike over 3x the mean of the 4 before; 3 records in a row (14, 16, 18)
 # make a spike. Between them the checkpoint of step 16 holds the blown-up weights and is the newest:

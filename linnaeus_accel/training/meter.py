@@ -140,10 +140,15 @@ class TrainMeter:
         return self._rows
 
     def _norm_of(self, norm: Any) -> torch.Tensor:
-        """A step's gradient norm as a float32 scalar on the device (stacking time, not per step)."""
-        if type(norm) is torch.Tensor:  # not a DTensor: its value is read the way flush reads it
-            return norm.detach().reshape(()).to(self._norms.dtype)
-        return self._carried.new_tensor(0.0 if norm is None else float(norm))
+        """A step's gradient norm as a float32 scalar on the device (stacking time, not per step;
+        every process stacks at the same steps)."""
+        if isinstance(norm, torch.Tensor):
+            # FSDP2's norm is a DTensor whose local value is a partial one: reduced on the device
+            # (a collective every process makes here), never read back.
+            full = getattr(norm, "full_tensor", None)
+            value = full() if callable(full) else norm
+            return value.detach().reshape(()).to(self._norms.dtype)
+        return self._carried.new_tensor(0.0 if norm is None else float(norm))  # DeepSpeed's float
 
     def _window(self) -> list[list[float]]:
         """This process's window on the host (one read): its sums ``[loss, *components]``, then one

@@ -57,6 +57,10 @@ def rollback_target(steps: list[int], anchor: int, spans: list[tuple[int, int]])
     return max(usable) if usable else None
 
 
+def _times(n: int) -> str:
+    return "once" if n == 1 else f"{n} times"
+
+
 class Recovery:
     """The run's loss-spike rule and rollbacks (see the module docstring); ``due`` is set at a
     record that calls for a rollback, which the loop then asks for (``roll_back``)."""
@@ -149,7 +153,7 @@ class Recovery:
         if len(state.rollbacks) >= self.rollback.MAX:
             raise self._failure(
                 step, rule, loss,
-                f"the run has rolled back {len(state.rollbacks)} times already (TRAIN.ROLLBACK.MAX)",
+                f"the run has rolled back {_times(len(state.rollbacks))} already (TRAIN.ROLLBACK.MAX)",
                 "raise TRAIN.ROLLBACK.MAX or TRAIN.ROLLBACK.SKIP_STEPS, or lower the learning rate",
             )  # fmt: skip
         writer.settle()  # the newest checkpoint's commit is done (every process)
