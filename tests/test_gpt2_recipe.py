@@ -122,11 +122,7 @@ def test_accelerates_float8_recipe_converts_no_layer_of_transformers_gpt2() -> N
     gpt2 = AutoModelForCausalLM.from_config(AutoConfig.for_model("gpt2", **small))
     assert [n for n, m in gpt2.named_modules() if isinstance(m, torch.nn.Linear)] == ["lm_head"]
     assert converted(gpt2) == []
-    llama = AutoModelForCausalLM.from_config(
-        AutoConfig.for_model(
-            "llama", vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-            num_attention_heads=2, num_key_value_heads=2,
-        )  # fmt: skip
-    )
+    sizes = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2}
+    llama = AutoModelForCausalLM.from_config(AutoConfig.for_model("llama", vocab_size=320, **sizes))
     # q, k, v, o, gate, up and down of each layer, the first of them (and the LM head) kept
     assert len(converted(llama)) == 2 * 7 - 1
