@@ -211,6 +211,17 @@ def test_two_processes_agree_on_each_rollback(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_a_nan_found_before_a_checkpoint_is_rolled_back_before_it_is_written(tmp_path: Path) -> None:
+    """Records every 6 steps, checkpoints every 4: the NaN of step 7 is found before the checkpoint
+    of step 8 is written (not at a record), rolled back to the same checkpoint as above, and step 8's
+    checkpoint then holds the good weights."""
+    rc, err, run = in_process(tmp_path, [*NAN_RUN, "SCHEDULE.METRICS.STEP_INTERVAL", "6"])
+    assert rc == 0, err
+    assert read_summary(run)["rollbacks"] == EXPECTED_ROLLBACKS
+    assert not any("train/loss" in r and not math.isfinite(r["train/loss"]) for r in read_metrics(run))
+
+
+@pytest.mark.slow
 def test_one_rollback_more_than_the_limit_fails_the_run_with_the_reason(tmp_path: Path) -> None:
     rc, err, run = in_process(tmp_path, [*NAN_RUN, "TRAIN.ROLLBACK.MAX", "1"])
     assert rc == 1
