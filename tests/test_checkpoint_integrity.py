@@ -19,7 +19,10 @@ copy is destroyed, and a full or read-only disk is named.
   summary.json), one sentence naming it, no partial checkpoint or final/ left, and a rerun with
   space resumes and ends exactly as an uninterrupted run.
 
-Real ``python -m linnaeus_accel train`` subprocesses on real files; nothing of ours is mocked.
+Real runs of ``linnaeus-accel train`` on real files; nothing of ours is mocked. A run is a
+``python -m linnaeus_accel`` subprocess where the behaviour needs a process of its own (a kill at a
+fault point, a launcher, the tmpfs's namespace); the others (the reference, refusals, resumes) run
+in this process, whose torch is imported already: that import is most of a subprocess's cost.
 The first part checks the pure validation functions (fast).
 """
 
@@ -40,6 +43,7 @@ from typing import Any
 
 import pytest
 from helpers.configs import DEFAULT_CONFIG, REPO
+from helpers.in_process import run_here
 from helpers.processes import read_log
 from helpers.runs import (
     RUN_TIMEOUT_S,
@@ -256,7 +260,7 @@ def test_a_corrupt_summary_is_moved_aside_and_does_not_stop_a_rerun(tmp_path: Pa
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Result:
-    result = TrainRun(tmp_path_factory.mktemp("reference"), OPTS).run().check_ok()
+    result = run_here(TrainRun(tmp_path_factory.mktemp("reference"), OPTS)).check_ok()
     assert read_summary(result.dir)["global_step"] == 24
     assert committed(result.dir) == [STEP12, STEP24]
     return result
@@ -316,7 +320,7 @@ def test_every_checkpoint_failing_verification_refuses_to_start_over_and_keeps_t
     before = {name: file_digests(checkpoints / name) for name in (STEP12, STEP24)}
     metrics_before = (run.dir / "metrics.jsonl").read_bytes()
 
-    refused = run.run()
+    refused = run_here(run)
     assert refused.returncode == 2, refused.tail()
     no_traceback(refused)
     assert f"none of the 2 checkpoints in {checkpoints} verifies" in refused.output
@@ -338,13 +342,13 @@ def test_every_checkpoint_failing_verification_refuses_to_start_over_and_keeps_t
     assert not (run.dir / "summary.json").exists()
 
     # Asking again does not start over either.
-    again = run.run()
+    again = run_here(run)
     assert again.returncode == 2, again.tail()
     assert "failed verification before" in again.output
     assert sorted(p.name for p in (checkpoints / "rejected").iterdir()) == [STEP12, STEP24]
 
     # --overwrite starts over (and removes them).
-    fresh = run.run(args=["--overwrite"])
+    fresh = run_here(run, args=["--overwrite"])
     assert not any(line.startswith("resumed from") for line in fresh.output.splitlines())
     assert_same_run(fresh, reference)
     assert not (checkpoints / "rejected").exists()
@@ -371,7 +375,7 @@ def test_a_file_outside_the_manifest_skips_that_checkpoint(
     # What Accelerate's load_state would unpickle, or refuse with an error (a crash loop).
     (newest / "custom_checkpoint_0.pkl").write_bytes(payload)
 
-    resumed = run.run()
+    resumed = run_here(run)
     assert not flag.exists(), f"a planted pickle was executed\n{resumed.tail()}"
     (line,) = skipped_lines(resumed.output)
     assert f"{STEP24}: custom_checkpoint_0.pkl: {NOT_IN_MANIFEST}; using {STEP12}; moved to " in line
@@ -424,7 +428,7 @@ def test_a_journal_line_that_does_not_verify_is_ignored_and_its_pass_run_again(
     bad = damage(lines)
     path.write_bytes(b"\n".join(lines) + b"\n")
 
-    resumed = run.run()
+    resumed = run_here(run)
     no_traceback(resumed)
     assert f"validation journal of {STEP12}: {problem}" in resumed.output, resumed.tail()
     assert_resumed_from(resumed.output, 12)
@@ -495,7 +499,7 @@ def test_a_resealed_checkpoint_with_a_state_we_did_not_write_is_skipped(
     # Its files are all as (re)sealed: only our own validation of the state can refuse it.
     assert CheckpointStore(newest.parent, journal="validation_journal.jsonl").verify(newest) is None
 
-    resumed = run.run()
+    resumed = run_here(run)
     no_traceback(resumed)
     (line,) = skipped_lines(resumed.output)
     assert f"{STEP24}: {problem}" in line, line
@@ -517,7 +521,7 @@ def test_a_corrupt_summary_and_garbage_metrics_lines_do_not_stop_a_rerun(
     garbage = [b"5\n", b"[]\n", b'{"global_step": "x"}\n', b"\x00\xff\xfe\x80 junk\n", b"{}\n"]
     (run.dir / "metrics.jsonl").write_bytes(b"".join(lines[:1] + garbage + lines[1:]))
 
-    rerun = run.run()
+    rerun = run_here(run)
     no_traceback(rerun)
     assert (run.dir / "summary.json.corrupt").read_bytes() == corrupt
     assert "summary.json is unreadable" in rerun.output
@@ -819,7 +823,7 @@ def test_a_disk_that_fills_at_any_write_ends_the_run_in_one_sentence(
         assert "; summary.json does not record the failure" in line, line
     if hit in ("metrics.jsonl", "final"):  # with space again, the rerun resumes and ends identically
         (run.dir / "filler").unlink()
-        rerun = run.run()
+        rerun = run_here(run)
         no_traceback(rerun)
         assert_resumed_from(rerun.output, int(kept[-1].removeprefix("step_")))
         assert_same_run(rerun, reference)

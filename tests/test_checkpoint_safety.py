@@ -13,6 +13,10 @@ Random states that load as data but are not Accelerate's are refused too (Accele
 whose manifest was rewritten without the key is refused, and kill -9 and resume stay byte-identical.
 A checkpoint of the previous layout (registered state pickled by Accelerate) resumes only with
 ``--unsafe-load-pickles``.
+
+The runs killed with SIGKILL are processes of their own; the runs that refuse, resume or serve as
+the reference run in this process, whose torch is imported already (that import is most of a
+short run's cost in a process of its own), through the same command line.
 """
 
 from __future__ import annotations
@@ -24,10 +28,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+import stateful_script  # noqa: F401  (registers the user's callbacks for the runs made in this process)
 import torch
 from helpers.checkpoints import RunsCode, reseal
 from helpers.configs import LM_CFG, REPO
-from helpers.in_process import run_cli
+from helpers.in_process import run_cli, run_here
 from helpers.runs import TrainRun, assert_resumed_from
 
 from linnaeus_accel.checkpoint import MARKER, read_marker
@@ -78,13 +83,12 @@ def make_run(root: Path, kind: str) -> TrainRun:
     return TrainRun(root, opts, cfg=cfg) if cfg else TrainRun(root, opts)
 
 
-def run_kind(run: TrainRun, kind: str, **kwargs: Any) -> Any:
-    return run.run(python_code=SCRIPT if KINDS[kind][2] else None, **kwargs)
-
-
 class KilledRuns:
     """Each kind's run, killed right after its step-12 checkpoint (steps 6 and 12 committed), made
-    the first time a test of this process asks for it (xdist workers make only those they need)."""
+    the first time a test of this process asks for it (xdist workers make only those they need).
+    Killed with SIGKILL, so in a process of its own (through tests/stateful_script.py where the kind
+    has the user's callbacks); the runs that resume or refuse it run in this process, where the
+    import of stateful_script registered those callbacks."""
 
     def __init__(self, factory: pytest.TempPathFactory) -> None:
         self.factory = factory
@@ -93,7 +97,7 @@ class KilledRuns:
     def __getitem__(self, kind: str) -> TrainRun:
         if kind not in self.runs:
             run = make_run(self.factory.mktemp(kind), kind)
-            done = run_kind(run, kind, kill_at="checkpoint_committed:2")
+            done = run.run(kill_at="checkpoint_committed:2", python_code=SCRIPT if KINDS[kind][2] else None)
             assert done.returncode != 0, done.tail()
             assert (run.dir / "checkpoints" / STEP_12 / MARKER).is_file(), done.tail()
             self.runs[kind] = run
@@ -142,14 +146,14 @@ def test_a_pickle_in_any_file_of_a_checkpoint_runs_no_code(
             continue
         # Resumed into a new run (a colleague's checkpoint), which must be left empty.
         into = new_run(tmp_path / f"new{i}", run.opts, run.cfg)
-        explicit = run_kind(into, kind, args=["--resume", str(target)])
+        explicit = run_here(into, args=["--resume", str(target)])
         assert explicit.returncode == 2, explicit.tail()
         assert f"{name}: not loadable as data" in explicit.output, explicit.tail()
         assert "Traceback" not in explicit.output
         assert not marker.exists(), f"loading {name} ran code"
         assert (target / MARKER).is_file()  # the user's own path: reported, never moved
         assert [f.name for f in into.dir.rglob("*") if f.is_file()] == [".lock"]
-        auto = run_kind(run, kind)
+        auto = run_here(run)
         assert auto.returncode == 0, auto.tail()
         assert not marker.exists(), f"loading {name} ran code"
         assert f"skipping checkpoint {STEP_12}: {name}: not loadable as data" in auto.output, auto.tail()
@@ -167,10 +171,10 @@ def test_a_pickle_this_layout_never_writes_is_refused(killed_runs: KilledRuns, t
     marker = tmp_path / "code-ran"
     torch.save(RunsCode(marker), target / "custom_checkpoint_0.pkl")
     reseal(target)
-    explicit = run.run(args=["--resume", str(target)])
+    explicit = run_here(run, args=["--resume", str(target)])
     assert explicit.returncode == 2, explicit.tail()
     assert "custom_checkpoint_0.pkl: a pickle that this layout of checkpoint never holds" in explicit.output
-    auto = run.run()
+    auto = run_here(run)
     assert auto.returncode == 0, auto.tail()
     assert_resumed_from(auto.output, 6)
     assert not marker.exists()
@@ -186,11 +190,11 @@ def test_random_states_that_accelerate_cannot_restore_are_refused(
     target = run.dir / "checkpoints" / STEP_12
     torch.save({"step": 0, "random_state": "not a state"}, target / "random_states_0.pkl")
     reseal(target)
-    explicit = run.run(args=["--resume", str(target)])
+    explicit = run_here(run, args=["--resume", str(target)])
     assert explicit.returncode == 2, explicit.tail()
     assert "random_states_0.pkl: its random states were not restored" in explicit.output, explicit.tail()
     assert "Traceback" not in explicit.output
-    auto = run.run()
+    auto = run_here(run)
     assert auto.returncode == 0, auto.tail()
     assert "could not be loaded: random_states_0.pkl" in auto.output
     assert_resumed_from(auto.output, 6)
@@ -198,39 +202,47 @@ def test_random_states_that_accelerate_cannot_restore_are_refused(
 
 
 EMA_RUN = [*DIGITS, "CALLBACKS", "[{NAME: ema}]"]
+KEY = {KEY_ENV: "a secret only the jobs hold"}
 
 
 @pytest.fixture(scope="module")
 def ema_reference(tmp_path_factory: pytest.TempPathFactory) -> TrainRun:
     """An uninterrupted run with the ema callback (signed or not, its weights are the same)."""
     reference = TrainRun(tmp_path_factory.mktemp("reference"), EMA_RUN)
-    reference.run().check_ok()
+    run_here(reference).check_ok()
     return reference
+
+
+@pytest.fixture(scope="module")
+def killed_signed(tmp_path_factory: pytest.TempPathFactory) -> TrainRun:
+    """The ema run with ``KEY``, killed -9 right after its step-12 checkpoint (steps 6 and 12
+    committed, signed): one kill for the tests below, which clone it."""
+    run = TrainRun(tmp_path_factory.mktemp("killed_signed"), EMA_RUN)
+    assert run.run(kill_at="checkpoint_committed:2", extra_env=KEY).returncode != 0
+    return run
 
 
 @pytest.mark.slow
 def test_with_a_checkpoint_key_only_signed_checkpoints_resume(
-    ema_reference: TrainRun, tmp_path: Path
+    ema_reference: TrainRun, killed_signed: TrainRun, tmp_path: Path
 ) -> None:
-    key = {KEY_ENV: "a secret only the jobs hold"}
     reference = ema_reference
-    run = new_run(tmp_path / "run", EMA_RUN)
-    assert run.run(kill_at="checkpoint_committed:2", extra_env=key).returncode != 0
+    run = killed_signed.clone(tmp_path / "run")
     signed = read_marker(run.dir / "checkpoints" / STEP_12)
-    assert signature_problem(signed, key[KEY_ENV].encode()) is None
+    assert signature_problem(signed, KEY[KEY_ENV].encode()) is None
 
     # Rewritten by a writer of the checkpoints who does not hold the key: refused.
     forged = run.clone(tmp_path / "forged")
     reseal(forged.dir / "checkpoints" / STEP_12)
-    explicit = forged.run(args=["--resume", str(forged.dir / "checkpoints" / STEP_12)], extra_env=key)
+    explicit = run_here(forged, args=["--resume", str(forged.dir / "checkpoints" / STEP_12)], extra_env=KEY)
     assert explicit.returncode == 2, explicit.tail()
     assert f"COMMITTED.json is not signed, and {KEY_ENV} is set" in explicit.output
-    wrong = forged.run(extra_env={KEY_ENV: "another key"})
+    wrong = run_here(forged, extra_env={KEY_ENV: "another key"})
     assert wrong.returncode == 2, wrong.tail()  # none of its checkpoints is signed with that key
     assert "signature does not match" in wrong.output
 
     # With the key: killed -9 and resumed, byte-identical to the uninterrupted run.
-    resumed = run.run(extra_env=key).check_ok()
+    resumed = run_here(run, extra_env=KEY).check_ok()
     assert_resumed_from(resumed.output, 12)
     for name in ("model.safetensors", "ema/model.safetensors"):
         assert (run.dir / "final" / name).read_bytes() == (reference.dir / "final" / name).read_bytes()
@@ -254,14 +266,15 @@ def to_previous_layout(checkpoint: Path) -> None:
 
 @pytest.mark.slow
 def test_a_checkpoint_of_the_previous_layout_resumes_only_when_its_owner_says_so(
-    ema_reference: TrainRun, tmp_path: Path
+    ema_reference: TrainRun, killed_signed: TrainRun, tmp_path: Path
 ) -> None:
     reference = ema_reference
-    run = new_run(tmp_path / "run", EMA_RUN)
-    assert run.run(kill_at="checkpoint_committed:2").returncode != 0
+    run = killed_signed.clone(tmp_path / "run")
     for name in (STEP_6, STEP_12):
+        # Resealed without the key: unsigned, as an earlier linnaeus-accel wrote them.
         to_previous_layout(run.dir / "checkpoints" / name)
-    refused = run.run()
+        assert SIGNATURE not in read_marker(run.dir / "checkpoints" / name)
+    refused = run_here(run)
     assert refused.returncode == 2, refused.tail()
     assert (
         "keeps registered state (an EMA of the weights, a callback's tensors) in custom_checkpoint_0.pkl"
@@ -269,7 +282,7 @@ def test_a_checkpoint_of_the_previous_layout_resumes_only_when_its_owner_says_so
     )
     assert "--unsafe-load-pickles" in refused.output
     assert (run.dir / "checkpoints" / STEP_12 / MARKER).is_file()  # not corrupt: not moved
-    resumed = run.run(args=["--unsafe-load-pickles"]).check_ok()
+    resumed = run_here(run, args=["--unsafe-load-pickles"]).check_ok()
     assert_resumed_from(resumed.output, 12)
     for name in ("model.safetensors", "ema/model.safetensors"):
         assert (run.dir / "final" / name).read_bytes() == (reference.dir / "final" / name).read_bytes(), name
@@ -284,10 +297,10 @@ def test_state_registered_by_users_survives_kill_and_resume(tmp_path: Path) -> N
     float64 tensor, int keys, tuples), and as an uninterrupted run ends them."""
     opts = [*DIGITS, "CALLBACKS", "[{NAME: tensor_sum}, {NAME: accelerate_registered}]"]
     reference = new_run(tmp_path / "reference", opts)
-    reference.run(python_code=SCRIPT).check_ok()
+    run_here(reference).check_ok()
     run = new_run(tmp_path / "run", opts)
     assert run.run(kill_at="optimizer_step:15", python_code=SCRIPT).returncode != 0
-    run.run(python_code=SCRIPT).check_ok()
+    run_here(run).check_ok()
     for name in ("tensor_sum", "accelerate_registered"):
         got = json.loads((run.dir / f"state_{name}.json").read_text())
         assert got == json.loads((reference.dir / f"state_{name}.json").read_text())
@@ -436,33 +449,19 @@ def test_the_signature_covers_the_whole_marker() -> None:
 
 # -- the rest of what a run reads ------------------------------------------------------------------
 @pytest.mark.slow
+@pytest.mark.usefixtures("fresh_accelerate_state")
 def test_evaluate_refuses_a_tampered_checkpoint_and_runs_no_code(
     killed_runs: KilledRuns, tmp_path: Path
 ) -> None:
-    import subprocess
-    import sys
-
     run = killed_runs["async-ema"].clone(tmp_path / "run")
     target = run.dir / "checkpoints" / STEP_12
     marker = tmp_path / "code-ran"
     torch.save(RunsCode(marker), target / "optimizer.bin")
     reseal(target)
-    command = [
-        sys.executable,
-        "-m",
-        "linnaeus_accel",
-        "evaluate",
-        "--cfg",
-        run.cfg,
-        "--checkpoint",
-        str(target),
-    ]
-    command += ["--opts", "ENV.OUTPUT.BASE_DIR", str(run.base), "EXPERIMENT.NAME", "run", *run.opts]
-    done = subprocess.run(
-        command, env=run.env(None), capture_output=True, text=True, timeout=300, check=False
-    )
-    assert done.returncode == 2, done.stdout + done.stderr
-    assert "optimizer.bin: not loadable as data" in done.stderr
+    opts = ["ENV.OUTPUT.BASE_DIR", str(run.base), "EXPERIMENT.NAME", "run", *run.opts]
+    rc, out, err = run_cli("evaluate", "--cfg", run.cfg, "--checkpoint", str(target), "--opts", *opts)
+    assert rc == 2, out + err
+    assert "optimizer.bin: not loadable as data" in err
     assert not marker.exists()
     assert not (run.dir / "eval").exists()  # nothing measured
 

@@ -1,7 +1,8 @@
 """What several test modules share, by topic; no test module imports another.
 
 - ``configs``: the repository's paths, the shipped configs, option lists and config builders.
-- ``in_process``: the command line in this process, and forgetting Accelerate's state between runs.
+- ``in_process``: the command line in this process, a ``TrainRun`` trained here (``run_here``), and
+  forgetting Accelerate's state between runs.
 - ``processes``: a free port, the environment and launcher command lines of started processes,
   and ending them.
 - ``runs``: a ``linnaeus-accel train`` subprocess (``TrainRun``), killed or not, and reading and

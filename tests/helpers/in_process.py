@@ -1,14 +1,20 @@
-"""Running the package inside the test's own process: the command line, and Accelerate's
-process-wide state, forgotten between runs."""
+"""Running the package inside the test's own process: the command line, a ``TrainRun`` trained
+here, and Accelerate's process-wide state, forgotten between runs."""
 
 from __future__ import annotations
 
 import contextlib
 import io
 import json
+import logging
+import os
+import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from helpers.configs import CFG
+from helpers.processes import LAUNCHER_VARIABLES, OWN_PREFIXES
+from helpers.runs import Result, TrainRun
 
 
 def run_cli(*args: str) -> tuple[int, str, str]:
@@ -76,3 +82,40 @@ def timeline_rows(text: str) -> dict[str, str]:
         first, last = line.index("|"), line.rindex("|")
         rows[line[:first].strip()] = line[first + 1 : last]
     return rows
+
+
+def run_here(run: TrainRun, args: Sequence[str] = (), extra_env: Mapping[str, str] | None = None) -> Result:
+    """``run.run(args=args, extra_env=extra_env)`` (one process) in this process: the same command
+    line into the same directory, and a ``Result`` of what that process's console would hold. A
+    process of its own spends most of a short run importing torch; use ``run.run`` where the
+    behaviour needs one (a kill, a launcher, a namespace). The environment is as ``launch_env``
+    leaves it for the package (the launchers' and our own variables dropped, ``extra_env`` set),
+    and put back after."""
+    from linnaeus_accel.cli import main
+
+    assert run.processes == 1, "a run of several processes needs a launcher: run.run()"
+    command = run.command(args, None)[3:]  # what follows `python -m linnaeus_accel`
+    console = io.StringIO()  # stdout and stderr, in the order written, as in the process's log
+    # A process configures no logging, so its warnings reach stderr through logging's last resort
+    # (the message alone, WARNING and up); here pytest's handler on the root logger would take them.
+    warnings = logging.StreamHandler(console)
+    warnings.setLevel(logging.WARNING)
+    saved = dict(os.environ)
+    for name in [k for k in os.environ if k in LAUNCHER_VARIABLES or k.startswith(OWN_PREFIXES)]:
+        del os.environ[name]
+    os.environ.update(extra_env or {})
+    started = time.monotonic()
+    reset_accelerate()
+    logging.getLogger().addHandler(warnings)
+    try:
+        with contextlib.redirect_stdout(console), contextlib.redirect_stderr(console):
+            try:
+                rc = main(command)
+            except SystemExit as exc:  # argparse usage errors
+                rc = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        logging.getLogger().removeHandler(warnings)
+        reset_accelerate()
+        os.environ.clear()
+        os.environ.update(saved)
+    return Result(rc, console.getvalue(), run.dir, time.monotonic() - started)
