@@ -102,8 +102,8 @@ class Recovery:
         """A metric record at ``step`` whose window was finite; ``loss``: its mean training loss
         (None: no step of it trained, the window was skipped data)."""
         state = self.state
-        if loss is None:  # the model is the checkpoint's: as good as the record before
-            state.anchor = step
+        if loss is None:  # nothing trained since the record before: as good as it (or as a streak)
+            state.anchor = state.anchor if state.streak else step
             return
         if not self.watches_spikes:
             state.anchor = step
@@ -169,7 +169,10 @@ class Recovery:
         fault_point("rollback")  # loaded, nothing of the rollback recorded yet
         back_to = int(saved["global_step"])
         self.meter.restart(self.progress.samples_seen, self.progress.tokens_seen)
+        # The run ends where its plan says: a skip cannot reach past it.
+        end = self.progress.expected_total_steps
         skip_until = step + self.rollback.SKIP_STEPS
+        skip_until = skip_until if end is None else max(step, min(skip_until, end))
         state.rollbacks.append(
             RollbackRecord(
                 detected_at=step, rule=rule, loss=loss if math.isfinite(loss) else None, back_to=back_to, checkpoint=path.name,
