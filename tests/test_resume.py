@@ -1,6 +1,6 @@
 """Crash and resume, end to end (docs/semantics.md §5-6): real ``python -m linnaeus_accel train``
-subprocesses are killed at chosen moments and rerun with the same command; the resumed run must end
-exactly where an uninterrupted run ends.
+subprocesses are killed at chosen moments and rerun with the same command line; the resumed run must
+end exactly where an uninterrupted run ends.
 
 - Kill -9 at a training step (with mid-epoch step checkpoints, and with epoch checkpoints only),
   inside a validation pass, inside a checkpoint write (after every process staged it and before the
@@ -21,7 +21,11 @@ exactly where an uninterrupted run ends.
 
 Fault points (``LINNAEUS_ACCEL_KILL_AT=<point>:<n>``, ``linnaeus_accel.process.faults``) make the
 kills land deterministically. Each configuration's uninterrupted reference run is computed once per
-module. Every subprocess writes its console to a file under the test's directory.
+module. A run is a subprocess where the behaviour needs a process of its own (a SIGKILL, a SIGTERM,
+a launcher of 2 processes); the others (the 1-process references, the reruns, the refusals) run in
+this process (``run_here``), whose torch is imported already: that import is most of a
+subprocess's cost, and a rerun only reads what the killed process left on disk. Every subprocess
+writes its console to a file under the test's directory.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from typing import Any
 
 import psutil  # type: ignore[import-untyped]  # an Accelerate dependency
 import pytest
+from helpers.in_process import run_here
 from helpers.processes import kill_group
 from helpers.runs import (
     KILLED,
@@ -108,10 +113,7 @@ CONFIGS = {
 
 @pytest.fixture(scope="module")
 def ref_epoch(tmp_path_factory: pytest.TempPathFactory) -> Result:
-    started = TrainRun(tmp_path_factory.mktemp("ref_epoch"), EPOCH_CKPT).start()
-    active_from = wait_for_file(started, started.dir / "metrics.jsonl")
-    result = started.finish().check_ok()
-    result.active_seconds = time.monotonic() - active_from
+    result = run_here(TrainRun(tmp_path_factory.mktemp("ref_epoch"), EPOCH_CKPT)).check_ok()
     assert read_summary(result.dir)["global_step"] == 92
     assert committed(result.dir) == [ckpt(46), ckpt(92)]
     return result
@@ -119,7 +121,7 @@ def ref_epoch(tmp_path_factory: pytest.TempPathFactory) -> Result:
 
 @pytest.fixture(scope="module")
 def ref_mid(tmp_path_factory: pytest.TempPathFactory) -> Result:
-    result = TrainRun(tmp_path_factory.mktemp("ref_mid"), MID_CKPT).run().check_ok()
+    result = run_here(TrainRun(tmp_path_factory.mktemp("ref_mid"), MID_CKPT)).check_ok()
     assert read_summary(result.dir)["global_step"] == 92
     assert committed(result.dir)[-2:] == [ckpt(90), ckpt(92)]  # the last two (KEEP_LAST_N 2)
     return result
@@ -133,15 +135,33 @@ def ref_two(tmp_path_factory: pytest.TempPathFactory) -> Result:
 
 
 @pytest.fixture(scope="module")
-def killed_after_final_commit(tmp_path_factory: pytest.TempPathFactory) -> TrainRun:
+def final_commit_kill(tmp_path_factory: pytest.TempPathFactory) -> tuple[TrainRun, float]:
     """Killed right after committing the final checkpoint (step 92), before any of its validation
-    passes: step 46 (journal complete) and step 92 (no journal) are both committed. Clone it."""
+    passes: step 46 (journal complete) and step 92 (no journal) are both committed. With the
+    seconds it spent after its start-up (from the creation of metrics.jsonl to the kill): all of an
+    uninterrupted subprocess's but its final passes (a tenth of a second), which the references,
+    trained in this process, do not measure."""
     run = TrainRun(tmp_path_factory.mktemp("killed_final_commit"), EPOCH_CKPT)
-    run.run(kill_at="checkpoint_committed:2").check_killed()
+    started = run.start(kill_at="checkpoint_committed:2")
+    active_from = wait_for_file(started, run.dir / "metrics.jsonl")
+    started.finish().check_killed()
+    active_seconds = time.monotonic() - active_from
     assert committed(run.dir) == [ckpt(46), ckpt(92)]
     assert journal(run.dir / "checkpoints" / ckpt(46)) == EPOCH2_PASSES
     assert journal(run.dir / "checkpoints" / ckpt(92)) == []
-    return run
+    return run, active_seconds
+
+
+@pytest.fixture(scope="module")
+def killed_after_final_commit(final_commit_kill: tuple[TrainRun, float]) -> TrainRun:
+    """That killed run (clone it)."""
+    return final_commit_kill[0]
+
+
+@pytest.fixture(scope="module")
+def active_seconds(final_commit_kill: tuple[TrainRun, float]) -> float:
+    """How long a subprocess of EPOCH_CKPT trains: the killed run's seconds after its start-up."""
+    return final_commit_kill[1]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -177,7 +197,7 @@ def test_kill_at_fault_point_then_rerun_ends_identically(
     killed = run.run(kill_at=kill_at).check_killed()
     assert not (run.dir / "summary.json").exists(), killed.tail()
 
-    resumed = run.run()
+    resumed = run_here(run)
     if resume_step is None:
         assert not any(line.startswith("resumed from") for line in resumed.output.splitlines())
     else:
@@ -192,7 +212,7 @@ def test_kill_right_after_final_commit_then_rerun_ends_identically(
     killed_after_final_commit: TrainRun, ref_epoch: Result, tmp_path: Path
 ) -> None:
     run = killed_after_final_commit.clone(tmp_path)
-    resumed = run.run()
+    resumed = run_here(run)
     assert_resumed_from(resumed.output, 92)
     assert_same_run(resumed, ref_epoch)
     assert journal(run.dir / "checkpoints" / ckpt(92)) == journal(ref_epoch.dir / "checkpoints" / ckpt(92))
@@ -200,10 +220,10 @@ def test_kill_right_after_final_commit_then_rerun_ends_identically(
 
 RANDOM_KILLS = 3
 _delays = random.Random(20260401)
-# Fractions of the time the uninterrupted run spent after its start-up (imports, dataset; measured
-# from the creation of metrics.jsonl), one drawn in each third of [0, 0.75) (later ones often miss
-# on a busy machine, where the run ends first): a kill lands in a training step, a validation
-# pass or a checkpoint write, wherever the time goes.
+# Fractions of the time a run spends after its start-up (imports, dataset; measured from the
+# creation of metrics.jsonl: ``active_seconds``), one drawn in each third of [0, 0.75) (later ones
+# often miss on a busy machine, where the run ends first): a kill lands in a training step, a
+# validation pass or a checkpoint write, wherever the time goes.
 KILL_FRACTIONS = [0.75 * (i + _delays.random()) / RANDOM_KILLS for i in range(RANDOM_KILLS)]
 
 
@@ -215,13 +235,13 @@ KILL_FRACTIONS = [0.75 * (i + _delays.random()) / RANDOM_KILLS for i in range(RA
     ],
 )
 def test_kill_at_random_moment_then_rerun_ends_identically(
-    fraction: float, config: str, ref_epoch: Result, tmp_path: Path
+    fraction: float, config: str, ref_epoch: Result, active_seconds: float, tmp_path: Path
 ) -> None:
     run = TrainRun(tmp_path, CONFIGS[config])
     started = run.start()
     wait_for_file(started, run.dir / "metrics.jsonl")
     try:
-        started.proc.wait(timeout=fraction * ref_epoch.active_seconds)
+        started.proc.wait(timeout=fraction * active_seconds)
     except subprocess.TimeoutExpired:
         started.proc.send_signal(signal.SIGKILL)
     killed = started.finish()
@@ -232,7 +252,7 @@ def test_kill_at_random_moment_then_rerun_ends_identically(
     if (run.dir / "summary.json").exists():  # killed between summary.json and the exit
         assert_same_run(Result(0, killed.output, run.dir, killed.seconds), ref_epoch)
         return
-    assert_same_run(run.run(), ref_epoch)
+    assert_same_run(run_here(run), ref_epoch)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -255,7 +275,7 @@ def test_corrupt_newest_checkpoint_falls_back_to_previous(
 ) -> None:
     run = killed_after_final_commit.clone(tmp_path)
     damage(run.dir / "checkpoints" / ckpt(92))
-    resumed = run.run()
+    resumed = run_here(run)
     skipped = [line for line in resumed.output.splitlines() if "skipping checkpoint" in line]
     assert len(skipped) == 1, resumed.tail()
     assert ckpt(92) in skipped[0], skipped
@@ -315,7 +335,7 @@ def test_planted_pickles_are_never_executed(killed_after_final_commit: TrainRun,
     (older / "random_states_0.pkl").write_bytes(payload)
     forge_manifest(older, "random_states_0.pkl")
 
-    refused = run.run()
+    refused = run_here(run)
     assert not flag.exists(), f"a planted pickle was executed during resume\n{refused.tail()}"
     assert refused.returncode == 2, refused.tail()
     assert "not in COMMITTED.json" in refused.output, refused.tail()
@@ -337,7 +357,7 @@ def test_mid_validation_resume_runs_only_remaining_passes(ref_epoch: Result, tmp
     assert journal(boundary) == EPOCH2_PASSES[:2]
     assert not [r for r in read_metrics(run.dir) if r["global_step"] == 46 and is_val(r)]
 
-    resumed = run.run()
+    resumed = run_here(run)
     assert_resumed_from(resumed.output, 46)
     # Each pass of that boundary exactly once: the two done before the kill were not run again.
     assert journal(boundary) == EPOCH2_PASSES
@@ -367,7 +387,7 @@ def test_sigterm_preempts_one_process_then_rerun_ends_identically(ref_epoch: Res
     step = assert_preempted(preempted, total_steps=92)
     assert "preempted" in preempted.output
 
-    resumed = run.run()
+    resumed = run_here(run)
     assert_resumed_from(resumed.output, step)
     assert_same_run(resumed, ref_epoch)
 
@@ -399,7 +419,7 @@ def test_sigterm_during_validation_is_a_clean_preemption(ref_epoch: Result, tmp_
     )
     assert read_summary(run.dir)["status"] == "preempted", read_summary(run.dir)
     assert committed(run.dir), "no checkpoint to resume from"
-    assert_same_run(run.run(), ref_epoch)
+    assert_same_run(run_here(run), ref_epoch)
 
 
 def worker_processes(launcher: subprocess.Popen[bytes]) -> list[psutil.Process]:
@@ -454,7 +474,7 @@ def test_sigterm_at_an_epochs_last_step_then_rerun_ends_identically(
     assert committed(run.dir)[-1] == ckpt(step)
     assert journal(run.dir / "checkpoints" / ckpt(step)) == []  # no pass ran before the stop
 
-    resumed = run.run()
+    resumed = run_here(run)
     assert_resumed_from(resumed.output, step)
     assert_same_run(resumed, ref_epoch)
     assert journal(run.dir / "checkpoints" / ckpt(step))[0] == "val"
@@ -495,7 +515,7 @@ def test_auto_resume_false_refuses_a_used_directory(
     run = killed_after_final_commit.clone(tmp_path)
     before = committed(run.dir)
     run.opts += ["TRAIN.AUTO_RESUME", "false"]
-    refused = run.run()
+    refused = run_here(run)
     assert refused.returncode == 2, refused.tail()
     assert "TRAIN.AUTO_RESUME" in refused.output
     assert "Traceback" not in refused.output
@@ -507,7 +527,7 @@ def test_resume_from_an_older_checkpoint(
 ) -> None:
     run = killed_after_final_commit.clone(tmp_path)
     older = run.dir / "checkpoints" / ckpt(46)
-    resumed = run.run(args=["--resume", str(older)])
+    resumed = run_here(run, args=["--resume", str(older)])
     assert_resumed_from(resumed.output, 46)
     assert_same_run(resumed, ref_epoch)
 
