@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.configs import CFG
-from helpers.in_process import plan_text, reset_accelerate, run_cli
+from helpers.in_process import plan_text, reset_accelerate, run_cli, run_here
 from helpers.launches import launch_logged
 from helpers.processes import accelerate_launch_command
-from helpers.rollback import RUN_SCRIPT, SCRIPT
+from helpers.rollback import RUN_SCRIPT, SCRIPT  # registers poisoned_digits and blow_up here too
 from helpers.runs import TrainRun, assert_same_run, read_metrics, read_summary
 from safetensors.torch import load_file
 
@@ -135,9 +135,7 @@ def mkdir(path: Path) -> Path:
 
 
 def in_process(root: Path, opts: list[str]) -> tuple[int, str, Path]:
-    """The CLI in this process (helpers.rollback registered its dataset and callback on import)."""
-    import helpers.rollback  # noqa: F401
-
+    """The CLI in this process (helpers.rollback, imported above, registered the dataset and callback)."""
     reset_accelerate()
     try:
         rc, _, err = run_cli(
@@ -185,7 +183,7 @@ def test_a_poisoned_sample_is_rolled_back_exactly_and_a_kill_anywhere_resumes_to
     first = run.run(kill_at="optimizer_step:9", python_code=RUN_SCRIPT).check_killed()
     assert "resumed from" in first.output
     assert "rolled back: a non-finite loss at step 8" in first.output
-    resumed = run.run(python_code=RUN_SCRIPT)
+    resumed = run_here(run)  # the rerun needs no process of its own (helpers.rollback is imported)
     assert "resumed from" in resumed.output, resumed.tail()
     assert "step_00000012" in resumed.output, resumed.tail()
     assert_same_run(resumed, reference)
@@ -198,7 +196,7 @@ def test_two_processes_agree_on_each_rollback(tmp_path: Path) -> None:
     decided alike on both processes, and the same weights to float tolerance (without mixup, which
     pairs samples inside each process's batch)."""
     no_mixup = [*NAN_RUN, "SCHEDULE.MIXUP.PROB.ENABLED", "false"]
-    reference = TrainRun(tmp_path, no_mixup).run(python_code=RUN_SCRIPT).check_ok()
+    reference = run_here(TrainRun(tmp_path, no_mixup)).check_ok()
     base = tmp_path / "two" / "outputs"
     opts = [*no_mixup, "DATA.BATCH_SIZE", "64", "ENV.OUTPUT.BASE_DIR", str(base), "EXPERIMENT.NAME", "run"]
     command = [*accelerate_launch_command(2), str(SCRIPT), "train", "--cfg", CFG, "--opts", *opts]
