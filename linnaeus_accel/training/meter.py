@@ -95,6 +95,8 @@ class TrainMeter:
         # window holds a bounded number of small tensors.
         self._stack_every = max(1, min(window, _MAX_PENDING))
         self._steps = 0
+        self._passed = 0  # steps of the window whose data a rollback skipped
+        self.trained_in_last_window = 0  # optimizer steps the last flushed window trained
         self.nonfinite_skipped = 0  # optimizer steps dropped by TRAIN.NONFINITE: skip, in the run
         self.counts_skipped_steps = counts_skipped_steps
         self.skipped_steps = 0  # optimizer steps the fp16 loss scaler skipped (overflow), in the run
@@ -120,6 +122,7 @@ class TrainMeter:
         rollback skips: an empty row, so rows still map to steps, and not in the window's average."""
         self._pending.append(None)
         self.nonfinite_skipped += int(nonfinite)
+        self._passed += int(not nonfinite)
         if len(self._pending) >= self._stack_every:
             self._stack_pending()
 
@@ -178,6 +181,7 @@ class TrainMeter:
         self._norms = self._norms[:0]
         self._pending = []
         self._steps = 0
+        self._passed = 0
 
     def restart(self, samples_seen: int, tokens_seen: int) -> None:
         """After a rollback: the open window (the steps rolled back) is dropped, and the next record
@@ -251,7 +255,10 @@ class TrainMeter:
         samples = samples_seen - self._samples_at_last_flush
         tokens = tokens_seen - self._tokens_at_last_flush
         metrics: dict[str, float] = {}
-        if self._steps:  # a window of steps a rollback skipped trained nothing: no loss to average
+        self.trained_in_last_window = self._steps
+        # A window of steps a rollback skipped trained nothing: no loss to average. (A window whose
+        # every step TRAIN.NONFINITE: skip dropped has always logged 0.)
+        if self._steps or not self._passed:
             metrics["train/loss"] = totals[0] / steps
             if len(self.components) > 1:
                 metrics.update(

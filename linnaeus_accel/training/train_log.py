@@ -54,7 +54,8 @@ class TrainLog:
             what = f"the {bad.what} was {bad.value} at step {step - bad.steps_ago}"
             raise self.nonfinite.failure(what, self.writer.current) from None
         self.progress.tokens_seen = int(metrics.get("tokens_seen", self.progress.tokens_seen))
-        self.recovery.record(step, metrics.get("train/loss"))  # may make a rollback due, or stop
+        # May make a rollback due, or stop; a window that trained no step has no loss to judge.
+        self.recovery.record(step, metrics["train/loss"] if self.meter.trained_in_last_window else None)
         if rollbacks := len(self.recovery.state.rollbacks):
             metrics["train/rollbacks"] = float(rollbacks)
         metrics.update(self.source_metrics())
