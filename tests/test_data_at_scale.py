@@ -1,4 +1,4 @@
-"""Data at scale, end to end, as a user runs it (``linnaeus-accel train`` subprocesses; docs/semantics.md §7):
+"""Data at scale, end to end, as a user runs it (``linnaeus-accel train`` command lines; docs/semantics.md §7):
 
 - a weighted mixture of two ``token_files`` corpora: the share of each source in the trained steps
   follows the weights (far inside a binomial tolerance: the interleave is deterministic) and is the
@@ -7,6 +7,11 @@
 - mid-epoch validation (``SCHEDULE.VALIDATION.MID_EPOCH``): killed inside a mid-epoch pass, the
   rerun runs only the passes still missing and ends byte-identical;
 - bad input exits 2 naming the key, with nothing written.
+
+The runs that are killed or launched on two processes are processes of their own; the references,
+the resumes and the refusals of one process run in this process, whose torch is imported already
+(that import is most of a short run's cost in a process of its own), through the same command line
+(``run_here``).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import Any
 import pytest
 import yaml
 from helpers.configs import CFG, LM_CFG
+from helpers.in_process import run_here
 from helpers.runs import (
     Result,
     TrainRun,
@@ -115,7 +121,7 @@ def source_counts(run_dir: Path) -> list[tuple[int, int, int]]:
 def mixture_ref(tmp_path_factory: pytest.TempPathFactory, corpus: dict[str, list[str]]) -> Result:
     root = tmp_path_factory.mktemp("mixture_ref")
     cfg = lm_config(root / "mixture.yaml", mixture(corpus), ACCUMULATION_STEPS=2)
-    return TrainRun(root, [], cfg=cfg).run().check_ok()
+    return run_here(TrainRun(root, [], cfg=cfg)).check_ok()
 
 
 def test_mixture_weights_hold_in_every_window_and_on_any_layout(
@@ -148,7 +154,7 @@ def test_mixture_killed_at_random_steps_resumes_byte_identical(
     first = steps.randint(12, 35)  # past a checkpoint, inside the first stretch
     run.run(kill_at=f"optimizer_step:{first}").check_killed()
     run.run(kill_at=f"optimizer_step:{steps.randint(5, 60 - first - 5)}").check_killed()
-    assert_same_run(run.run(), mixture_ref)
+    assert_same_run(run_here(run), mixture_ref)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -215,7 +221,7 @@ def test_sharded_hf_stream_on_two_processes_and_two_workers_resumes_byte_identic
 
 def test_a_stream_without_len_cannot_count_epochs(text_files: dict[str, Any], tmp_path: Path) -> None:
     cfg = lm_config(tmp_path / "stream.yaml", {"NAME": "hf_dataset", "OPTIONS": text_files})
-    result = TrainRun(tmp_path, ["TRAIN.STEPS", "null", "TRAIN.EPOCHS", "2"], cfg=cfg).run()
+    result = run_here(TrainRun(tmp_path, ["TRAIN.STEPS", "null", "TRAIN.EPOCHS", "2"], cfg=cfg))
     assert result.returncode == 2, result.tail()
     assert "TRAIN.EPOCHS" in result.output
     assert "stream without __len__" in result.output
@@ -247,7 +253,7 @@ MID_VAL = [
 
 @pytest.fixture(scope="module")
 def mid_val_ref(tmp_path_factory: pytest.TempPathFactory) -> Result:
-    return TrainRun(tmp_path_factory.mktemp("mid_val_ref"), MID_VAL).run().check_ok()
+    return run_here(TrainRun(tmp_path_factory.mktemp("mid_val_ref"), MID_VAL)).check_ok()
 
 
 def test_mid_epoch_validation_happens_at_its_steps(mid_val_ref: Result) -> None:
@@ -266,7 +272,7 @@ def test_killed_inside_a_mid_epoch_pass_reruns_only_the_missing_passes(
     # Passes: step 10: val (1); step 20: val (2), val_mask_meta (3). Killed after the third's start.
     run.run(kill_at="validation_pass:2").check_killed()
     assert journal(run.dir / "checkpoints" / "step_00000020") == ["val"]
-    resumed = run.run()
+    resumed = run_here(run)
     assert "resumed from" in resumed.output
     assert "step_00000020" in resumed.output
     assert journal(run.dir / "checkpoints" / "step_00000020") == ["val", "val_mask_meta"]
@@ -300,7 +306,7 @@ def test_bad_input_exits_2_naming_the_key_and_writes_nothing(
     for i, (opts, key, text) in enumerate(bad_inputs(corpus, tmp_path)):
         run = TrainRun(tmp_path / f"bad{i}", opts, cfg=LM_CFG if opts[0] != "TRAIN.STEPS" else CFG)
         (tmp_path / f"bad{i}").mkdir()
-        result = run.run()
+        result = run_here(run)
         assert result.returncode == 2, result.tail()
         assert key in result.output, result.tail()
         assert text in result.output, result.tail()

@@ -11,20 +11,26 @@
 - A config error under 2 processes exits non-zero, says so once, and shows none of our tracebacks.
 
 Every launch gets a free rendezvous port, an isolated HF_HOME (no user accelerate config leaks in),
-one OpenMP thread per process (2 cores), and writes its output to files under ``tmp_path``.
+one OpenMP thread per process (2 cores), and writes its output to files under ``tmp_path``. The
+1-process runs that are neither killed nor launched (references, resumes, refusals) train in this
+process (``single_process_here``), whose torch is imported already: that import is most of a short
+run's cost in a process of its own.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from helpers.configs import CFG, REPO
-from helpers.in_process import plan_json
-from helpers.launches import accelerate_launch, single_process, torchrun
-from helpers.processes import lines_through_our_code
+from helpers.in_process import plan_json, train_in_process
+from helpers.launches import Launch, accelerate_launch, torchrun
+from helpers.processes import LAUNCHER_VARIABLES, OWN_PREFIXES, lines_through_our_code
 
 from linnaeus_accel.cli import plan_for
 from linnaeus_accel.config import load_config
@@ -48,6 +54,34 @@ def train_lines(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def val_lines(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in records if "val/loss" in r]
+
+
+def single_process_here(
+    name: str, opts: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> Launch:
+    """``helpers.launches.single_process`` in this process: the same command line and environment
+    (``launch_env``'s: the launchers' and our own variables dropped, Accelerate on the CPU), its
+    stdout and stderr in ``tmp_path/<name>.stdout`` and ``.stderr``, read back as a ``Launch``."""
+    base = tmp_path / "outputs"
+    capsys.readouterr()  # what the test printed before is not the run's
+    # A process configures no logging, so its warnings reach stderr through logging's last resort;
+    # here pytest's handler on the root logger would take them.
+    warnings = logging.StreamHandler(sys.stderr)  # capsys's, while the test runs
+    warnings.setLevel(logging.WARNING)
+    with pytest.MonkeyPatch.context() as mp:
+        for variable in [k for k in os.environ if k in LAUNCHER_VARIABLES or k.startswith(OWN_PREFIXES)]:
+            mp.delenv(variable)
+        mp.setenv("ACCELERATE_USE_CPU", "true")
+        logging.getLogger().addHandler(warnings)
+        try:
+            rc = train_in_process(["ENV.OUTPUT.BASE_DIR", str(base), "EXPERIMENT.NAME", name, *opts])
+        finally:
+            logging.getLogger().removeHandler(warnings)
+    captured = capsys.readouterr()
+    stdout, stderr = tmp_path / f"{name}.stdout", tmp_path / f"{name}.stderr"
+    stdout.write_text(captured.out, encoding="utf-8")
+    stderr.write_text(captured.err, encoding="utf-8")
+    return Launch(rc, stdout, stderr, base / name)
 
 
 def max_weight_diff(a: dict[str, Any], b: dict[str, Any]) -> float:
@@ -80,7 +114,9 @@ EQUIVALENCE_OPTS = [
 EQUIVALENCE_STEPS = 36  # 12 steps per epoch x 3 epochs
 
 
-def test_two_processes_accumulating_2_match_one_process_accumulating_4(tmp_path: Path) -> None:
+def test_two_processes_accumulating_2_match_one_process_accumulating_4(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     two_opts = [*EQUIVALENCE_OPTS, "TRAIN.ACCUMULATION_STEPS", "2"]
     one_opts = [*EQUIVALENCE_OPTS, "TRAIN.ACCUMULATION_STEPS", "4"]
     plan2, plan1 = (
@@ -92,7 +128,7 @@ def test_two_processes_accumulating_2_match_one_process_accumulating_4(tmp_path:
     assert plan2["lr_scale"] == plan1["lr_scale"]
 
     two = accelerate_launch("two_procs_accum2", two_opts, tmp_path, processes=2).check_ok()
-    one = single_process("one_proc_accum4", one_opts, tmp_path).check_ok()
+    one = single_process_here("one_proc_accum4", one_opts, tmp_path, capsys).check_ok()
 
     # The 2-process run really ran on 2 processes (the schedule summary says what it resolved).
     assert "x 2 processes" in two.stdout + two.stderr, two.tail()
@@ -261,7 +297,9 @@ def test_existing_output_under_two_processes_is_reported_once_without_traceback(
 
 
 @pytest.mark.slow
-def test_elastic_resume_from_two_processes_onto_one_with_accumulation_doubled(tmp_path: Path) -> None:
+def test_elastic_resume_from_two_processes_onto_one_with_accumulation_doubled(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A run preempted on 2 processes x accumulation 2 resumes on 1 process x accumulation 4: same
     schedule, same samples per step, and it ends where an uninterrupted 1-process run ends."""
     opts = [
@@ -283,8 +321,12 @@ def test_elastic_resume_from_two_processes_onto_one_with_accumulation_doubled(tm
         "elastic", [*opts, "TRAIN.ACCUMULATION_STEPS", "2"], tmp_path, extra_env=kill_at
     )
     assert killed.returncode != 0, killed.tail()
-    resumed = single_process("elastic", [*opts, "TRAIN.ACCUMULATION_STEPS", "4"], tmp_path).check_ok()
-    reference = single_process("reference", [*opts, "TRAIN.ACCUMULATION_STEPS", "4"], tmp_path).check_ok()
+    resumed = single_process_here(
+        "elastic", [*opts, "TRAIN.ACCUMULATION_STEPS", "4"], tmp_path, capsys
+    ).check_ok()
+    reference = single_process_here(
+        "reference", [*opts, "TRAIN.ACCUMULATION_STEPS", "4"], tmp_path, capsys
+    ).check_ok()
     assert "resumed from" in resumed.stdout, resumed.tail()
     assert "step_00000030" in resumed.stdout, resumed.tail()
     assert resumed.summary()["global_step"] == reference.summary()["global_step"] == 63
@@ -296,10 +338,12 @@ def test_elastic_resume_from_two_processes_onto_one_with_accumulation_doubled(tm
 
 
 @pytest.mark.slow
-def test_resume_with_another_effective_batch_is_refused(tmp_path: Path) -> None:
+def test_resume_with_another_effective_batch_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     opts = ["TRAIN.EPOCHS", "2", "DATA.BATCH_SIZE", "64", "SCHEDULE.CHECKPOINT.INTERVAL_EPOCHS", "1"]
-    single_process("changed", opts, tmp_path).check_ok()
+    single_process_here("changed", opts, tmp_path, capsys).check_ok()
     (tmp_path / "outputs" / "changed" / "summary.json").unlink()  # as if it had been preempted
-    again = single_process("changed", [*opts, "TRAIN.ACCUMULATION_STEPS", "2"], tmp_path)
+    again = single_process_here("changed", [*opts, "TRAIN.ACCUMULATION_STEPS", "2"], tmp_path, capsys)
     assert again.returncode == 2, again.tail()
     assert "not this run's" in again.stderr, again.tail()

@@ -1,4 +1,4 @@
-"""Reliability end to end, with real ``linnaeus-accel train`` processes (issue: no crash loops, one
+"""Reliability end to end, with real ``linnaeus-accel train`` runs (issue: no crash loops, one
 writer per run, no silent NaN, no hangs, idempotent reruns):
 
 - two ``train`` commands on one output directory: the second exits 2 at once naming the directory
@@ -16,6 +16,11 @@ writer per run, no silent NaN, no hangs, idempotent reruns):
 
 A ``kill -9`` leaves no stale lock (the kernel drops it): every kill-and-rerun test of
 test_resume.py reruns in the same directory at once.
+
+The runs that are killed, frozen, launched on several processes or time a hang are processes of
+their own; the runs that refuse, fail on a NaN, resume or serve as the reference run in this
+process, whose torch is imported already (that import is most of a short run's cost in a process
+of its own), through the same command line (``run_here``).
 """
 
 from __future__ import annotations
@@ -27,32 +32,34 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from helpers.configs import REPO
+from helpers.in_process import run_here
 from helpers.processes import free_port
 from helpers.runs import TrainRun, ckpt, committed, is_train, read_metrics, read_summary, wait_for_file
 from safetensors.torch import load_file
+
+from linnaeus_accel.models import register_model
+from linnaeus_accel.models.digits import build_digits_mlp
 
 pytestmark = pytest.mark.slow
 
 SHORT = ["TRAIN.EPOCHS", "3", "DATA.BATCH_SIZE", "64"]  # 23 steps per epoch, 69 in all
 
-# A user's model (registered from their own script, as the README shows) whose forward returns NaN
-# logits from its 50th training forward on: one per optimizer step here (no accumulation, 1 process).
-NAN_FROM_STEP_50 = """
-import sys
-import torch
-from linnaeus_accel.cli import main
-from linnaeus_accel.models import register_model
-from linnaeus_accel.models.digits import build_digits_mlp
+# A user's model, registered as their own script does (the README) before it calls the command line,
+# whose forward returns NaN logits from its 50th training forward on: one per optimizer step here
+# (no accumulation, 1 process). Registered by this module, so the runs train in this process.
+
 
 class NanAfter(torch.nn.Module):
-    def __init__(self, inner, after):
+    def __init__(self, inner: torch.nn.Module, after: int) -> None:
         super().__init__()
         self.inner, self.after, self.calls = inner, after, 0
-    def forward(self, batch):
+
+    def forward(self, batch: Any) -> Any:
         out = self.inner(batch)
         if self.training and torch.is_grad_enabled():
             self.calls += 1
@@ -60,12 +67,12 @@ class NanAfter(torch.nn.Module):
                 out = [o * float("nan") for o in out]
         return out
 
+
 @register_model("nan_from_50")
-def build(config, dataset):
+def build_nan_from_50(config: Any, dataset: Any) -> NanAfter:
     return NanAfter(build_digits_mlp(config, dataset), 50)
 
-sys.exit(main(sys.argv[1:]))
-"""
+
 NAN_OPTS = [
     *SHORT,
     "MODEL.TYPE", "nan_from_50",
@@ -74,13 +81,13 @@ NAN_OPTS = [
 
 
 def test_a_second_train_on_a_live_directory_exits_2_naming_the_holder(tmp_path: Path) -> None:
-    first = TrainRun(tmp_path, [*SHORT, "TRAIN.EPOCHS", "6"])
+    first = TrainRun(tmp_path, SHORT)
     started = first.start()
     wait_for_file(started, first.dir / "metrics.jsonl")  # past start-up: the lock is held
     os.killpg(started.proc.pid, signal.SIGSTOP)  # frozen mid-run, so the second surely meets it live
     try:
         before = (first.dir / "metrics.jsonl").read_bytes()
-        second = first.run()
+        second = run_here(first)  # the holder is another process, as for a second job
     finally:
         os.killpg(started.proc.pid, signal.SIGCONT)
     assert second.returncode == 2, second.tail()
@@ -93,13 +100,13 @@ def test_a_second_train_on_a_live_directory_exits_2_naming_the_holder(tmp_path: 
     done = started.finish().check_ok()
     assert read_summary(done.dir)["status"] == "completed"
     train_steps = [r["global_step"] for r in read_metrics(done.dir) if is_train(r)]
-    assert train_steps == [20, 40, 60, 80, 100, 120, 138], train_steps  # not one row lost
+    assert train_steps == [20, 40, 60, 69], train_steps  # not one row lost
 
     # Rerunning a completed run (a scheduler requeueing the job) changes nothing and exits 0.
     weights = (done.dir / "final" / "model.safetensors").read_bytes()
-    again = first.run()
+    again = run_here(first)
     assert again.returncode == 0, again.tail()
-    assert "already holds a run completed at step 138: nothing to do" in again.output, again.tail()
+    assert "already holds a run completed at step 69: nothing to do" in again.output, again.tail()
     assert (done.dir / "final" / "model.safetensors").read_bytes() == weights
     assert read_summary(done.dir)["status"] == "completed"
     assert [r["global_step"] for r in read_metrics(done.dir) if is_train(r)] == train_steps
@@ -107,7 +114,7 @@ def test_a_second_train_on_a_live_directory_exits_2_naming_the_holder(tmp_path: 
 
 def test_nan_loss_stops_the_run_keeping_the_last_good_checkpoint(tmp_path: Path) -> None:
     run = TrainRun(tmp_path, NAN_OPTS)
-    failed = run.run(python_code=NAN_FROM_STEP_50)
+    failed = run_here(run)
     assert failed.returncode == 1, failed.tail()
     assert "Traceback" not in failed.output, failed.tail()
     assert "nan at step 50" in failed.output, failed.tail()  # the logging step 60 names the step
@@ -120,7 +127,7 @@ def test_nan_loss_stops_the_run_keeping_the_last_good_checkpoint(tmp_path: Path)
 
     # The rerun resumes from the last good checkpoint (the model's call count starts again at 0,
     # so its 50th call is past the run's end: this time it completes).
-    rerun = run.run(python_code=NAN_FROM_STEP_50)
+    rerun = run_here(run)
     assert f"resumed from {run.dir / 'checkpoints' / ckpt(46)}" in rerun.output, rerun.tail()
     assert rerun.returncode == 0, rerun.tail()
     assert read_summary(run.dir)["status"] == "completed"
@@ -128,7 +135,7 @@ def test_nan_loss_stops_the_run_keeping_the_last_good_checkpoint(tmp_path: Path)
 
 def test_nan_loss_under_skip_drops_and_counts_the_steps(tmp_path: Path) -> None:
     run = TrainRun(tmp_path, [*NAN_OPTS, "TRAIN.NONFINITE", "skip"])
-    done = run.run(python_code=NAN_FROM_STEP_50).check_ok()
+    done = run_here(run).check_ok()
     assert read_summary(done.dir)["status"] == "completed"
     last = [r for r in read_metrics(done.dir) if is_train(r)][-1]
     assert last["global_step"] == 69
@@ -182,7 +189,7 @@ def test_a_config_change_that_rewrites_the_past_is_refused_and_one_that_does_not
     forced = run.clone(tmp_path / "forced")  # the same killed run, for --allow-config-change below
 
     run.opts += ["TRAIN.EPOCHS", "4"]
-    refused = run.run()
+    refused = run_here(run)
     assert refused.returncode == 2, refused.tail()
     assert "TRAIN.EPOCHS: changes the 23 steps already trained" in refused.output, refused.tail()
     assert "--allow-config-change" in refused.output
@@ -190,7 +197,7 @@ def test_a_config_change_that_rewrites_the_past_is_refused_and_one_that_does_not
 
     run.opts[-1] = "3"
     run.opts += ["SCHEDULE.METRICS.STEP_INTERVAL", "10"]
-    applied = run.run().check_ok()
+    applied = run_here(run).check_ok()
     assert (
         "config changed since the checkpoint, applied: SCHEDULE.METRICS.STEP_INTERVAL: 20 -> 10"
         in applied.output
@@ -198,7 +205,7 @@ def test_a_config_change_that_rewrites_the_past_is_refused_and_one_that_does_not
     assert [r["global_step"] for r in read_metrics(run.dir) if is_train(r)] == [20, 30, 40, 50, 60, 69]
 
     forced.opts += ["TRAIN.EPOCHS", "4"]
-    done = forced.run(args=["--allow-config-change"]).check_ok()
+    done = run_here(forced, args=["--allow-config-change"]).check_ok()
     assert "applied: TRAIN.EPOCHS: 3 -> 4" in done.output, done.tail()
     assert read_summary(forced.dir)["global_step"] == 92
 
@@ -212,10 +219,15 @@ def test_a_compiled_model_through_save_resume_and_final(tmp_path: Path) -> None:
     opts = [*SHORT, "TRAIN.EPOCHS", "2", "SCHEDULE.CHECKPOINT.INTERVAL_EPOCHS", "1"]
     (tmp_path / "ref").mkdir()
     reference = TrainRun(tmp_path / "ref", opts)
-    reference.run(extra_env=compiled).check_ok()
     run = TrainRun(tmp_path, opts)
-    run.run(kill_at="optimizer_step:30", extra_env=compiled).check_killed()
-    resumed = run.run(extra_env=compiled).check_ok()
+    try:
+        run_here(reference, extra_env=compiled).check_ok()
+        run.run(kill_at="optimizer_step:30", extra_env=compiled).check_killed()
+        resumed = run_here(run, extra_env=compiled).check_ok()
+    finally:
+        # What dynamo compiled here stays cached on the model's code; a later test of this process
+        # compiling the same model must start fresh, as in a process of its own.
+        torch._dynamo.reset()
     assert f"resumed from {run.dir / 'checkpoints' / ckpt(23)}" in resumed.output, resumed.tail()
     assert json.loads((run.dir / "assets" / "run_info.json").read_text())["dynamo_backend"] == "AOT_EAGER"
     final = run.dir / "final" / "model.safetensors"
