@@ -24,11 +24,11 @@ from helpers.s3_server import SECRET_KEY, object_keys, s3_bucket_fixture, s3_ser
 from linnaeus_accel.checkpoint import MARKER
 from linnaeus_accel.checkpoint.object_store import ObjectStore, open_store
 from linnaeus_accel.checkpoint.remote import (
-    BackgroundUploader,
     RemoteCheckpoints,
     RemoteSyncError,
     RetryPolicy,
 )
+from linnaeus_accel.checkpoint.uploader import BackgroundUploader
 from linnaeus_accel.config import ConfigError, load_config
 
 FAST = RetryPolicy(attempts=3, base_delay=0.0, max_delay=0.0)

@@ -22,11 +22,11 @@ from linnaeus_accel.checkpoint import MARKER
 from linnaeus_accel.checkpoint.remote import (
     KEY_ID_VAR,
     KEY_VAR,
-    BackgroundUploader,
     RemoteCheckpoints,
     RemoteSyncError,
     RetryPolicy,
 )
+from linnaeus_accel.checkpoint.uploader import BackgroundUploader
 
 BUCKET = "linnaeus-test"
 FAST = RetryPolicy(attempts=2, base_delay=0.0, max_delay=0.0)

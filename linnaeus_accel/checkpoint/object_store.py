@@ -106,12 +106,13 @@ class ObjectStore(Protocol):
         """Whether waiting may fix ``error`` (network, 5xx, throttling), not (missing, refused)."""
 
 
-def open_store(url: str) -> ObjectStore:
-    """The store a bucket URL names (``split_url``)."""
+def open_store(url: str, timeout_s: float | None = None) -> ObjectStore:
+    """The store a bucket URL names (``split_url``). ``timeout_s``: how long one s3:// request may
+    wait to connect or for the next bytes (``ENV.OUTPUT.BUCKET.TIMEOUT_S``; None: botocore's 60 s)."""
     scheme, bucket, prefix = split_url(url)
     if scheme == "b2":
         return B2Store.from_environment(bucket, prefix)
-    return FsspecStore(scheme, bucket, prefix)
+    return FsspecStore(scheme, bucket, prefix, fs=_filesystem(scheme, timeout_s))
 
 
 class FsspecStore:
@@ -132,6 +133,8 @@ class FsspecStore:
 
     def list(self, prefix: str) -> dict[str, int]:
         if self._local and not os.path.isdir(self._root):  # an unmounted share: not an empty bucket
+            if os.path.exists(self._root):
+                raise NotADirectoryError(errno.ENOTDIR, "a file, not a directory", self._root)
             raise FileNotFoundError(errno.ENOENT, "no such directory", self._root)
         found = self._fs.find(self._path(prefix.strip("/")), detail=True)
         return {
@@ -168,7 +171,10 @@ class FsspecStore:
         return bool(self._fs.exists(self._path(key)))
 
     def retryable(self, error: BaseException) -> bool:
-        if isinstance(error, FileNotFoundError | PermissionError | FileExistsError | IsADirectoryError):
+        if isinstance(
+            error,
+            FileNotFoundError | PermissionError | FileExistsError | IsADirectoryError | NotADirectoryError,
+        ):
             return False
         if isinstance(error, TimeoutError | ConnectionError):
             return True
@@ -209,15 +215,20 @@ class FsspecStore:
                 raise
 
 
-def _filesystem(scheme: str) -> Any:
+def _filesystem(scheme: str, timeout_s: float | None = None) -> Any:
     extra = {"s3": "s3", "gs": "gcs"}.get(scheme)
     try:
         import fsspec
 
         if scheme == "file":
             return fsspec.filesystem("file", auto_mkdir=True)
+        options: dict[str, Any] = {}
+        if scheme == "s3" and timeout_s is not None:
+            # botocore's defaults (60 s each, retried) let an endpoint that accepts connections and
+            # never answers hold a transfer for minutes: each request fails after this long instead.
+            options["config_kwargs"] = {"connect_timeout": timeout_s, "read_timeout": timeout_s}
         # No listing cache, no shared instance: other processes and nodes write the same bucket.
-        return fsspec.filesystem(scheme, skip_instance_cache=True, use_listings_cache=False)
+        return fsspec.filesystem(scheme, skip_instance_cache=True, use_listings_cache=False, **options)
     except ImportError:
         raise RemoteSyncError(
             f"{scheme}:// buckets need the {extra} extra: pip install 'linnaeus-accel[{extra}]'"

@@ -11,9 +11,9 @@ Credentials never pass through this module: each store's library reads them from
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-import queue
 import re
 import shutil
 import tempfile
@@ -30,9 +30,11 @@ from tenacity import (
     Retrying,
     retry_if_exception,
     stop_after_attempt,
+    stop_when_event_set,
     wait_exponential,
 )
 
+from .layout import JOURNAL_FILE
 from .marker import MARKER
 from .object_store import KEY_ID_VAR, KEY_VAR, B2Store, ObjectStore, RemoteSyncError, open_store
 from .store import step_name
@@ -40,7 +42,7 @@ from .store import step_name
 __all__ = [
     "KEY_ID_VAR",
     "KEY_VAR",
-    "BackgroundUploader",
+    "HostileKey",
     "RemoteCheckpoints",
     "RemoteSyncError",
     "RetryPolicy",
@@ -67,11 +69,15 @@ class RetryPolicy:
     base_delay: float = 1.0
     max_delay: float = 30.0
 
-    def retrying(self, what: str, worth_retrying: Callable[[BaseException], bool]) -> Retrying:
-        """Tenacity's loop for one operation described by ``what`` (named in the warnings)."""
+    def retrying(
+        self, what: str, worth_retrying: Callable[[BaseException], bool], abort: threading.Event | None = None
+    ) -> Retrying:
+        """Tenacity's loop for one operation described by ``what`` (named in the warnings); once
+        ``abort`` is set (the run stopped waiting for the bucket), no further attempt is made."""
+        stop = stop_after_attempt(self.attempts)
         return Retrying(
             retry=retry_if_exception(worth_retrying),
-            stop=stop_after_attempt(self.attempts),
+            stop=stop | stop_when_event_set(abort) if abort is not None else stop,
             wait=wait_exponential(multiplier=self.base_delay, exp_base=2, max=self.max_delay),
             before_sleep=partial(_warn_retry, what),
         )
@@ -90,17 +96,25 @@ def _warn_retry(what: str, state: RetryCallState) -> None:
     )
 
 
+class HostileKey(RemoteSyncError):
+    """A key under a checkpoint's prefix that names a file outside the checkpoint's directory
+    (``..``, an absolute path): anyone who can write the bucket can add one, so the checkpoint is
+    rejected, like a damaged file, and nothing of it is downloaded."""
+
+
 def _safe_rel(rel: str) -> PurePosixPath:
     """A file's path inside a checkpoint; a bucket (or a caller) is not trusted to stay inside it."""
     path = PurePosixPath(rel)
     if not rel or path.is_absolute() or ".." in path.parts or "\\" in rel:
-        raise RemoteSyncError(f"refusing remote file name {rel!r} outside the checkpoint")
+        raise HostileKey(f"refusing remote file name {rel!r} outside the checkpoint")
     return path
 
 
 def _unreachable(url: str, error: BaseException) -> str:
     """The one sentence for a bucket that cannot be listed at start."""
     detail = f"{type(error).__name__}: {error}"
+    if isinstance(error, NotADirectoryError):
+        return f"{url} is a file, not a directory ({detail}): name the directory that holds the checkpoints"
     if isinstance(error, FileNotFoundError):
         return f"{url} does not exist ({detail}): create the bucket (or directory) or correct the URL"
     if isinstance(error, PermissionError):
@@ -114,21 +128,30 @@ class RemoteCheckpoints:
     def __init__(self, store: ObjectStore, experiment: str, *, retry: RetryPolicy | None = None) -> None:
         self.store = store
         self.retry = retry or RetryPolicy()
+        self.abort: threading.Event | None = None  # set: no further attempt (``BackgroundUploader.close``)
+        self._journals: dict[int, int] = {}  # step -> size of the journal this run sent there
         self.root = f"{experiment}/checkpoints"
         self.url = f"{store.describe}/{self.root}"  # for messages
 
     @classmethod
     def from_url(
-        cls, url: str, experiment: str, *, retry: RetryPolicy | None = None, store: ObjectStore | None = None
+        cls,
+        url: str,
+        experiment: str,
+        *,
+        retry: RetryPolicy | None = None,
+        store: ObjectStore | None = None,
+        timeout_s: float | None = None,
     ) -> RemoteCheckpoints:
         """The checkpoints of ``experiment`` under a bucket URL (``ENV.OUTPUT.BUCKET.URL``), checked
         with one listing: a missing bucket, refused credentials or an unreachable endpoint is a
         ``RemoteSyncError`` of one sentence here, not an upload failing later in the background.
 
-        ``store``: the ``ObjectStore`` to use instead of opening ``url`` (tests wrap one to inject faults).
+        ``store``: the ``ObjectStore`` to use instead of opening ``url`` (tests wrap one to inject
+        faults); ``timeout_s``: each s3:// request's (``ENV.OUTPUT.BUCKET.TIMEOUT_S``).
         """
         try:
-            store = store if store is not None else open_store(url)
+            store = store if store is not None else open_store(url, timeout_s)
         except ValueError as e:  # BucketConfig.split_url's words
             raise RemoteSyncError(str(e)) from None
         remote = cls(store, experiment, retry=retry)
@@ -178,22 +201,57 @@ class RemoteCheckpoints:
         return {rel: size for s, rel, size in self._files(step) if s == step}
 
     # -- whole checkpoints -------------------------------------------------------------------------
-    def upload(self, local_checkpoint_dir: Path) -> None:
-        """Upload one committed local checkpoint, its marker last."""
+    def upload(self, local_checkpoint_dir: Path) -> bool:
+        """Make the bucket hold one committed local checkpoint whole, its marker last, each file sent
+        once; False when it held it already (its marker is the local one: nothing is sent).
+
+        The bucket keeps only the checkpoint's own files: any other object under its prefix (a stray,
+        or a file of an earlier version of the step) is removed before the marker goes up. A step the
+        bucket holds another version of (a run resumed before it saved it again) loses its marker
+        first, so that no marker ever vouches for a mix of old and new files."""
         local = Path(local_checkpoint_dir)
         match = _STEP_DIR.match(local.name)
         if match is None or not (local / MARKER).is_file():
             raise RemoteSyncError(f"{local} is not a committed checkpoint directory (no {MARKER})")
         step = int(match.group(1))
-        # A re-upload of a step (e.g. after its validation journal grew) must not leave an old marker
-        # vouching for a mix of old and new files, so the marker goes first.
-        self.delete_files(step, [MARKER])
+        marker = (local / MARKER).read_bytes()
         files = sorted(
             p for p in local.rglob("*") if p.is_file() and p.relative_to(local).as_posix() != MARKER
         )
-        for path in [*files, local / MARKER]:
-            self.upload_file(step, path.relative_to(local).as_posix(), path)
+        own = {p.relative_to(local).as_posix() for p in files}
+        there = self.list_files(step)
+        whole = MARKER in there and self.get_bytes(step, MARKER) == marker
+        # Its journal (outside the manifest) goes up on its own once it grows: kept when whole.
+        strays = sorted(
+            r for r in there if r != MARKER and r not in own and not (whole and r == JOURNAL_FILE)
+        )
+        if whole:
+            self._delete_keys(step, strays)
+            return False
+        if MARKER in there:
+            self.delete_files(step, [MARKER])
+        for path in files:
+            rel, size = path.relative_to(local).as_posix(), None
+            if rel == JOURNAL_FILE:  # its size as sent (it may grow meanwhile)
+                with contextlib.suppress(OSError):
+                    size = path.stat().st_size
+            self.upload_file(step, rel, path)
+            if size is not None:
+                self._journals[step] = size
+        self._delete_keys(step, strays)
+        self.upload_file(step, MARKER, local / MARKER)
         log.info("uploaded checkpoint step %d to %s", step, self.url)
+        return True
+
+    def upload_journal(self, step: int, path: Path) -> bool:
+        """The validation journal of a checkpoint the bucket holds, on its own object beside it (it is
+        outside the manifest: the marker stays); sent only when it grew since this run last sent it."""
+        size = Path(path).stat().st_size
+        if self._journals.get(step) == size:
+            return False
+        self.upload_file(step, JOURNAL_FILE, Path(path))
+        self._journals[step] = size
+        return True
 
     def download(self, step: int, dest_dir: Path) -> Path:
         """Download a complete remote checkpoint to ``dest_dir/step_XXXXXXXX`` (``dest_dir`` is the
@@ -205,6 +263,8 @@ class RemoteCheckpoints:
         files = self.list_files(step)
         if MARKER not in files:
             raise RemoteSyncError(f"no complete checkpoint for step {step} in {self.url}")
+        for rel in files:  # before anything is written: a hostile name rejects the checkpoint
+            _safe_rel(rel)
         dest_dir = Path(dest_dir)
         final = dest_dir / step_name(step)
         if (final / MARKER).is_file():
@@ -232,7 +292,7 @@ class RemoteCheckpoints:
 
     def delete(self, step: int) -> None:
         """Delete every file of a remote checkpoint (every version, in B2), the marker first."""
-        self.delete_files(step, sorted(self.list_files(step), key=lambda rel: rel != MARKER))
+        self._delete_keys(step, sorted(self.list_files(step), key=lambda rel: rel != MARKER))
 
     def retain(self, keep: set[int]) -> list[int]:
         """Delete remote checkpoints not in ``keep``; return the deleted steps.
@@ -299,9 +359,16 @@ class RemoteCheckpoints:
     def _key(self, step: int, rel: str) -> str:
         return f"{self.root}/{step_name(step)}/{_safe_rel(rel).as_posix()}"
 
+    def _delete_keys(self, step: int, rels: list[str]) -> None:
+        """Delete objects of a step as the listing named them, a hostile name included (the key is
+        the bucket's own: nothing is resolved against a local directory)."""
+        for rel in rels:
+            key = f"{self.root}/{step_name(step)}/{rel}"
+            self._retry(f"delete {self.store.describe}/{key}", partial(self.store.delete, key))
+
     def _retry(self, what: str, operation: Callable[[], _T]) -> _T:
         try:
-            return self.retry.retrying(what, self.store.retryable)(operation)
+            return self.retry.retrying(what, self.store.retryable, self.abort)(operation)
         except RetryError as gave_up:
             last = gave_up.last_attempt
             error = last.exception()
@@ -310,91 +377,3 @@ class RemoteCheckpoints:
             ) from error
         except Exception as e:  # one that retrying cannot fix (the store's ``retryable``)
             raise RemoteSyncError(f"{what} failed (not retried): {type(e).__name__}: {e}") from e
-
-
-class BackgroundUploader:
-    """Runs bucket work on one daemon thread so that training never waits on the network.
-
-    Tasks run in submission order, so a retention queued after an upload sees that upload finished.
-    Nothing raised here reaches the training loop: failures are logged and collected in ``errors``.
-    """
-
-    def __init__(self, remote: RemoteCheckpoints) -> None:
-        self.remote = remote
-        self._queue: queue.Queue[Callable[[], None] | None] = queue.Queue()
-        self._errors: list[str] = []
-        self._lock = threading.Lock()
-        self._closed = False
-        self._thread = threading.Thread(target=self._work, name="checkpoint-sync", daemon=True)
-        self._thread.start()
-
-    @property
-    def errors(self) -> list[str]:
-        with self._lock:
-            return list(self._errors)
-
-    def submit(self, checkpoint_dir: Path) -> None:
-        """Queue the upload of a just-committed checkpoint; returns at once."""
-        path = Path(checkpoint_dir)
-        self._put(f"upload of {path}", lambda: self._upload(path))
-
-    def retention(self, keep: set[int]) -> None:
-        """Queue the deletion of remote checkpoints not in ``keep`` (after the uploads queued before)."""
-        frozen = frozenset(keep)  # the caller's set may change before the worker gets to it
-        self._put("remote retention", lambda: self._retain(set(frozen)))
-
-    def run(self, what: str, task: Callable[[], None]) -> None:
-        """Queue ``task`` (``what``: it in words, for the errors), after the work queued before it:
-        the parts of a checkpoint of a run on machines without a shared filesystem."""
-        self._put(what, task)
-
-    def close(self, timeout: float | None = None) -> bool:
-        """Finish the queued work (end of run); False if it did not finish within ``timeout`` seconds."""
-        with self._lock:
-            if not self._closed:
-                self._closed = True
-                self._queue.put(None)
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            log.warning("checkpoint upload still running after %ss; the bucket may lag behind", timeout)
-            return False
-        return True
-
-    def _put(self, what: str, task: Callable[[], None]) -> None:
-        with self._lock:
-            if not self._closed:
-                self._queue.put(task)
-                return
-            self._errors.append(f"{what}: uploader already closed")
-        log.error("%s skipped: uploader already closed", what)
-
-    def _upload(self, path: Path) -> None:
-        if not (path / MARKER).is_file():
-            # Local retention removed it while it waited in the queue: a newer one is queued.
-            log.warning("skipped upload of %s: no longer a committed local checkpoint", path)
-            return
-        try:
-            self.remote.upload(path)
-        except (FileNotFoundError, RemoteSyncError):
-            # Stores report a file that vanished in their own words (b2sdk: InvalidUploadSource,
-            # wrapped by the retries): whatever the words, only a checkpoint still committed is an error.
-            if (path / MARKER).is_file():
-                raise
-            # Local retention deleted it mid-upload: a newer checkpoint supersedes it, and the
-            # unmarked remote copy is never picked for resume (remote retention removes it).
-            log.warning("stopped upload of %s: local retention deleted it meanwhile", path)
-
-    def _retain(self, keep: set[int]) -> None:
-        deleted = self.remote.retain(keep)
-        if deleted:
-            log.info("deleted remote checkpoints %s", deleted)
-
-    def _work(self) -> None:
-        while (task := self._queue.get()) is not None:
-            try:
-                task()
-            except Exception as e:  # a thread that died would silently stop every later upload
-                message = f"{type(e).__name__}: {e}"
-                with self._lock:
-                    self._errors.append(message)
-                log.error("checkpoint sync failed: %s", message)

@@ -49,6 +49,21 @@ class BucketConfig(Section):
         "(credentials from B2_APPLICATION_KEY_ID and B2_APPLICATION_KEY).",
     )
     PREFIX: str = Field("", description="With BUCKET: the key prefix inside it (the path of a b2:// URL).")
+    WAIT_S: PositiveFloat = Field(
+        60.0,
+        description="How long the end of a run, a preempted run (SIGTERM) and a rerun of a finished run "
+        "wait for uploads still running, in seconds. Past it the run ends anyway, with exit status 3 and "
+        "summary.json's remote_sync_errors naming each checkpoint the bucket lacks (a rerun of the same "
+        "command uploads them). Keep it inside your scheduler's grace after SIGTERM, less the time a "
+        "checkpoint takes to write.",
+    )
+    TIMEOUT_S: PositiveFloat = Field(
+        30.0,
+        description="s3:// only: seconds a single request may wait to connect, or wait for the store's "
+        "next bytes, before it fails and is retried; an endpoint that accepts connections and never "
+        "answers fails each transfer after this long instead of hanging (gs:// and b2:// keep their "
+        "libraries' own timeouts; WAIT_S bounds the end of a run for every store).",
+    )
 
     @field_validator("URL")
     @classmethod

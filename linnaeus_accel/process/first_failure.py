@@ -69,3 +69,30 @@ def first_failure(exc: BaseException, message: str) -> str:
         if time.monotonic() >= deadline:
             return message
         time.sleep(_POLL_S)
+
+
+def lost_peer(exc: BaseException) -> str:
+    """The one sentence for a process whose peers went away without saying why (their machine was
+    killed, lost power or its network): which machine this is, which one it lost where that can be
+    told, and what to do; gloo's own words, its peer's address included, in brackets."""
+    import os
+    import re
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    per_node = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", str(world))))
+    nodes, node = max(1, world // per_node), int(os.environ.get("GROUP_RANK", "0"))
+    text = " ".join(str(exc).split())
+    address = re.search(r"\[([0-9A-Za-z.:\-]+)\]:\d+", text)
+    where = f" at {address.group(1)}" if address else ""
+    if nodes == 2:
+        other = f"machine {1 - node}{where}"
+    elif nodes > 2:
+        other = f"another machine{where}"
+    else:
+        other = f"another process{where}"
+    detail = text if len(text) <= 200 else text[:200] + "..."
+    return (
+        f"lost {other}: it stopped answering without reporting an error (killed, out of memory, or its "
+        f"network failed), so machine {node} of {nodes} stops too; rerun the job once every machine is "
+        f"back and it resumes from the newest checkpoint ({detail})"
+    )

@@ -12,8 +12,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..checkpoint import MARKER, CheckpointStore, MarkerError, read_marker
+from ..checkpoint import MARKER, CheckpointStore, MarkerError, read_marker, step_name
 from ..checkpoint.marker import KEY_ENV, SIGNATURE, checkpoint_key, signature_problem
+from ..checkpoint.remote import HostileKey
 from ..config import ConfigError
 from ..state.content import UNSAFE_FLAG, legacy_pickles
 
@@ -99,7 +100,10 @@ def _find_newest(store: CheckpointStore, remote: Any, auto_resume: bool) -> tupl
             refused.append(f"{bad.name}: {problem}")
     if path is None and remote is not None:
         # A fresh node after preemption: the bucket has what the local disk lost.
-        path, downloads_failed = _download_newest(store, remote)
+        path, downloads_failed, passed_over = _download_newest(store, remote)
+        for step, problem in passed_over:  # rejected in the bucket, like a damaged file: nothing downloaded
+            skipped.append(f"{step_name(step)} in the bucket: {problem}; not downloaded")
+            refused.append(f"{step_name(step)} (in the bucket): {problem}")
         signed = signed or _signed_with(key, downloads_failed)
         if (
             path is None
@@ -122,17 +126,26 @@ def _find_newest(store: CheckpointStore, remote: Any, auto_resume: bool) -> tupl
     return path, skipped
 
 
-def _download_newest(store: CheckpointStore, remote: Any) -> tuple[Path | None, list[tuple[Path, str]]]:
-    """The newest checkpoint in the bucket that verifies once downloaded, and the newer ones that
-    do not, left where they were downloaded to (moved aside only if the key is not to blame)."""
+def _download_newest(
+    store: CheckpointStore, remote: Any
+) -> tuple[Path | None, list[tuple[Path, str]], list[tuple[int, str]]]:
+    """The newest checkpoint in the bucket that verifies once downloaded; the newer ones that do
+    not, left where they were downloaded to (moved aside only if the key is not to blame); and the
+    newer ones not downloaded at all, with why (an object whose key leaves the checkpoint)."""
     failed: list[tuple[Path, str]] = []
+    passed_over: list[tuple[int, str]] = []
     for step in reversed(remote.complete_steps()):
-        downloaded = remote.download(step, store.root)
+        try:
+            downloaded = remote.download(step, store.root)
+        except HostileKey as exc:
+            log.warning("passing over %s in the bucket: %s", step_name(step), exc)
+            passed_over.append((step, str(exc)))
+            continue
         problem = store.verify(downloaded, deep=True)
         if problem is None:
-            return downloaded, failed
+            return downloaded, failed, passed_over
         failed.append((downloaded, problem))
-    return None, failed
+    return None, failed, passed_over
 
 
 def _markers(failed: Sequence[tuple[Path, str]]) -> dict[Path, dict[str, Any]]:

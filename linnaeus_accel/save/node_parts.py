@@ -33,9 +33,10 @@ def part_record(node: int) -> str:
     return f"{PARTS}/node_{node:04d}.json"
 
 
-def upload_part(remote: Any, local: Path, node: int, attempt: str) -> None:
+def upload_part(remote: Any, local: Path, node: int, attempt: str) -> bool:
     """Upload this machine's committed part at ``local``: its marker goes first (a checkpoint being
-    replaced stops counting at once), then its files, then the record of the part."""
+    replaced stops counting at once), then its files, then the record of the part. False when
+    retention removed the part meanwhile (a newer one supersedes it)."""
     marker = read_marker(local)
     step = int(marker["step"])
     try:
@@ -49,13 +50,14 @@ def upload_part(remote: Any, local: Path, node: int, attempt: str) -> None:
             record = {"node": node, "attempt": attempt, "superseded": True}
             remote.put_bytes(step, part_record(node), json.dumps(record).encode("utf-8"))
             log.warning("stopped the upload of %s: retention removed it meanwhile", local)
-            return
+            return False
         failed = {"node": node, "attempt": attempt, "failed": f"{type(exc).__name__}: {exc}"}
         remote.put_bytes(step, part_record(node), json.dumps(failed).encode("utf-8"))
         raise
     fault_point("part_uploaded")  # tests: a machine killed with its files there but not its record
     record = {"node": node, "attempt": attempt, "files": marker["files"]}
     remote.put_bytes(step, part_record(node), json.dumps(record).encode("utf-8"))
+    return True
 
 
 def seal(
@@ -65,10 +67,11 @@ def seal(
     attempt: str,
     timeout_s: float,
     stop: Callable[[], bool] = lambda: False,
-) -> None:
+) -> bool:
     """Main process, after its own part: wait (up to ``timeout_s``, or until ``stop()``: the run
     failed) for the record of every machine's part of ``step`` from this start, then write the
-    marker of the whole checkpoint."""
+    marker of the whole checkpoint. False when a machine's part was superseded (retention removed
+    it before it was uploaded): the step is not completed in the bucket, a newer one will be."""
     deadline = time.monotonic() + timeout_s
     records: dict[int, dict[str, Any]] = {}
     while True:
@@ -83,7 +86,7 @@ def seal(
             log.warning(
                 "step %d is not completed in %s: retention removed a part of it first", step, remote.url
             )
-            return
+            return False
         if not missing:
             break
         if time.monotonic() > deadline or stop():
@@ -111,6 +114,7 @@ def seal(
         marker[SIGNATURE] = signature(marker, key)
     remote.put_bytes(step, MARKER, json.dumps(marker, indent=1).encode("utf-8"))
     fault_point("bucket_sealed")  # tests: killed once a checkpoint is whole in the bucket
+    return True
 
 
 def _record(remote: Any, step: int, node: int, attempt: str) -> dict[str, Any] | None:

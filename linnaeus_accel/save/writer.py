@@ -27,6 +27,7 @@ removes what that thread left unfinished too (``abandon``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -41,8 +42,9 @@ from typing import Any
 from accelerate import Accelerator
 from safetensors.torch import save_file
 
-from ..checkpoint import MARKER, EarlySeal, EarlyWriteback, Mode
+from ..checkpoint import MARKER, EarlySeal, EarlyWriteback, MarkerError, Mode, read_marker
 from ..checkpoint.background import SerialWorker
+from ..checkpoint.store import node_part
 from ..config import Config, ConfigError
 from ..process.failures import OutputWriteError, attempt_write
 from ..process.faults import fault_point
@@ -85,6 +87,8 @@ class CheckpointWriter:
         self.layout = SHARED
         self.giving_up = threading.Event()  # the run failed: stop waiting for other machines' parts
         self.attempt = ""  # this start, as every process agreed on it (node_parts)
+        # Whether the run has a bucket (the same on every process; only local main processes reach it).
+        self.bucket_on = remote is not None or config.ENV.OUTPUT.BUCKET.target_url is not None
         if accelerator.is_local_main_process:  # every machine reaches the bucket, or the run stops
             self.remote, self.uploader = self._remote(remote)
         self.ranking_metric = config.ranking_metric
@@ -116,29 +120,65 @@ class CheckpointWriter:
         url = bucket.target_url  # URL, or b2://BUCKET/PREFIX from the older keys; None: no bucket
         if remote is None and url is None:
             return None, None
-        from ..checkpoint.remote import BackgroundUploader, RemoteCheckpoints, RemoteSyncError
+        from ..checkpoint.remote import RemoteCheckpoints, RemoteSyncError
+        from ..checkpoint.uploader import BackgroundUploader
 
         if remote is None:
             try:
                 # One listing at start: a missing bucket or a refused key stops the run here, in
                 # one sentence, instead of failing every upload in the background.
-                remote = RemoteCheckpoints.from_url(url or "", self.config.EXPERIMENT.NAME)
+                remote = RemoteCheckpoints.from_url(
+                    url or "", self.config.EXPERIMENT.NAME, timeout_s=bucket.TIMEOUT_S
+                )
             except RemoteSyncError as exc:
                 key = "ENV.OUTPUT.BUCKET.URL" if bucket.URL is not None else "ENV.OUTPUT.BUCKET"
                 raise ConfigError([(key, str(exc))]) from None
         return remote, BackgroundUploader(remote)
 
     def close(self, timeout: float = 600.0, failing: bool = False) -> list[str]:
-        """Wait (bounded) for the background commit, then for the uploads still queued; the errors
-        of those that failed. Not collective: for the end of a run that failed too (``failing``:
-        a checkpoint waiting for another machine's part in the bucket waits no more)."""
+        """Wait (bounded by ``timeout``) for the background commit, then, at most
+        ``ENV.OUTPUT.BUCKET.WAIT_S``, for the bucket's work; each checkpoint the run keeps that is not
+        in the bucket, once, in a sentence saying why. Not collective: for the end of a run that
+        failed too (``failing``: a checkpoint waiting for another machine's part in the bucket waits
+        no more)."""
         if failing:
             self.giving_up.set()
         self.worker.wait(timeout)
         if self.uploader is None:
             return []
-        self.uploader.close(timeout)
-        return list(self.uploader.errors)
+        wait_s = min(timeout, float(self.config.ENV.OUTPUT.BUCKET.WAIT_S))
+        deadline = time.monotonic() + wait_s
+        if self.uploader.drain(wait_s) and not failing and self.commits_here:
+            # What local retention kept for an upload in flight is in the bucket now.
+            self._apply_retention()
+        if not self.uploader.close(max(0.0, deadline - time.monotonic())):
+            log.warning(
+                "stopped waiting for the bucket after %g s (ENV.OUTPUT.BUCKET.WAIT_S): its uploads still "
+                "running are abandoned; a rerun of the same command uploads what it lacks",
+                wait_s,
+            )
+        missing: list[str] = self.uploader.missing(self.store.complete_steps())
+        return missing
+
+    def catch_up(self) -> None:
+        """Main process, at the start of a rerun: queue the upload of every whole checkpoint on this
+        disk that the bucket does not hold complete (an outage ended the run before), the newest
+        first. A machine's part (node-local mode) is not a whole checkpoint: the bucket puts parts
+        together only while every machine runs."""
+        if self.uploader is None or not self.accelerator.is_main_process:
+            return
+        store = self.store
+
+        def whole() -> list[tuple[int, Path]]:
+            out = []
+            for step in store.complete_steps():
+                path = store.final_path(step)
+                with contextlib.suppress(MarkerError, OSError):
+                    if node_part(read_marker(path)) is None:
+                        out.append((step, path))
+            return out
+
+        self.uploader.catch_up(whole)
 
     def abandon(self, timeout: float = 60.0) -> str | None:
         """Not collective, main process: the end of a run that failed outside an agreement (a full
@@ -298,38 +338,45 @@ class CheckpointWriter:
     def _upload(self, final: Path, journal: bool = False) -> None:
         """Queue the upload of a committed checkpoint (node-local mode: this machine's part, and on
         the main process the marker of the whole once every machine's part is there). ``journal``:
-        only its validation journal grew (main process)."""
-        if self.uploader is None:
+        only its validation journal grew (main process): it goes up on its own, beside the
+        checkpoint, whose marker stays (the journal is outside the manifest)."""
+        uploader = self.uploader
+        if uploader is None:
             return
-        if not self.layout.node_local:
-            if self.accelerator.is_main_process:
-                self.uploader.submit(final)
-            return
-        remote, node, nodes, attempt = self.remote, self.layout.node, self.layout.nodes, self.attempt
-        if journal:  # not in the manifest: the checkpoint in the bucket stays whole meanwhile
-            step, file = self.store.step_of(final), final / JOURNAL_FILE
+        remote, step = uploader.remote, self.store.step_of(final)
+        if journal:
+            file = final / JOURNAL_FILE
 
             def upload_journal() -> None:
+                if not uploader.in_bucket(step):  # not uploaded (yet): it goes up with the checkpoint
+                    return
                 try:
-                    remote.upload_file(step, JOURNAL_FILE, file)
+                    remote.upload_journal(step, file)
                 except Exception:
                     if (final / MARKER).is_file():
                         raise
                     # Retention removed the checkpoint while the upload waited: nothing is lost.
 
             if step is not None and file.is_file():
-                self.uploader.run(f"upload of {file}", upload_journal)
+                uploader.run(f"upload of {file}", upload_journal)
             return
-        step = self.store.step_of(final)
+        if not self.layout.node_local:
+            if self.accelerator.is_main_process:
+                uploader.submit(final)
+            return
+        node, nodes, attempt = self.layout.node, self.layout.nodes, self.attempt
         timeout = float(self.config.ENV.DIST_TIMEOUT_S)
 
-        def part() -> None:
-            if (final / MARKER).is_file():  # not removed by retention while it waited
-                upload_part(remote, final, node, attempt)
-                if self.accelerator.is_main_process and step is not None:
-                    seal(remote, step, nodes, attempt, timeout, stop=self.giving_up.is_set)
+        def part() -> bool:
+            if not (final / MARKER).is_file():  # removed by retention while it waited
+                return False
+            if not upload_part(remote, final, node, attempt):
+                return False
+            if self.accelerator.is_main_process and step is not None:
+                return seal(remote, step, nodes, attempt, timeout, stop=self.giving_up.is_set)
+            return True
 
-        self.uploader.run(f"upload of {final.name} (machine {node})", part)
+        uploader.run(f"upload of {final.name} (machine {node})", part, step=step)
 
     def _background_failure(self) -> tuple[int, str, BaseException] | None:
         current_step = self.store.step_of(self.current) if self.current is not None else 0
@@ -373,16 +420,21 @@ class CheckpointWriter:
         the other machines keep as many of their parts as the main process keeps checkpoints, the
         newest (the bucket holds every checkpoint retention keeps, whole)."""
         ck = self.config.SCHEDULE.CHECKPOINT
+        # The checkpoint being uploaded stays until it is in the bucket (a link slower than the
+        # checkpoint interval would otherwise never get one there).
+        uploading = self.uploader.in_flight() if self.uploader is not None else set()
         if not self.accelerator.is_main_process:
             parts = ck.KEEP_TOP_N + ck.KEEP_LAST_N  # 0: keep all
             for step in self.store.complete_steps()[:-parts] if parts else []:
+                if step in uploading:
+                    continue
                 try:
                     self.store.delete(step)
                 except OSError as exc:
                     log.warning("could not remove this machine's part of checkpoint step %d: %s", step, exc)
             return
         protect = {self.resumed_from} if self.resumed_from is not None else set()
-        protect |= self.keep_for_rollback(self.store.complete_steps())
+        protect |= self.keep_for_rollback(self.store.complete_steps()) | uploading
         rejected: list[str] = []
         with self._metrics_lock:
             metrics = dict(self.metric_at)

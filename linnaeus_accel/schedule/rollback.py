@@ -63,19 +63,36 @@ def rollback_lines(config: Config, plan: ResolvedPlan) -> list[str]:
 
 
 def rollback_warnings(config: Config, plan: ResolvedPlan) -> list[str]:
-    """A rollback that cannot happen, or only far back."""
+    """A rule that can never act in this run, a rollback that cannot happen, or only far back."""
+    train, total, out = config.TRAIN, plan.total_steps, []
+    spike = train.LOSS_SPIKE
+    if spike.ACTION != "off":
+        # The rule compares a record with the WINDOW records before it, CONSECUTIVE times in a row.
+        first = (spike.WINDOW + spike.CONSECUTIVE) * plan.metrics_interval
+        if first > total:
+            out.append(
+                f"TRAIN.LOSS_SPIKE.WINDOW: the spike rule needs {spike.WINDOW} records before it can find "
+                f"a spike ({spike.CONSECUTIVE} more in a row), a record every {plan.metrics_interval} steps: "
+                f"step {first} at the earliest, past this run's {total} steps, so it never acts; lower "
+                "TRAIN.LOSS_SPIKE.WINDOW or SCHEDULE.METRICS.STEP_INTERVAL"
+            )
     if not rolls_back(config):
-        return []
-    key = "TRAIN.NONFINITE" if config.TRAIN.NONFINITE == "rollback" else "TRAIN.LOSS_SPIKE.ACTION"
+        return out
+    if train.ROLLBACK.SKIP_STEPS >= total:
+        out.append(
+            f"TRAIN.ROLLBACK.SKIP_STEPS: {train.ROLLBACK.SKIP_STEPS} steps skipped after a rollback is at "
+            f"least this run's {total} steps: a rollback would leave no step of the run to train; lower it"
+        )
+    key = "TRAIN.NONFINITE" if train.NONFINITE == "rollback" else "TRAIN.LOSS_SPIKE.ACTION"
     every = checkpoint_every(plan)
-    if every is not None and every >= plan.total_steps:
-        return [
+    if every is not None and every >= total:
+        out.append(
             f"{key}: rollback needs a checkpoint to go back to, and the first one comes at the run's end "
-            f"(every {every} steps in a {plan.total_steps}-step run): set SCHEDULE.CHECKPOINT.INTERVAL_STEPS lower"
-        ]
-    if every is not None and every * 4 > plan.total_steps:
-        return [
-            f"{key}: checkpoints every {every} steps of {plan.total_steps}: a window that goes wrong before step "
+            f"(every {every} steps in a {total}-step run): set SCHEDULE.CHECKPOINT.INTERVAL_STEPS lower"
+        )
+    elif every is not None and every * 4 > total:
+        out.append(
+            f"{key}: checkpoints every {every} steps of {total}: a window that goes wrong before step "
             f"{every} cannot be rolled back (the run stops), and a rollback redoes up to {every} steps"
-        ]
-    return []
+        )
+    return out

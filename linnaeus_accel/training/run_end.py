@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from accelerate import Accelerator
+from accelerate.utils import broadcast_object_list
 from torch import nn
 
 from ..data.token_format import TokenOutOfVocab
@@ -25,7 +26,7 @@ from ..process.failures import (
     collective_timeout,
     disk_failure,
 )
-from ..process.first_failure import first_failure
+from ..process.first_failure import first_failure, is_peer_lost, lost_peer
 from ..process.launcher import stop_if_launcher_gone
 from ..progress import TrainingProgress
 from ..run_directory.outputs import RunOutputs
@@ -115,6 +116,11 @@ class RunEnd:
             shutil.rmtree(final, ignore_errors=True)
         removed = f"removed {final} (not written whole)"
         agree_on_output(acc, "the final weights", failure, removed, self.writer.resume_point)
+        if self.writer.layout.node_local and acc.is_local_main_process and not acc.is_main_process:
+            # Accelerate makes the directory on every process: on another machine's own disk it
+            # stays empty (final/ is the main machine's), so it goes, if empty.
+            with contextlib.suppress(OSError):
+                final.rmdir()
 
     def tear_down(self) -> None:
         """Every process tears the process group down together (PyTorch's advice for
@@ -126,7 +132,12 @@ class RunEnd:
 
     def already_finished(self, finished: dict[str, Any]) -> dict[str, Any]:
         """``fit()`` on a finished run's directory: nothing to train, said on the main process (in a
-        notebook as on the command line), and the finished run's summary returned."""
+        notebook as on the command line), and the finished run's summary returned. With a bucket,
+        the checkpoints it lacks are uploaded first (an outage ended the run) and ``summary.json``
+        says what the bucket holds now: its ``remote_sync_errors`` are not a stale error."""
+        errors = self._catch_up(finished)
+        if errors is not None:
+            finished = {**finished, "remote_sync_errors": errors}
         self.tear_down()
         if self.accelerator.is_local_main_process:
             status = str(finished["status"]).replace("_", " ")
@@ -137,6 +148,25 @@ class RunEnd:
                 flush=True,
             )
         return {**finished, "already_finished": True}
+
+    def _catch_up(self, finished: dict[str, Any]) -> list[str] | None:
+        """Collective: the main process uploads what the bucket lacks of the finished run (bounded
+        by ``ENV.OUTPUT.BUCKET.WAIT_S``) and rewrites ``summary.json``; every process gets what the
+        bucket still lacks (None: no bucket)."""
+        if not self.writer.bucket_on:
+            return None
+        errors: list[str] | None = None
+        if self.accelerator.is_main_process:
+            before = list(finished.get("remote_sync_errors") or [])
+            self.writer.catch_up()
+            errors = self.writer.close()
+            if errors != before:
+                with contextlib.suppress(OutputWriteError):  # the summary is not worth a failure
+                    self.out.write_json("summary.json", {**finished, "remote_sync_errors": errors})
+                if before and not errors:
+                    print(f"the bucket holds every checkpoint of {self.output_dir} now", flush=True)
+        shared: list[str] | None = broadcast_object_list([errors], from_process=0)[0]
+        return shared
 
     def record_failure(self, message: str, agreed: bool) -> str:
         """``summary.json`` says ``status: failed``. ``agreed``: every process is here, so the
@@ -175,10 +205,14 @@ class RunEnd:
         said_in_full = isinstance(exc, TokenOutOfVocab)
         own = timed_out or written or (str(exc) if said_in_full else f"{type(exc).__name__}: {exc}")
         cause = first_failure(exc, own)
+        # A peer gone without a word (its machine killed): one sentence, not gloo's traceback.
+        lost = cause == own and not (timed_out or written) and is_peer_lost(exc)
+        if lost:
+            cause = own = lost_peer(exc)
         ended = self.record_failure(cause, agreed=False)
         if cause != own:
             return RunFailed(f"another process failed first ({ended}); this process stops too")
-        return RunFailed(ended) if timed_out or written or said_in_full else None
+        return RunFailed(ended) if timed_out or written or said_in_full or lost else None
 
     def _write_failure(self, exc: Exception) -> str | None:
         """``exc`` as the one sentence a full or read-only disk ends the run with (None when the

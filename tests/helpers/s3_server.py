@@ -9,6 +9,7 @@ of the fixture's name shadows nothing).
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -69,3 +70,59 @@ def object_keys(bucket: str) -> list[str]:
     """Every key in the bucket, by boto3 (not by the code under test)."""
     pages = s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket)
     return sorted(item["Key"] for page in pages for item in page.get("Contents", []))
+
+
+class LoggedS3Server:
+    """moto's S3 server, as ``s3_server`` starts it, that also keeps the request log a store's
+    operator would read: (method, key, query, status) of every request, in the order the server
+    answered them (by then the request's effect is in the bucket). ``key`` is ``bucket/key``."""
+
+    def __init__(self) -> None:
+        from moto.server import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+        from werkzeug.serving import make_server
+
+        self.log: list[tuple[str, str, str, int]] = []
+        self._lock = threading.Lock()
+        app = DomainDispatcherApplication(create_backend_app)
+
+        def logged(environ: dict[str, Any], start_response: Any) -> Any:
+            def start(status: str, headers: Any, *args: Any) -> Any:
+                key = environ.get("PATH_INFO", "").lstrip("/")
+                with self._lock:
+                    self.log.append(
+                        (
+                            environ["REQUEST_METHOD"],
+                            key,
+                            environ.get("QUERY_STRING", ""),
+                            int(status.split()[0]),
+                        )
+                    )
+                return start_response(status, headers, *args)
+
+            return app(environ, start)
+
+        class Quiet(MotoRequestHandler):  # type: ignore[misc]
+            def log(self, *args: Any) -> None:  # the log above is the one the tests read
+                pass
+
+        self._server = make_server("127.0.0.1", 0, logged, True, request_handler=Quiet)
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+        host, port = self._server.server_address[:2]
+        self.address = (str(host), int(port))
+        self.url = f"http://{host}:{port}"
+
+    def requests(self) -> list[tuple[str, str, str, int]]:
+        with self._lock:
+            return list(self.log)
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._thread.join()
+
+
+def direct_client(endpoint: str) -> Any:
+    """A boto3 client of the server itself, past any faulty link the code under test goes through."""
+    import boto3
+
+    return boto3.client("s3", endpoint_url=endpoint)
