@@ -8,6 +8,10 @@
   ``tokens_seen`` and the same metrics history;
 - a streaming ``IterableDataset`` read by 2 DataLoader workers, killed mid-epoch: the rerun resumes
   each worker's position from the checkpoint and ends byte-identical.
+
+The kills and the 2-process runs are processes of their own; the streaming run's reference and its
+rerun after the kill train in the test's process, through the same command line
+(``run_here_ending_workers``: a process of their own is mostly torch's import).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import psutil  # type: ignore[import-untyped]  # an Accelerate dependency
 import pytest
 from helpers.configs import LM_CFG, SMALL_LM
 from helpers.hf import load_final
+from helpers.in_process import run_here_ending_workers
 from helpers.processes import kill_tree
 from helpers.runs import (
     KILLED,
@@ -122,7 +127,7 @@ def kill_launcher(pid: int) -> None:
 @pytest.fixture(scope="module")
 def ref_stream(tmp_path_factory: pytest.TempPathFactory) -> Result:
     run = TrainRun(tmp_path_factory.mktemp("lm_ref_stream"), STREAM, cfg=LM_CFG)
-    result = run.run().check_ok()
+    result = run_here_ending_workers(run).check_ok()
     assert read_summary(result.dir)["global_step"] == 90
     return result
 
@@ -133,7 +138,7 @@ def test_stream_with_two_workers_killed_mid_epoch_resumes_byte_identical(
     run = TrainRun(tmp_path, STREAM, cfg=LM_CFG)
     run.run(kill_at="optimizer_step:55").check_killed()
     assert committed(run.dir) == ["step_00000020", "step_00000040"]
-    resumed = run.run()
+    resumed = run_here_ending_workers(run)
     # 40 steps into the epoch: each worker continues from its own saved position in the stream.
     assert_resumed_from(resumed.output, 40)
     assert_same_run(resumed, ref_stream)
