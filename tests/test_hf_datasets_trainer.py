@@ -3,25 +3,32 @@
 ``datasets.IterableDataset`` (no ``__len__``, four shards), on 1 and 2 processes, with 0 and 2
 DataLoader workers, killed -9 at a seeded random step and rerun: the final weights are
 byte-identical to an uninterrupted run's, and the metrics history the same.
+
+The kill is a process of its own; the reference and the rerun after the kill call the script's
+``main`` in the test's process (``call_here``: a process of its own is mostly torch's import).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import random
 import sys
+from functools import cache
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 from helpers.configs import REPO
+from helpers.in_process import call_here
 from helpers.processes import accelerate_launch_command
-from helpers.runs import TrainRun, assert_same_run, committed, read_summary
+from helpers.runs import Result, TrainRun, assert_same_run, committed, read_summary
 
 from linnaeus_accel.data.packing import BYTE_EOS
 from linnaeus_accel.data.text import load_topics
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
-pytest.importorskip("datasets")
+datasets = pytest.importorskip("datasets")
 
 SCRIPT = REPO / "tests" / "hf_direct_train.py"
 SEQ_LEN = 65
@@ -53,6 +60,26 @@ class ScriptRun(TrainRun):
             return [*accelerate_launch_command(self.processes), str(SCRIPT), *self.args]
         return [sys.executable, str(SCRIPT), *self.args]
 
+    def here(self) -> Result:
+        """The script's ``main`` with the same arguments in this process, with a datasets cache of
+        this run's own, as the HF_HOME under its root gives its process."""
+        assert self.processes == 1, "a run of several processes needs a launcher: run()"
+        data, out, mode, workers = self.args
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(datasets.config, "HF_DATASETS_CACHE", str(self.root / "hf_home" / "datasets"))
+            return call_here(self.dir, lambda: script().main(data, out, mode, int(workers)))
+
+
+@cache
+def script() -> ModuleType:
+    """tests/hf_direct_train.py, imported (not run as ``__main__``, whose end is ``os._exit``)."""
+    spec = importlib.util.spec_from_file_location("hf_direct_train", SCRIPT)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
 
 # One process reading a map-style dataset in the main process is the simplest case of map-1x2 (and
 # of every single-process resume test): left out for the suite's time.
@@ -70,7 +97,7 @@ LAYOUTS = [  # (mode, workers, processes)
 def test_hf_dataset_killed_and_rerun_ends_byte_identical(
     data_dir: Path, tmp_path: Path, mode: str, workers: int, processes: int
 ) -> None:
-    reference = ScriptRun(tmp_path / "ref", data_dir, mode, workers, processes).run()
+    reference = ScriptRun(tmp_path / "ref", data_dir, mode, workers, processes).here()
     assert reference.returncode == 0, reference.tail()
     assert read_summary(reference.dir)["global_step"] == 32
     run = ScriptRun(tmp_path / "killed", data_dir, mode, workers, processes)
@@ -79,6 +106,6 @@ def test_hf_dataset_killed_and_rerun_ends_byte_identical(
     assert killed.returncode != 0, killed.tail()  # SIGKILLed (under a launcher: it reports a failure)
     assert not (run.dir / "summary.json").exists()
     assert committed(run.dir), killed.tail()
-    resumed = run.run()
+    resumed = run.here()
     assert "resumed from " in resumed.output, resumed.tail()
     assert_same_run(resumed, reference)

@@ -9,7 +9,8 @@ import json
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from helpers.configs import CFG
@@ -147,3 +148,40 @@ def run_here_ending_workers(
         return run_here(run, args, extra_env)
     finally:
         end_loader_workers()
+
+
+def call_here(
+    directory: Path, call: Callable[[], object], extra_env: Mapping[str, str] | None = None
+) -> Result:
+    """``call()`` (a user's script's ``main``) in this process, as ``run_here`` runs the command
+    line: the environment as a process of its own would have it, Accelerate's state forgotten
+    before and after, and a ``Result`` (``directory``: the run's output directory) of what its
+    console would hold; exit status 0, or 1 after an exception (its traceback in the output). Its
+    DataLoader workers are shut down after (``end_loader_workers``)."""
+    import traceback
+
+    console = io.StringIO()
+    warnings = logging.StreamHandler(console)
+    warnings.setLevel(logging.WARNING)
+    saved = dict(os.environ)
+    for name in [k for k in os.environ if k in LAUNCHER_VARIABLES or k.startswith(OWN_PREFIXES)]:
+        del os.environ[name]
+    os.environ.update(extra_env or {})
+    started = time.monotonic()
+    reset_accelerate()
+    logging.getLogger().addHandler(warnings)
+    try:
+        with contextlib.redirect_stdout(console), contextlib.redirect_stderr(console):
+            try:
+                call()
+                rc = 0
+            except Exception:
+                traceback.print_exc()
+                rc = 1
+    finally:
+        logging.getLogger().removeHandler(warnings)
+        reset_accelerate()
+        os.environ.clear()
+        os.environ.update(saved)
+        end_loader_workers()
+    return Result(rc, console.getvalue(), directory, time.monotonic() - started)
