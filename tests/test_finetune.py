@@ -10,6 +10,9 @@ adapter through peft, and back to transformers and peft.
   the adapter and metrics are byte-identical; a changed base directory is refused at resume;
   ``PeftModel.from_pretrained(base, final)`` gives the trained model's logits, ``final/merged``
   the same model merged, and ``evaluate`` reads the adapter.
+
+The kill is a process of its own; the reference, the rerun and the refused resume run in the test's
+process through the same command line (``run_here``: a process of its own is mostly torch's import).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any
 import pytest
 import torch
 from helpers.hf import FT_CFG, fit, ft_config, ft_opts, save_base
-from helpers.in_process import reset_accelerate, run_cli
+from helpers.in_process import reset_accelerate, run_cli, run_here
 from helpers.runs import TrainRun, committed, read_metrics, read_summary
 from safetensors import safe_open
 
@@ -212,7 +215,7 @@ def test_lora_killed_and_rerun_is_byte_identical_and_a_changed_base_is_refused(t
     opts = [*LORA_RUN, "MODEL.OPTIONS.pretrained", str(base), "MODEL.OPTIONS.lora.merge", "false"]
     for name in ("ref", "killed"):
         (tmp_path / name).mkdir()
-    reference = TrainRun(tmp_path / "ref", opts, cfg=FT_CFG).run().check_ok()
+    reference = run_here(TrainRun(tmp_path / "ref", opts, cfg=FT_CFG)).check_ok()
     run = TrainRun(tmp_path / "killed", opts, cfg=FT_CFG)
     assert run.run(kill_at="checkpoint_committed:2").returncode != 0
     checkpoint = run.dir / "checkpoints" / committed(run.dir)[-1]
@@ -221,7 +224,7 @@ def test_lora_killed_and_rerun_is_byte_identical_and_a_changed_base_is_refused(t
     assert keys
     assert all(".lora_A." in k or ".lora_B." in k for k in keys), keys  # no frozen weight
     tampered = run.clone(tmp_path / "tampered")
-    resumed = run.run()
+    resumed = run_here(run)
     resumed.check_ok()
     assert "resumed from" in resumed.output
     adapter = "adapter_model.safetensors"
@@ -239,7 +242,7 @@ def test_lora_killed_and_rerun_is_byte_identical_and_a_changed_base_is_refused(t
 
     shutil.rmtree(base)
     save_base(base, seed=1)  # the same path, other weights
-    refused = tampered.run()
+    refused = run_here(tampered)
     assert refused.returncode == 2, refused.tail()
     assert "MODEL.OPTIONS.pretrained: the frozen base weights are not those checkpoint" in refused.output
     assert str(base) in refused.output
