@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from accelerate import Accelerator
 from helpers.configs import CFG
 from helpers.faulty_link import FaultyLink
 from helpers.in_process import reset_accelerate, run_cli
@@ -30,9 +31,11 @@ from helpers.runs import TrainRun, wait_until
 from helpers.s3_server import LoggedS3Server, direct_client, use_endpoint
 
 from linnaeus_accel import Callback, register_callback
-from linnaeus_accel.checkpoint import MARKER, read_marker
+from linnaeus_accel.checkpoint import MARKER, CheckpointStore, read_marker
 from linnaeus_accel.checkpoint.layout import JOURNAL_FILE
+from linnaeus_accel.checkpoint.remote import RemoteCheckpoints
 from linnaeus_accel.checkpoint.store import step_name
+from linnaeus_accel.resume.from_bucket import complete_from_bucket
 
 pytestmark = pytest.mark.slow  # training runs against a real S3 endpoint
 
@@ -289,6 +292,17 @@ def test_a_hostile_key_rejects_its_checkpoint_and_a_fresh_machine_resumes_from_t
     client = direct_client(server.url)
     hostile = f"team/{EXPERIMENT}/checkpoints/{step_name(36)}/../../escaped.txt"
     client.put_object(Bucket=bucket, Key=hostile, Body=b"written by anyone who can write the bucket")
+
+    # Node-local mode's way in (each machine makes the bucket's newest checkpoint whole on its disk).
+    reset_accelerate()
+    try:
+        store = CheckpointStore(tmp_path / "machine" / "checkpoints")
+        remote = RemoteCheckpoints.from_url(f"s3://{bucket}/team", EXPERIMENT)
+        assert complete_from_bucket(Accelerator(cpu=True), store, remote) == 24
+    finally:
+        reset_accelerate()
+    assert store.complete_steps() == [24]
+    assert "outside the checkpoint" in caplog.text
 
     rc, out, err = train(
         tmp_path / "fresh", bucket, "TRAIN.EPOCHS", "3", "SCHEDULE.CHECKPOINT.KEEP_LAST_N", "0"

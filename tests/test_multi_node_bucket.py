@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from helpers.nodes import two_nodes
+from helpers.processes import lines_through_our_code
 from helpers.s3_server import object_keys, s3_bucket_fixture, s3_client, s3_server_fixture  # noqa: F401
 
 from linnaeus_accel.checkpoint import MARKER
@@ -73,6 +74,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
     assert {entry["path"] for entry in part["files"]} < files
     assert "rank_00001.json" in {entry["path"] for entry in part["files"]}
     assert not [p for p in (node1 / RUN).rglob("*") if p.is_file() and "checkpoints" not in p.parts]
+    assert not (node1 / RUN / "final").exists()  # final/ is the main machine's: no empty one here
     return final_weights(node0)
 
 
@@ -83,6 +85,13 @@ def test_a_machine_that_lost_its_disk_and_then_both_resume_from_the_s3_bucket(
     kill = {"LINNAEUS_ACCEL_KILL_AT": "bucket_sealed:1", "LINNAEUS_ACCEL_FAULT_RANK": "0"}
     results = two_nodes((node0, node1), tmp_path, opts(url), node_env=({**kill}, {}), log_name="killed")
     assert results[0][0] != 0, results[0][1][-3000:]
+    # The machine that lost its peer says so in one sentence naming it, not in gloo's traceback.
+    survivor = results[1][1]
+    assert results[1][0] != 0, survivor[-3000:]
+    assert not lines_through_our_code(survivor), survivor[-3000:]  # torchrun's own report aside
+    said = [line for line in survivor.splitlines() if "lost machine 0" in line]
+    assert len(said) == 1, survivor[-3000:]
+    assert "machine 1 of 2 stops too" in said[0], said[0]
     assert markers(s3_bucket, "runs") == [f"runs/run/checkpoints/step_00000003/{MARKER}"]
     client = s3_client()  # the bucket as the killed run left it, for a second rerun below
     for key in object_keys(s3_bucket):

@@ -324,6 +324,37 @@ def test_a_file_url_whose_directory_is_missing_is_refused(tmp_path: Path) -> Non
         RemoteCheckpoints.from_url(f"file://{tmp_path}/nfs", EXP)
 
 
+def test_a_file_url_naming_a_file_says_it_is_a_file(tmp_path: Path) -> None:
+    (tmp_path / "hostname").write_text("node-7\n", encoding="utf-8")
+    with pytest.raises(RemoteSyncError, match=f"file://{tmp_path}/hostname is a file, not a directory"):
+        RemoteCheckpoints.from_url(f"file://{tmp_path}/hostname", EXP)
+
+
+def test_an_upload_sends_each_file_once_and_leaves_only_the_checkpoints_own(url: str, tmp_path: Path) -> None:
+    """Uploaded again (a rerun's catch-up), a checkpoint the bucket holds whole sends nothing; any
+    object under its prefix that is not its own (a stray, a file of an earlier version) goes, the
+    marker staying up; a checkpoint whose marker changed (saved again) is replaced, marker first."""
+    remote, store = remote_for(url, faulty=True)
+    assert store is not None
+    local = make_checkpoint(tmp_path, 7)
+    assert remote.upload(local)
+    remote.put_bytes(7, "stray.bin", b"someone else's")
+    store.log.clear()
+    assert not remote.upload(local)  # whole already
+    assert store.log == [("delete", f"{EXP}/checkpoints/step_00000007/stray.bin")]
+    assert set(remote.list_files(7)) == {
+        p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file()
+    }
+    (local / MARKER).write_text(json.dumps({"global_step": 7, "saved": "again"}), encoding="utf-8")
+    (local / "optimizer.bin").unlink()  # the new version has no such file
+    store.log.clear()
+    assert remote.upload(local)
+    assert store.log[0] == ("delete", f"{EXP}/checkpoints/step_00000007/{MARKER}")
+    assert store.log[-1] == ("put", f"{EXP}/checkpoints/step_00000007/{MARKER}")
+    assert "optimizer.bin" not in remote.list_files(7)
+    assert remote.complete_steps() == [7]
+
+
 def test_a_missing_library_names_the_extra() -> None:
     """In a fresh interpreter where s3fs and gcsfs cannot be imported (as without the extras)."""
     script = (

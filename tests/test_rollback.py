@@ -94,6 +94,23 @@ def test_plan_says_how_far_a_rollback_goes_and_that_the_run_still_ends_at_its_st
     )
 
 
+def test_plan_warns_of_a_spike_rule_that_never_arms_and_a_skip_longer_than_the_run() -> None:
+    base = NAN_RUN[: NAN_RUN.index("DATA.DATASET.NAME")]  # 24 steps, records every 2
+    never = plan_text("--opts", *base, "TRAIN.LOSS_SPIKE.ACTION", "stop", "TRAIN.LOSS_SPIKE.WINDOW", "12")
+    assert (
+        "TRAIN.LOSS_SPIKE.WINDOW: the spike rule needs 12 records before it can find a spike (1 more in a "
+        "row), a record every 2 steps: step 26 at the earliest, past this run's 24 steps, so it never acts"
+    ) in never
+    armed = plan_text("--opts", *base, "TRAIN.LOSS_SPIKE.ACTION", "stop", "TRAIN.LOSS_SPIKE.WINDOW", "11")
+    assert "TRAIN.LOSS_SPIKE.WINDOW:" not in armed  # step 24: the run's last record can still find one
+    skip = plan_text("--opts", *base, "TRAIN.NONFINITE", "rollback", "TRAIN.ROLLBACK.SKIP_STEPS", "24")
+    assert (
+        "TRAIN.ROLLBACK.SKIP_STEPS: 24 steps skipped after a rollback is at least this run's 24 steps"
+    ) in skip
+    fits = plan_text("--opts", *base, "TRAIN.NONFINITE", "rollback", "TRAIN.ROLLBACK.SKIP_STEPS", "23")
+    assert "TRAIN.ROLLBACK.SKIP_STEPS:" not in fits
+
+
 # -- real runs -----------------------------------------------------------------------------------
 
 # Two epochs of 12 steps of 128 digits in their own order (no shuffle): sample 773 (NaN pixels) is

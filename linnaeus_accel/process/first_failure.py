@@ -11,7 +11,6 @@ a lost peer reads the others' and reports the first real cause, naming its rank.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 
@@ -60,12 +59,16 @@ def first_failure(exc: BaseException, message: str) -> str:
     deadline = time.monotonic() + _WAIT_S
     while True:
         for key in others:
-            with contextlib.suppress(Exception):
+            try:
                 if store.check([key]):
                     record = json.loads(store.get(key))
                     if not record["peer_lost"]:
                         peer = key.rsplit("/", 1)[1]
                         return f"process {peer}: {record['error']}"
+            except Exception:
+                # The store went with the machine that hosted it: nobody can publish there any
+                # more (and each try would print torch's C++ warning with its stack).
+                return message
         if time.monotonic() >= deadline:
             return message
         time.sleep(_POLL_S)
