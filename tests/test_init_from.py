@@ -14,7 +14,9 @@
   directory exit 2 with one line naming MODEL.INIT_FROM, writing nothing; a transformers Trainer's
   checkpoint-N directory is no checkpoint of ours and loads.
 - Killed after a checkpoint and rerun, a run with INIT_FROM ends byte-identical to the
-  uninterrupted one (the checkpoint's weights count at resume).
+  uninterrupted one (the checkpoint's weights count at resume). The kill is a process of its own;
+  the reference, the rerun and the refused --overwrite run in the test's process through the same
+  command line (``run_here``: a process of its own is mostly torch's import).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Any
 import pytest
 import torch
 from helpers.configs import CFG, REPO
-from helpers.in_process import reset_accelerate, run_cli
+from helpers.in_process import reset_accelerate, run_cli, run_here
 from helpers.runs import TrainRun, assert_resumed_from, assert_same_run
 from safetensors.torch import load_file, save_file
 from torch import nn
@@ -430,16 +432,16 @@ def test_killed_and_rerun_with_init_from_ends_byte_identical(tmp_path: Path, sou
     shutil.copytree(source / "final", tmp_path / "weights")
     (tmp_path / "reference").mkdir()
     (tmp_path / "killed").mkdir()
-    reference = TrainRun(tmp_path / "reference", opts).run().check_ok()
+    reference = run_here(TrainRun(tmp_path / "reference", opts)).check_ok()
     run = TrainRun(tmp_path / "killed", opts)
     run.run(kill_at="checkpoint_committed:1").check_killed()  # right after step 3's commit
     # The source removed since (a scratch copy): the rerun resumes from its own checkpoint.
     shutil.rmtree(tmp_path / "weights")
-    resumed = run.run()
+    resumed = run_here(run)
     assert_resumed_from(resumed.output, 3)
     assert_same_run(resumed, reference)
     # --overwrite would start over from the weights as built: refused, nothing written.
-    refused = run.run(args=["--overwrite"])
+    refused = run_here(run, args=["--overwrite"])
     assert refused.returncode == 2, refused.tail()
     assert "MODEL.INIT_FROM" in refused.output, refused.tail()
     assert "does not exist" in refused.output, refused.tail()
