@@ -65,9 +65,10 @@ class ScriptRun(TrainRun):
         this run's own, as the HF_HOME under its root gives its process."""
         assert self.processes == 1, "a run of several processes needs a launcher: run()"
         data, out, mode, workers = self.args
+        main = script().main  # imported before the console is redirected
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(datasets.config, "HF_DATASETS_CACHE", str(self.root / "hf_home" / "datasets"))
-            return call_here(self.dir, lambda: script().main(data, out, mode, int(workers)))
+            return call_here(self.dir, lambda: main(data, out, mode, int(workers)))
 
 
 @cache
