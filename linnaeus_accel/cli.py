@@ -20,7 +20,7 @@ from .schedule import ResolvedPlan, batches_per_process, resolve_plan
 
 EXIT_FAILED = 1  # the run stopped (summary.json: status failed): non-finite loss, disk full, a hung process
 EXIT_CONFIG_ERROR = 2  # config, arguments or output directory refused: nothing was trained
-EXIT_NOT_SYNCED = 3  # trained to the end, but checkpoints did not all reach ENV.OUTPUT.BUCKET
+EXIT_NOT_SYNCED = 3  # trained to the end (or preempted), but ENV.OUTPUT.BUCKET lacks checkpoints the run keeps: the same command again uploads them
 
 
 class _Parser(argparse.ArgumentParser):

@@ -231,8 +231,10 @@ def test_a_run_past_an_outage_exits_3_naming_each_checkpoint_once_and_its_rerun_
     assert "nothing to do" in out
     assert "the bucket holds every checkpoint" in out, out
     said = caplog.text  # the package's warnings: on the console's stderr outside pytest
-    assert "catching up" in said
-    assert "step_00000036, step_00000024" in said, said  # the newest first
+    line = next(line for line in said.splitlines() if "catching up" in line)
+    # The newest first. (In this process the first run's abandoned upload of step 24 may have
+    # finished once the link healed: a command-line run's process is gone by then.)
+    assert re.search(r"uploading step_00000036(, step_00000024)? \(", line), line
     assert complete_in_bucket(server, bucket) == [12, 24, 36]
     assert summary(tmp_path)["remote_sync_errors"] == []
     caplog.clear()

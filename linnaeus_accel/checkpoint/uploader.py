@@ -30,6 +30,10 @@ __all__ = ["BackgroundUploader"]
 log = logging.getLogger(__name__)
 
 QUEUED, UPLOADING, IN_BUCKET, FAILED, SKIPPED = "queued", "uploading", "in the bucket", "failed", "skipped"
+_PART = (
+    "this machine holds only its part of it (node-local mode): the bucket puts a checkpoint together "
+    "only while every machine of the run runs"
+)
 
 
 @dataclass
@@ -83,10 +87,11 @@ class BackgroundUploader:
         frozen = frozenset(keep)  # the caller's set may change before the worker gets to it
         self._put(_Task("remote retention", lambda: self._retain(set(frozen))))
 
-    def catch_up(self, local: Callable[[], list[tuple[int, Path]]]) -> None:
-        """Queue a rerun's catch-up: every checkpoint ``local()`` lists (committed on this disk) that
-        is not complete in the bucket is uploaded, the newest first; those that are complete there
-        are recorded as in the bucket."""
+    def catch_up(self, local: Callable[[], list[tuple[int, Path | None]]]) -> None:
+        """Queue a rerun's catch-up: every checkpoint ``local()`` lists (committed on this disk; a
+        path of None: a node-local machine's part, which cannot be uploaded as a checkpoint) that is
+        not complete in the bucket is uploaded, the newest first, or recorded as missing; those
+        complete there are recorded as in the bucket."""
         self._put(_Task("catch-up with the bucket", lambda: self._catch_up(local)))
 
     # -- what it knows -----------------------------------------------------------------------------
@@ -186,7 +191,7 @@ class BackgroundUploader:
         if deleted:
             log.info("deleted remote checkpoints %s", deleted)
 
-    def _catch_up(self, local: Callable[[], list[tuple[int, Path]]]) -> None:
+    def _catch_up(self, local: Callable[[], list[tuple[int, Path | None]]]) -> None:
         here = local()
         try:
             complete = set(self.remote.complete_steps())
@@ -200,17 +205,20 @@ class BackgroundUploader:
         for step, path in here:
             if step in complete:
                 self._set(step, IN_BUCKET)
+            elif path is None:
+                self._set(step, FAILED, _PART)
             else:
                 self._set(step, QUEUED)
                 todo.append((step, path))
+        todo.sort(reverse=True)  # the newest first: the bucket's resume point moves on soonest
         if todo:
-            names = ", ".join(step_name(s) for s, _ in sorted(todo, reverse=True))
+            names = ", ".join(step_name(s) for s, _ in todo)
             log.warning(
                 "catching up with %s: uploading %s (committed here, not complete there)",
                 self.remote.url,
                 names,
             )
-        for step, path in sorted(todo, reverse=True):  # the newest first: the bucket's resume point moves on
+        for step, path in todo:
             self._run(_Task(f"upload of {path.name}", partial(self._upload, path), step))
 
     def _run(self, task: _Task) -> None:

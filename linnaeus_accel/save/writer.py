@@ -164,21 +164,20 @@ class CheckpointWriter:
         """Main process, at the start of a rerun: queue the upload of every whole checkpoint on this
         disk that the bucket does not hold complete (an outage ended the run before), the newest
         first. A machine's part (node-local mode) is not a whole checkpoint: the bucket puts parts
-        together only while every machine runs."""
+        together only while every machine runs, so one missing there is only recorded as missing."""
         if self.uploader is None or not self.accelerator.is_main_process:
             return
         store = self.store
 
-        def whole() -> list[tuple[int, Path]]:
-            out = []
+        def committed() -> list[tuple[int, Path | None]]:
+            out: list[tuple[int, Path | None]] = []
             for step in store.complete_steps():
                 path = store.final_path(step)
                 with contextlib.suppress(MarkerError, OSError):
-                    if node_part(read_marker(path)) is None:
-                        out.append((step, path))
+                    out.append((step, path if node_part(read_marker(path)) is None else None))
             return out
 
-        self.uploader.catch_up(whole)
+        self.uploader.catch_up(committed)
 
     def abandon(self, timeout: float = 60.0) -> str | None:
         """Not collective, main process: the end of a run that failed outside an agreement (a full

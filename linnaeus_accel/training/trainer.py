@@ -306,7 +306,8 @@ class Trainer:
             out.write_json("assets/run_info.json", run.end.run_info)
         data_problem = lambda seen: run.train_batches.resume_problem(run.data.resumed, seen)  # noqa: E731
         run.checkpoints.resume(resume_from, out, data_problem, self.allow_config_change)
-        writer.catch_up()  # what an outage kept from the bucket goes up first, in the background
+        if not layout.node_local:  # (a node-local run's parts come together only as it saves them)
+            writer.catch_up()  # what an outage kept from the bucket goes up first, in the background
         text = summary_text(config, run.plan, run.optimizer_given)
         out.write_assets(config, text, run.plan)
         trains = [model_line(run.end.run_info), run.optimizer_line]  # what trains, and how
