@@ -20,6 +20,7 @@ from .schedule import ResolvedPlan, batches_per_process, resolve_plan
 
 EXIT_FAILED = 1  # the run stopped (summary.json: status failed): non-finite loss, disk full, a hung process
 EXIT_CONFIG_ERROR = 2  # config, arguments or output directory refused: nothing was trained
+EXIT_INTERRUPTED = 130  # Ctrl-C: the step finished and was checkpointed (summary.json: status interrupted); the same command resumes
 EXIT_NOT_SYNCED = 3  # trained to the end (or preempted), but ENV.OUTPUT.BUCKET lacks checkpoints the run keeps: the same command again uploads them
 
 
@@ -310,9 +311,11 @@ def run_train(args: argparse.Namespace) -> int:
         last = summary["last_validation"]
         shown = ", ".join(f"{k} {v:.4f}" for k, v in last.items() if k.startswith("val/"))
         tokens = f", {summary['tokens_seen']:,} tokens" if summary["tokens_seen"] else ""
-        print(
-            f"{summary['status']} at step {summary['global_step']} (epoch {summary['epoch']}{tokens}): {shown}"
-        )
+        status = str(summary["status"]).replace("_", " ")
+        where = f"{status} at step {summary['global_step']} (epoch {summary['epoch']}{tokens})"
+        print(f"{where}: {shown}" if shown else where)
+        if summary["status"] in ("preempted", "interrupted"):
+            print("checkpointed: the same command resumes from there")
         print(f"outputs in {config.output_dir}")
     code = exit_status(summary)
     if code == EXIT_NOT_SYNCED and _is_local_main():
@@ -322,9 +325,12 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def exit_status(summary: dict[str, object]) -> int:
-    """0, or EXIT_NOT_SYNCED when some checkpoints never reached the bucket: the run must not end
-    looking clean while its off-machine copy is missing."""
-    return EXIT_NOT_SYNCED if summary.get("remote_sync_errors") else 0
+    """0; EXIT_NOT_SYNCED when some checkpoints never reached the bucket (the run must not end
+    looking clean while its off-machine copy is missing); EXIT_INTERRUPTED after Ctrl-C (a shell
+    loop or ``&&`` stops there)."""
+    if summary.get("remote_sync_errors"):
+        return EXIT_NOT_SYNCED
+    return EXIT_INTERRUPTED if summary.get("status") == "interrupted" else 0
 
 
 def _is_local_main() -> bool:
@@ -369,6 +375,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         report_refusal(f"linnaeus-accel: {exc}")
         return EXIT_CONFIG_ERROR
+    except KeyboardInterrupt:
+        # A second Ctrl-C (the first one checkpoints), or one before training started.
+        print(
+            "linnaeus-accel: stopped at once by Ctrl-C: the work since the last checkpoint is lost",
+            file=sys.stderr,
+        )
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         # The reader went away (e.g. `| head`): not an error of ours, and no traceback.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

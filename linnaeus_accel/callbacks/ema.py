@@ -111,7 +111,7 @@ class EMA(Callback):
             metrics.update(averaged)
 
     def on_fit_end(self, run: RunContext, summary: dict[str, Any]) -> None:
-        if summary["status"] == "preempted" or self.model is None:
+        if summary["status"] in ("preempted", "interrupted") or self.model is None:
             return  # a preempted run's average is in its last checkpoint
         run.save_final(self.model, "ema")
 

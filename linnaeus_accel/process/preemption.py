@@ -1,5 +1,7 @@
 """Preemption (SLURM, spot instances): on SIGTERM or SIGUSR1 the run finishes the optimizer step in
-progress, checkpoints it, records ``status: preempted`` and exits 0 on every process.
+progress, checkpoints it, records ``status: preempted`` and exits 0 on every process. Ctrl-C (SIGINT)
+does the same, recorded as ``status: interrupted`` (exit 130, the shell's status for Ctrl-C): no work
+since the last checkpoint is lost; a second Ctrl-C stops at once.
 
 Every process must stop at the same step (saving is collective), so with several processes the
 flag is agreed on, without ever waiting for the device: the flags are summed by an all-reduce of a
@@ -28,7 +30,7 @@ import torch
 import torch.distributed as dist
 from accelerate import Accelerator
 
-SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
 
 class PreemptionWatch:
@@ -39,6 +41,7 @@ class PreemptionWatch:
         self.processes = accelerator.num_processes
         self.check_every = 1 if self.processes == 1 else check_every
         self.requested = False
+        self.interrupted = False  # the stop was asked for by Ctrl-C (SIGINT), not a scheduler
         self._previous: dict[int, Any] = {}
         self._group: Any = None
         self._pending: tuple[Any, torch.Tensor] | None = None  # the started all-reduce and its flag
@@ -64,7 +67,22 @@ class PreemptionWatch:
             self._group = None
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGINT:
+            if self.interrupted:  # the second Ctrl-C: the user will not wait for the checkpoint
+                raise KeyboardInterrupt
+            self.interrupted = True
+            if self.accelerator.is_local_main_process:
+                print(
+                    "\nCtrl-C: finishing this step and checkpointing it (press Ctrl-C again to stop at once, "
+                    "losing the work since the last checkpoint)",
+                    flush=True,
+                )
         self.requested = True
+
+    @property
+    def reason(self) -> str:
+        """Why the run stops, in words (for its last line)."""
+        return "interrupted by Ctrl-C" if self.interrupted else "preempted by a signal"
 
     def should_stop(self, global_step: int, now: bool = False) -> bool:
         """Whether every process agrees to stop after this optimizer step (``now``: agree at once,

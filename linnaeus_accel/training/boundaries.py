@@ -227,7 +227,7 @@ class Boundaries:
                 self.writer.record_validation(self.writer.current, {"prefix": prefix, "metrics": metrics})
         return StopDecision(
             StopReason.PREEMPTED,
-            f"preempted by a signal during validation at step {self.progress.global_step}",
+            f"{self.preemption.reason} during validation at step {self.progress.global_step}",
         )
 
     def _early_stop(self, results: dict[str, float]) -> StopDecision | None:

@@ -195,6 +195,7 @@ def build_run(
     end = RunEnd(
         acc, config.output_dir, config.ENV.DIST_TIMEOUT_S, plan, model, progress, checkpoints.writer, nonfinite, meter.take_tokens, out,
         train_data=train.dataset, last_validation=lambda: boundaries.last_validation, rollbacks=recovery.summary,
+        interrupted=lambda: preemption.interrupted,
     )  # fmt: skip
     return RunParts(
         config, acc, model, opt, train_batches, val_batches, plan, ops, task, progress, early_stopping,

@@ -53,6 +53,7 @@ class RunEnd:
         train_data: Any = None,
         last_validation: Callable[[], dict[str, float]] = dict,
         rollbacks: Callable[[], list[dict[str, Any]]] = list,
+        interrupted: Callable[[], bool] = lambda: False,
     ) -> None:
         self.accelerator, self.plan, self.model = accelerator, plan, model
         self.output_dir, self.dist_timeout_s = output_dir, dist_timeout_s  # ENV.DIST_TIMEOUT_S
@@ -66,6 +67,7 @@ class RunEnd:
         self.run_info: dict[str, Any] = {}  # what the run ran on (main process)
         self.last_validation = last_validation  # the latest validation's metrics, for summary.json
         self.rollbacks = rollbacks  # each rollback the run took (``recovery``), for summary.json
+        self.interrupted = interrupted  # a preemption asked for by Ctrl-C: status interrupted
         self.tokenizer = run_tokenizer(train_data)  # the run's, shipped in final/
 
     def summary(
@@ -99,7 +101,11 @@ class RunEnd:
         if not preempted:  # a preempted run's weights are in its last checkpoint
             self.nonfinite.check(progress.global_step, "the final weights", self.writer.current)
             self._save_final()
-        status = "preempted" if preempted else ("early_stopped" if stop is not None else "completed")
+        status = (
+            ("interrupted" if self.interrupted() else "preempted")
+            if preempted
+            else ("early_stopped" if stop is not None else "completed")
+        )
         summary = self.summary(status, stop)
         summary["remote_sync_errors"] = self.writer.close()
         summary["checkpoint_blocked_s"] = round(self.writer.total_blocked_s, 3)

@@ -28,6 +28,7 @@ from ..config import Config, ConfigError
 from ..models.init_from import check_overwrite
 from ..process.failures import RunFailed
 from ..process.faults import fault_point
+from ..resume.finished import finished_problem
 from ..resume.from_bucket import complete_from_bucket
 from ..run_directory.outputs import claim_output_dir
 from ..run_directory.run_info import model_line, run_info
@@ -237,7 +238,7 @@ class Trainer:
         if stop is None and run.preemption.should_stop(step, now=epoch_ends):
             if not epoch_ends:  # else the boundary checkpoints it, with the passes still due
                 run.checkpoints.save(boundary=None)
-            stop = StopDecision(StopReason.PREEMPTED, f"preempted by a signal: checkpointed step {step}")
+            stop = StopDecision(StopReason.PREEMPTED, f"{run.preemption.reason}: checkpointed step {step}")
         elif stop is None and not epoch_ends:
             stop = run.boundaries.mid_epoch(epoch, step)
         return stop
@@ -283,6 +284,9 @@ class Trainer:
         # instead of waiting at a barrier for a process that has exited.
         main, total = acc.is_main_process, run.plan.total_steps  # a finished run asked for more trains on
         claim = claim_output_dir(config, run.lock, resume_from, overwrite, total) if main else None
+        if claim is not None and claim[1] is not None:  # finished: unless this config trains another run
+            refused = finished_problem(config, claim[1], acc.unwrap_model(run.model))
+            claim = (refused, None) if refused is not None else claim
         problem, finished = broadcast_object_list([claim or (None, None)], from_process=0)[0]
         if problem is not None:
             raise ConfigError([problem])
