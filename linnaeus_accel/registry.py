@@ -8,11 +8,19 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from .config import ConfigError
 
 B = TypeVar("B", bound=Callable[..., object])
+_BY_KIND: dict[str, Registry[Any]] = {}  # each registry by what it holds: lower layers ask by name
+
+
+def is_registered(what: str, name: str) -> bool:
+    """Whether a builder of ``what`` ("optimizer", "model", ...) is registered as ``name`` in this
+    process, its built-in modules included (for ``plan``, which builds nothing)."""
+    registry = _BY_KIND.get(what)
+    return registry is not None and registry.knows(name)
 
 
 class Registry(Generic[B]):
@@ -22,6 +30,7 @@ class Registry(Generic[B]):
         self.decorator = decorator  # how users register, for errors
         self._builtin_modules = builtin_modules
         self._builders: dict[str, B] = {}
+        _BY_KIND[what] = self
 
     def register(self, name: str) -> Callable[[B], B]:
         def decorate(builder: B) -> B:
@@ -44,6 +53,9 @@ class Registry(Generic[B]):
                 ]
             )
         return self._builders[name]
+
+    def knows(self, name: str) -> bool:
+        return name in self._builders or name in self._builtin_modules
 
     def name_of(self, builder: object) -> str | None:
         """The name ``builder`` is registered under, if it is."""

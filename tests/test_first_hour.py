@@ -4,12 +4,15 @@ finishes the step, checkpoints it and exits 130 with no traceback, and the same 
 
 from __future__ import annotations
 
+import json
+import shutil
 import signal
 from pathlib import Path
 
 import pytest
 import torch
-from helpers.in_process import reset_accelerate, run_here
+from helpers.configs import CFG, REPO
+from helpers.in_process import reset_accelerate, run_cli, run_here
 from helpers.runs import (
     TrainRun,
     assert_resumed_from,
@@ -143,3 +146,69 @@ def test_a_second_ctrl_c_stops_at_once_in_one_sentence(tmp_path: Path) -> None:
     assert "stopped at once by Ctrl-C: the work since the last checkpoint is lost" in stopped.output, (
         stopped.tail()
     )
+
+
+# -- messages that point the way ------------------------------------------------------------------
+
+
+def plan_error(*opts: str, cfg: str = CFG) -> str:
+    rc, _, err = run_cli("plan", "--cfg", cfg, *(["--opts", *opts] if opts else []))
+    assert rc == 2, err
+    return err
+
+
+def test_plan_says_when_no_optimizer_of_that_name_is_registered() -> None:
+    rc, out, _ = run_cli("plan", "--cfg", CFG, "--opts", "OPTIMIZER.NAME", "adamq")
+    assert rc == 0
+    line = next(line for line in out.splitlines() if line.startswith("Optimizer:"))
+    assert "adamq (no optimizer of that name is registered here: train fails unless" in line, line
+    assert "(registered)" not in line
+
+
+@pytest.mark.parametrize(
+    ("opts", "says"),
+    [
+        # a fraction of an epoch: counted in steps
+        (["TRAIN.EPOCHS", "2.5"], "set TRAIN.STEPS (and TRAIN.EPOCHS: null)"),
+        # another trainer's name for the learning rate: where it is here
+        (["TRAIN.LEARNING_RATE", "0.1"], "TRAIN.LEARNING_RATE: unknown key: this is LR_SCHEDULER.BASE_LR"),
+        # KEY=VALUE: a space, not =
+        (["TRAIN.EPOCHS=5"], "write TRAIN.EPOCHS 5 (KEY and VALUE separated by a space, not =)"),
+    ],
+)
+def test_a_mistake_from_another_trainer_says_what_to_write(opts: list[str], says: str) -> None:
+    assert says in plan_error(*opts)
+
+
+def test_an_inherited_unit_colliding_with_a_new_one_names_its_file_and_the_null_to_write(
+    tmp_path: Path,
+) -> None:
+    shutil.copy(CFG, tmp_path / "default.yaml")
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("BASE: [default.yaml]\nLR_SCHEDULER:\n  WARMUP_STEPS: 10\n", encoding="utf-8")
+    err = plan_error("EXPERIMENT.NAME", "mine", cfg=str(mine))
+    assert f"LR_SCHEDULER.WARMUP_FRACTION comes from {tmp_path / 'default.yaml'} (through BASE)" in err, err
+    assert f"write LR_SCHEDULER.WARMUP_FRACTION: null in {mine}" in err, err
+    mine.write_text(
+        "BASE: [default.yaml]\nLR_SCHEDULER:\n  WARMUP_STEPS: 10\n  WARMUP_FRACTION: null\n", encoding="utf-8"
+    )
+    rc, _, err = run_cli("plan", "--cfg", str(mine))
+    assert rc == 0, err
+
+
+def test_a_missing_data_file_names_where_it_was_looked_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    err = plan_error(cfg=str(REPO / "configs" / "pretrain.yaml"))
+    assert (
+        f"'data/reference.bin' is not a file (a relative path is read from the working directory, {tmp_path}: "
+        f"this is {tmp_path / 'data' / 'reference.bin'}"
+    ) in err, err
+
+
+def test_counts_are_written_as_integers(finished: TrainRun) -> None:
+    records = [json.loads(line) for line in (finished.dir / "metrics.jsonl").read_text().splitlines()]
+    trains = [r for r in records if "samples_seen" in r]
+    assert trains
+    assert all(type(r["samples_seen"]) is int for r in trains), trains[0]

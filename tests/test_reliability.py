@@ -159,8 +159,11 @@ def test_a_process_that_stops_answering_ends_the_run_within_the_timeout(tmp_path
     assert "stopped answering" in result.output, result.tail()
     data = json.loads((run.dir / "summary.json").read_text(encoding="utf-8"))
     assert data["status"] == "failed", data
-    # Start-up (~10 s) + the 10 s timeout.
-    assert result.seconds < 35, result.seconds
+    # The configured timeout ended it, not torch's 30 minutes (finish() above allows 120 s at most):
+    # said in the words of the run, not inferred from this machine's speed.
+    assert (
+        "waited for 10 s (ENV.DIST_TIMEOUT_S) for another process that stopped answering" in data["error"]
+    ), data
 
 
 def test_an_error_on_rank_1_is_recorded_as_the_cause_not_rank_0s_lost_connection(tmp_path: Path) -> None:

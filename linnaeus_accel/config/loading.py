@@ -16,6 +16,7 @@ import yaml
 from pydantic import AliasChoices, BaseModel, ValidationError
 
 from .base import PRUNED, RULES_ERROR_TYPE, Problem
+from .provenance import collision_hint, sources
 from .root import Config
 
 
@@ -141,7 +142,15 @@ def apply_opts(data: dict[str, Any], opts: Sequence[str]) -> dict[str, Any]:
     or model (``DATA.DATASET.NAME``, ``MODEL.TYPE``) drops the OPTIONS of the one named before.
     """
     if len(opts) % 2:
-        raise ConfigError([("", f"--opts takes KEY VALUE pairs; {opts[-1]!r} has no value")], source="--opts")
+        glued = next((o for o in opts if "=" in o and o.split("=", 1)[0].isupper()), None)
+        hint = (
+            f": write {glued.split('=', 1)[0]} {glued.split('=', 1)[1]} (KEY and VALUE separated by a space, not =)"
+            if glued is not None
+            else ""
+        )
+        raise ConfigError(
+            [("", f"--opts takes KEY VALUE pairs; {opts[-1]!r} has no value{hint}")], source="--opts"
+        )
     out = copy.deepcopy(data)
     for key, raw in zip(opts[::2], opts[1::2], strict=True):
         try:
@@ -179,7 +188,37 @@ def load_config(cfg: str | Path | Mapping[str, Any] | None = None, opts: Sequenc
         data = deep_merge(merged, data)
     else:
         data = read_yaml(cfg)
-    return validate_config(apply_opts(data, opts))
+    try:
+        return validate_config(apply_opts(data, opts))
+    except ConfigError as exc:
+        raise _with_sources(exc, cfg, opts) from None
+
+
+def _with_sources(
+    exc: ConfigError, cfg: str | Path | Mapping[str, Any] | None, opts: Sequence[str]
+) -> ConfigError:
+    """``exc`` with, for each pair of keys that may not be set together, the file that set each one
+    when one was inherited through BASE, and how to unset it."""
+    if not any(", " in key and "set together" in msg for key, msg in exc.problems):
+        return exc
+    origin = sources(cfg, opts)
+    top = (
+        "the config given"
+        if isinstance(cfg, Mapping)
+        else str(Path(cfg).expanduser().resolve())
+        if cfg
+        else ""
+    )
+    problems = [
+        (
+            key,
+            msg + collision_hint(key.split(", "), origin, top)
+            if ", " in key and "set together" in msg
+            else msg,
+        )
+        for key, msg in exc.problems
+    ]
+    return ConfigError(problems, source="config")
 
 
 def validate_config(data: Mapping[str, Any]) -> Config:
@@ -280,8 +319,30 @@ def _pydantic_problems(exc: ValidationError, data: Mapping[str, Any]) -> list[Fo
             # Our own validators' messages already say what was given; pydantic's do not.
             ours = err["msg"].startswith("Value error, ")
             msg = err["msg"].removeprefix("Value error, ")
-            out.append((key, msg if ours else f"{msg} (got {err['input']!r})", [], [loc]))
+            msg = msg if ours else f"{msg} (got {err['input']!r})"
+            fraction = isinstance(err["input"], float) and not float(err["input"]).is_integer()
+            out.append((key, msg + _WHOLE_UNITS.get(key, "") if fraction else msg, [], [loc]))
     return out
+
+
+# A fraction where whole units are counted: how to say it.
+_WHOLE_UNITS = {
+    "TRAIN.EPOCHS": ": a run of part of an epoch is counted in steps: set TRAIN.STEPS (and TRAIN.EPOCHS: null)",
+}
+# Keys users bring from other trainers, and where the same thing is said here.
+_ELSEWHERE = {
+    "TRAIN.LEARNING_RATE": "LR_SCHEDULER.BASE_LR (the peak learning rate)",
+    "TRAIN.LR": "LR_SCHEDULER.BASE_LR (the peak learning rate)",
+    "TRAIN.BASE_LR": "LR_SCHEDULER.BASE_LR (the peak learning rate)",
+    "OPTIMIZER.LR": "LR_SCHEDULER.BASE_LR (the peak learning rate)",
+    "OPTIMIZER.LEARNING_RATE": "LR_SCHEDULER.BASE_LR (the peak learning rate)",
+    "TRAIN.WARMUP_STEPS": "LR_SCHEDULER.WARMUP_STEPS",
+    "TRAIN.WEIGHT_DECAY": "OPTIMIZER.WEIGHT_DECAY",
+    "TRAIN.BATCH_SIZE": "DATA.BATCH_SIZE (per process)",
+    "TRAIN.SEED": "EXPERIMENT.SEED",
+    "TRAIN.MAX_STEPS": "TRAIN.STEPS (the run's length) or TRAIN.EARLY_STOP.MAX_STEPS (a cut-off)",
+    "TRAIN.GRADIENT_ACCUMULATION_STEPS": "TRAIN.ACCUMULATION_STEPS",
+}
 
 
 def _null_message(loc: tuple[int | str, ...]) -> str:
@@ -314,6 +375,9 @@ def _model_at(loc: tuple[int | str, ...]) -> Any:
 
 
 def _unknown_key_message(loc: tuple[int | str, ...], data: Mapping[str, Any]) -> str:
+    dotted = ".".join(str(part) for part in loc)
+    if dotted in _ELSEWHERE:
+        return f"unknown key: this is {_ELSEWHERE[dotted]} here"
     model = _model_at(loc[:-1])
     if model is None:
         return "unknown key"

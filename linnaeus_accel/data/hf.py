@@ -62,6 +62,7 @@ from .hf_packed import INPUT_IDS
 from .hf_packed import HFPackedDocuments as HFPackedDocuments  # re-exported: its old home
 from .hf_stream import DocumentError, HFPackedStream, document_text
 from .options import DatasetOptions
+from .paths import resolved
 from .registry import Split, register_dataset
 from .token_windows import WindowDraws, window_option
 from .tokenize import TokenizerSpec, load_tokenizer, tokenizer_spec
@@ -205,7 +206,9 @@ def resolve_files(options: HFOptions) -> dict[str, list[str]]:
             matches = expand(pattern)
             if not matches:
                 missing = "matches no file" if glob.has_magic(pattern) else "is not a file"
-                problems.append((f"{OPTIONS_KEY}.{key}", f"hf_dataset: {pattern!r} {missing}"))
+                problems.append(
+                    (f"{OPTIONS_KEY}.{key}", f"hf_dataset: {pattern!r} {missing}{resolved(pattern)}")
+                )
             files[key] += matches
     if problems:
         raise ConfigError(problems)

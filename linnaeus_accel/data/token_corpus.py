@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .paths import resolved
 from .token_format import (
     BIN_DTYPES,
     TOKEN_SUFFIXES,
@@ -65,12 +66,12 @@ def expand_paths(patterns: Sequence[str]) -> list[Path]:
         if glob.has_magic(expanded):
             matches = sorted(m for m in glob.glob(expanded, recursive=True) if m.endswith(TOKEN_SUFFIXES))
             if not matches:
-                raise TokenFileError(f"{pattern!r} matches no .bin or .npy file")
+                raise TokenFileError(f"{pattern!r} matches no .bin or .npy file{resolved(pattern)}")
             paths += [Path(m) for m in matches]
             continue
         path = Path(expanded)
         if not path.is_file():
-            raise TokenFileError(f"{pattern!r} is not a file")
+            raise TokenFileError(f"{pattern!r} is not a file{resolved(pattern)}")
         if not path.name.endswith(TOKEN_SUFFIXES):
             raise TokenFileError(f"{pattern!r} is not a token file: expected .bin (raw) or .npy")
         paths.append(path)

@@ -10,7 +10,11 @@ every checkpoint (12 times in a 120-step run), it only alarms; this module drops
 message, with a ``logging.Filter`` on the logger that emits it. Anything else that logger says
 passes, as does the message itself from any other logger.
 
-``quiet_library_notices()`` installs the filter (once per process; importing
+torchdata's ``StatefulDataLoader`` calls torch's ``set_vital`` at every loader it builds, and torch
+warns ``'set_vital' is deprecated, please do not call`` each time: a library's call, not the user's,
+so that exact warning is ignored too (``warnings.filterwarnings`` on its message).
+
+``quiet_library_notices()`` installs the filters (once per process; importing
 ``linnaeus_accel.training`` calls it, so every run and every process of one is covered).
 """
 
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import re
+import warnings
 
 # Where Accelerate logs it (get_logger(__name__) of accelerate/utils/other.py); the logger of the
 # module that defines clean_state_dict_for_safetensors is added at install, should it move.
@@ -52,7 +57,8 @@ def _emitting_loggers() -> list[str]:
 
 
 def quiet_library_notices() -> None:
-    """Install the filter on the loggers that emit the notice (idempotent)."""
+    """Install the filter on the loggers that emit the notice, and the warnings filter (idempotent)."""
+    warnings.filterwarnings("ignore", message=r"'set_vital' is deprecated", category=UserWarning)
     for name in _emitting_loggers():
         logger = logging.getLogger(name)
         if _FILTER not in logger.filters:

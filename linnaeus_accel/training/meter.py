@@ -281,13 +281,14 @@ class TrainMeter:
             metrics["perf/mfu"] = (
                 units / elapsed * self.flops_per_unit / (self.peak * self.accelerator.num_processes)
             )
-        metrics["samples_seen"] = float(samples_seen)
+        # Counts are written as the integers they are (metrics.jsonl, trackers).
+        metrics["samples_seen"] = int(samples_seen)
         if self.per_token:
-            metrics["tokens_seen"] = float(tokens_seen)
+            metrics["tokens_seen"] = int(tokens_seen)
         if self.nonfinite_skipped:
-            metrics["train/nonfinite_skipped"] = float(self.nonfinite_skipped)
+            metrics["train/nonfinite_skipped"] = int(self.nonfinite_skipped)
         if self.counts_skipped_steps:
-            metrics["train/skipped_steps"] = float(self.skipped_steps)
+            metrics["train/skipped_steps"] = int(self.skipped_steps)
         self._reset_window()
         self._since = now
         self._samples_at_last_flush = samples_seen

@@ -57,7 +57,7 @@ class TrainLog:
         # May make a rollback due, or stop; a window that trained no step has no loss to judge.
         self.recovery.record(step, metrics["train/loss"] if self.meter.trained_in_last_window else None)
         if rollbacks := len(self.recovery.state.rollbacks):
-            metrics["train/rollbacks"] = float(rollbacks)
+            metrics["train/rollbacks"] = int(rollbacks)
         metrics.update(self.source_metrics())
         metrics.update(self.writer.take_timings())
         # SCHEDULE.METRICS.TRACKER_INTERVAL: the other records send the trackers their LR alone.

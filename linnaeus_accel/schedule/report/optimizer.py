@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 from ...config import Config
 from ...config.optimizer import BUILTIN_OPTIMIZERS
+from ...registry import is_registered
 
 
 class Optimizer(Protocol):
@@ -29,7 +30,15 @@ def optimizer_lines(config: Config) -> list[str]:
     """E.g. 'Optimizer: adamw, betas (0.9, 0.95), eps 1e-08, fused kernels; weight decay 0.1, none on
     bias, norm, embedding parameters (groups of their own, at their LR group's LR)'."""
     o = config.OPTIMIZER
-    parts = [o.NAME if o.NAME in BUILTIN_OPTIMIZERS else f"{o.NAME} (registered)"]
+    if o.NAME in BUILTIN_OPTIMIZERS:
+        parts = [o.NAME]
+    elif is_registered("optimizer", o.NAME):
+        parts = [f"{o.NAME} (registered)"]
+    else:
+        parts = [
+            f"{o.NAME} (no optimizer of that name is registered here: train fails unless the script that "
+            f"runs it registers one with @register_optimizer; built in: {', '.join(BUILTIN_OPTIMIZERS)})"
+        ]
     if o.NAME == "adamw":
         parts.append(f"betas ({o.BETAS[0]:g}, {o.BETAS[1]:g}), eps {o.EPS:g}")
     elif o.NAME == "sgd":
