@@ -128,6 +128,8 @@ def test_ctrl_c_checkpoints_the_step_exits_130_and_the_same_command_resumes(tmp_
     step = summary["global_step"]
     assert 4 <= step < 12, summary
     assert committed(run.dir) == [ckpt(step)]  # the only checkpoint: the schedule's first is at step 36
+    # Its last lines: where it stopped (no validation yet: no dangling colon), and how to go on.
+    assert f"\ninterrupted at step {step} (epoch 0)\ncheckpointed: the same command resumes" in stopped.output
     resumed = run_here(run).check_ok()
     assert_resumed_from(resumed.output, step)
     assert read_summary(run.dir)["status"] == "completed"
