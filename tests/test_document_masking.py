@@ -23,9 +23,9 @@ import torch
 import torch.nn.functional as F
 from helpers.configs import LM_CFG
 from helpers.in_process import run_cli
+from helpers.nanogpt import EXAMPLE, ReadBacks, tiny_gpt
 from helpers.runs import TrainRun, assert_resumed_from, assert_same_run, committed
 from helpers.tokens import TINY_LM, cli_opts, write_sidecar, write_tokens
-from test_model_loss import EXAMPLE, ReadBacks, tiny_gpt
 from torch import Tensor, nn
 
 from linnaeus_accel import load_config

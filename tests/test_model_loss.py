@@ -13,12 +13,9 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -27,9 +24,9 @@ import torch.nn.functional as F
 from helpers.configs import REPO
 from helpers.datasets import Sequences
 from helpers.in_process import run_cli
+from helpers.nanogpt import ReadBacks, tiny_gpt
 from helpers.runs import TrainRun, assert_resumed_from, assert_same_run
 from torch import Tensor, nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from linnaeus_accel import Trainer, load_config
 from linnaeus_accel.config import ConfigError
@@ -40,28 +37,6 @@ from linnaeus_accel.training.task_checks import probe_problem
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
 EXAMPLE_CONFIG = REPO / "examples" / "nanogpt.yaml"
-
-
-def load_example() -> ModuleType:
-    """examples/nanogpt_model.py, imported (which registers MODEL.TYPE nanogpt)."""
-    spec = importlib.util.spec_from_file_location("nanogpt_model", REPO / "examples" / "nanogpt_model.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks its module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-EXAMPLE = load_example()
-
-
-def tiny_gpt(seed: int = 0) -> nn.Module:
-    torch.manual_seed(seed)
-    model: nn.Module = EXAMPLE.GPT(
-        EXAMPLE.GPTConfig(vocab_size=16, block_size=24, n_layer=1, n_head=2, n_embd=16)
-    )
-    return model
 
 
 def pad(items: list[dict[str, Tensor]]) -> dict[str, Tensor]:
@@ -159,24 +134,6 @@ def test_own_loss_equals_the_per_token_path_for_the_same_gpt() -> None:
     assert total.tolist() == [0.0]
     total.sum().backward()  # type: ignore[no-untyped-call]
     assert all(p.grad is not None and torch.all(p.grad == 0) for p in gpt.parameters())
-
-
-READ_BACK_OPS = frozenset(
-    {"aten._local_scalar_dense.default", "aten.nonzero.default", "aten.masked_select.default"}
-)
-
-
-class ReadBacks(TorchDispatchMode):  # type: ignore[no-untyped-call]
-    """Counts the ops that read a tensor's value back to the host (they run on a CPU too)."""
-
-    def __init__(self) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
-        self.found: list[str] = []
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if str(func) in READ_BACK_OPS:
-            self.found.append(str(func))
-        return func(*args, **(kwargs or {}))
 
 
 def test_a_micro_batch_reads_nothing_back_to_the_host() -> None:

@@ -10,13 +10,13 @@ from __future__ import annotations
 import errno
 import json
 import logging
-import os
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
 import pytest
+from helpers.checkpoints import make_checkpoint, tree
 from helpers.configs import CFG, DEFAULT_CONFIG
 from helpers.in_process import reset_accelerate, run_cli
 from helpers.s3_server import SECRET_KEY, object_keys, s3_bucket_fixture, s3_server_fixture, use_endpoint  # noqa: F401
@@ -97,22 +97,6 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 def remote_for(url: str, *, faulty: bool = False) -> tuple[RemoteCheckpoints, Faulty | None]:
     store = Faulty(open_store(url)) if faulty else None
     return RemoteCheckpoints.from_url(url, EXP, retry=FAST, store=store), store
-
-
-def make_checkpoint(output_dir: Path, step: int, *, marker: bool = True) -> Path:
-    d = output_dir / "checkpoints" / f"step_{step:08d}"
-    (d / "random_states").mkdir(parents=True)
-    (d / "model.safetensors").write_bytes(os.urandom(300_000))
-    (d / "optimizer.bin").write_bytes(bytes(range(256)) + b"\x00\r\n\xff")
-    (d / "random_states" / "rank_0.bin").write_bytes(os.urandom(64))
-    (d / "trainer_state.json").write_text(json.dumps({"global_step": step}), encoding="utf-8")
-    if marker:
-        (d / MARKER).write_text(json.dumps({"global_step": step}), encoding="utf-8")
-    return d
-
-
-def tree(d: Path) -> dict[str, bytes]:
-    return {p.relative_to(d).as_posix(): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
 
 
 def test_a_checkpoint_uploaded_to_s3_comes_back_byte_identical(s3_bucket: str, tmp_path: Path) -> None:

@@ -283,3 +283,25 @@ def test_a_short_run_has_whole_step_ticks() -> None:
     lo, hi = events.get_xlim()
     shown = [t.get_text() for t in events.get_xticklabels() if lo <= t.get_position()[0] <= hi]
     assert shown == ["0", "1", "2"]  # not 0, 0, 0, 1, 1, 1, 2: fractional steps rounded
+
+
+def test_two_drawings_of_one_run_directory_do_not_remove_each_others_file(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A run resumed in the same process while the previous run's drawing thread still runs draws
+    the same assets/schedule.png twice at once: both finish, the image is whole, nothing is left."""
+    import threading
+
+    from linnaeus_accel.run_directory.outputs import _draw_schedule
+
+    config = load_config(CFG)
+    plan = plan_for(config, 1, 1438)
+    target = tmp_path / "schedule.png"
+    drawings = [threading.Thread(target=_draw_schedule, args=(target, config, plan)) for _ in range(2)]
+    for drawing in drawings:
+        drawing.start()
+    for drawing in drawings:
+        drawing.join()
+    assert "could not draw" not in caplog.text
+    assert imread(target).shape[0] > 100
+    assert [p.name for p in tmp_path.iterdir()] == ["schedule.png"]

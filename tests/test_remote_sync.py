@@ -6,7 +6,6 @@ record the order of deletions; everything else is b2sdk's code path.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -17,6 +16,7 @@ from typing import Any
 import pytest
 from b2sdk.v2 import B2Api, B2HttpApiConfig, InMemoryAccountInfo, RawSimulator
 from b2sdk.v2.exception import ServiceError
+from helpers.checkpoints import make_checkpoint, tree
 
 from linnaeus_accel.checkpoint import MARKER
 from linnaeus_accel.checkpoint.remote import (
@@ -95,27 +95,15 @@ def remote_for(api: Any, retry: RetryPolicy = FAST) -> RemoteCheckpoints:
     return RemoteCheckpoints.from_environment(BUCKET, "runs/", "exp1", api=api, retry=retry)
 
 
-def make_checkpoint(output_dir: Path, step: int, *, marker: bool = True) -> Path:
-    d = output_dir / "checkpoints" / f"step_{step:08d}"
-    (d / "random_states").mkdir(parents=True)
+def b2_checkpoint(output_dir: Path, step: int, *, marker: bool = True) -> Path:
     # 5000 bytes takes b2sdk's large-file (multi-part) path: the simulator's part size is 200 bytes.
-    (d / "model.safetensors").write_bytes(os.urandom(5000))
-    (d / "optimizer.bin").write_bytes(bytes(range(256)) + b"\x00\r\n\xff")
-    (d / "random_states" / "rank_0.bin").write_bytes(os.urandom(64))
-    (d / "trainer_state.json").write_text(json.dumps({"global_step": step}), encoding="utf-8")
-    if marker:
-        (d / MARKER).write_text(json.dumps({"global_step": step}), encoding="utf-8")
-    return d
-
-
-def tree(d: Path) -> dict[str, bytes]:
-    return {p.relative_to(d).as_posix(): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+    return make_checkpoint(output_dir, step, marker=marker, model_bytes=5000)
 
 
 def test_upload_mirrors_layout_and_uploads_marker_last(b2: Any, tmp_path: Path) -> None:
     api, _, _ = b2
     remote = remote_for(api)
-    local = make_checkpoint(tmp_path, 1234)
+    local = b2_checkpoint(tmp_path, 1234)
     remote.upload(local)
     versions = [v for v, _ in api.get_bucket_by_name(BUCKET).ls("", recursive=True)]
     names = {v.file_name for v in versions}
@@ -130,7 +118,7 @@ def test_failed_marker_upload_leaves_an_incomplete_remote_checkpoint(b2: Any, tm
     remote = remote_for(api)
     sim.fail_uploads[MARKER] = -1
     with pytest.raises(RemoteSyncError, match="failed after 2 attempts"):
-        remote.upload(make_checkpoint(tmp_path, 7))
+        remote.upload(b2_checkpoint(tmp_path, 7))
     assert remote.remote_steps() == [7]  # every other file made it before the marker was tried
     assert remote.complete_steps() == []
 
@@ -138,13 +126,13 @@ def test_failed_marker_upload_leaves_an_incomplete_remote_checkpoint(b2: Any, tm
 def test_upload_refuses_an_uncommitted_directory(b2: Any, tmp_path: Path) -> None:
     remote = remote_for(b2[0])
     with pytest.raises(RemoteSyncError, match=MARKER):
-        remote.upload(make_checkpoint(tmp_path, 3, marker=False))
+        remote.upload(b2_checkpoint(tmp_path, 3, marker=False))
     assert remote.remote_steps() == []
 
 
 def test_download_into_an_empty_output_dir_reproduces_bytes(b2: Any, tmp_path: Path) -> None:
     api, _, _ = b2
-    local = make_checkpoint(tmp_path / "node1", 42)
+    local = b2_checkpoint(tmp_path / "node1", 42)
     remote_for(api).upload(local)
     fresh = tmp_path / "node2" / "checkpoints"  # a fresh node after preemption: nothing local
     remote = remote_for(api)
@@ -158,7 +146,7 @@ def test_download_into_an_empty_output_dir_reproduces_bytes(b2: Any, tmp_path: P
 def test_interrupted_download_is_never_a_local_checkpoint(b2: Any, tmp_path: Path) -> None:
     api, sim, _ = b2
     remote = remote_for(api)
-    remote.upload(make_checkpoint(tmp_path / "node1", 42))
+    remote.upload(b2_checkpoint(tmp_path / "node1", 42))
     sim.fail_downloads[MARKER] = -1
     dest = tmp_path / "node2" / "checkpoints"
     with pytest.raises(RemoteSyncError):
@@ -177,7 +165,7 @@ def test_transient_upload_failures_are_retried(
     # backoff loop has to try again (the simulator's own hook raises them on the next uploads).
     sim.set_upload_errors([ServiceError("injected") for _ in range(7)])
     with caplog.at_level(logging.WARNING):
-        remote.upload(make_checkpoint(tmp_path, 5))
+        remote.upload(b2_checkpoint(tmp_path, 5))
     assert sim.upload_errors == []
     assert "retry 1" in caplog.text
     assert remote.complete_steps() == [5]
@@ -192,7 +180,7 @@ def test_retries_wait_as_the_policy_says_then_succeed(
     sim.fail_uploads["step_00000005/optimizer.bin"] = 15
     start = time.perf_counter()
     with caplog.at_level(logging.WARNING):
-        remote.upload(make_checkpoint(tmp_path, 5))
+        remote.upload(b2_checkpoint(tmp_path, 5))
     elapsed = time.perf_counter() - start
     retries = [r.getMessage() for r in caplog.records if "optimizer.bin failed" in r.getMessage()]
     assert [m.rsplit(";", 1)[1] for m in retries] == [
@@ -212,7 +200,7 @@ def test_a_vanished_local_file_is_not_retried(
     held the uploader for 15 s of backoff."""
     api, sim, _ = b2
     remote = remote_for(api, RetryPolicy())
-    doomed = make_checkpoint(tmp_path, 1)
+    doomed = b2_checkpoint(tmp_path, 1)
     sim.remove_after_upload = ("step_00000001/optimizer.bin", doomed)
     start = time.perf_counter()
     with (
@@ -229,13 +217,13 @@ def test_background_uploader_reports_permanent_failure_without_raising(b2: Any, 
     api, sim, _ = b2
     uploader = BackgroundUploader(remote_for(api))
     sim.fail_uploads["step_00000001/" + MARKER] = -1
-    uploader.submit(make_checkpoint(tmp_path, 1))
-    uploader.submit(make_checkpoint(tmp_path, 2))
+    uploader.submit(b2_checkpoint(tmp_path, 1))
+    uploader.submit(b2_checkpoint(tmp_path, 2))
     assert uploader.close(timeout=20)
     assert len(uploader.errors) == 1
     assert "step_00000001/COMMITTED.json failed after 2 attempts" in uploader.errors[0]
     assert uploader.remote.complete_steps() == [2]  # later work went on
-    uploader.submit(make_checkpoint(tmp_path, 3))  # after close: reported, not raised
+    uploader.submit(b2_checkpoint(tmp_path, 3))  # after close: reported, not raised
     assert len(uploader.errors) == 2
 
 
@@ -243,7 +231,7 @@ def test_submit_returns_immediately_while_upload_is_slow(b2: Any, tmp_path: Path
     api, sim, _ = b2
     uploader = BackgroundUploader(remote_for(api))
     sim.upload_delay = 0.3  # per small file: the checkpoint takes >1 s to upload
-    ckpts = [make_checkpoint(tmp_path, s) for s in (1, 2)]
+    ckpts = [b2_checkpoint(tmp_path, s) for s in (1, 2)]
     start = time.perf_counter()
     for c in ckpts:
         uploader.submit(c)
@@ -258,7 +246,7 @@ def test_remote_retention_deletes_exactly_the_non_kept(b2: Any, tmp_path: Path) 
     api, sim, _ = b2
     uploader = BackgroundUploader(remote_for(api))
     for step in (10, 20, 30, 40):
-        uploader.submit(make_checkpoint(tmp_path, step))
+        uploader.submit(b2_checkpoint(tmp_path, step))
     uploader.submit(tmp_path / "checkpoints" / "step_00000010")  # a re-upload: a second version of each file
     keep = {20, 40}
     uploader.retention(keep)
@@ -280,7 +268,7 @@ def test_remote_retention_deletes_exactly_the_non_kept(b2: Any, tmp_path: Path) 
 def test_retention_never_deletes_the_newest_complete_remote_checkpoint(b2: Any, tmp_path: Path) -> None:
     remote = remote_for(b2[0])
     for step in (1, 2):
-        remote.upload(make_checkpoint(tmp_path, step))
+        remote.upload(b2_checkpoint(tmp_path, step))
     # the upload of the kept step 3 failed: step 2 is all the bucket has to resume from
     assert remote.retain({3}) == [1]
     assert remote.complete_steps() == [2]
@@ -291,10 +279,10 @@ def test_upload_of_a_checkpoint_deleted_midway_stops_quietly(b2: Any, tmp_path: 
     invalid upload source, not as FileNotFoundError): not an error, and never a complete remote copy."""
     api, sim, _ = b2
     uploader = BackgroundUploader(remote_for(api))
-    doomed = make_checkpoint(tmp_path, 1)
+    doomed = b2_checkpoint(tmp_path, 1)
     sim.remove_after_upload = ("step_00000001/optimizer.bin", doomed)
     uploader.submit(doomed)
-    uploader.submit(make_checkpoint(tmp_path, 2))
+    uploader.submit(b2_checkpoint(tmp_path, 2))
     assert uploader.close(timeout=20)
     assert uploader.errors == []
     assert uploader.remote.complete_steps() == [2]
@@ -328,7 +316,7 @@ def test_credentials_never_appear_in_files_logs_or_reprs(
         uploader = BackgroundUploader(remote)
         sim.fail_uploads["step_00000002/" + MARKER] = -1
         for step in (1, 2, 3):
-            uploader.submit(make_checkpoint(tmp_path / "out", step))
+            uploader.submit(b2_checkpoint(tmp_path / "out", step))
         uploader.retention({3})
         uploader.close(timeout=20)
         remote.download(3, tmp_path / "fresh" / "checkpoints")
@@ -356,7 +344,7 @@ def test_single_file_operations_of_a_step(b2: Any, tmp_path: Path) -> None:
     remote = remote_for(api)
     remote.put_bytes(3, "shards/rank_1.json", b"old")
     remote.put_bytes(3, "shards/rank_1.json", b'{"rank": 1}')  # a second version of the same name
-    remote.upload_file(3, "optimizer.bin", make_checkpoint(tmp_path, 3) / "optimizer.bin")
+    remote.upload_file(3, "optimizer.bin", b2_checkpoint(tmp_path, 3) / "optimizer.bin")
     assert remote.get_bytes(3, "shards/rank_1.json") == b'{"rank": 1}'
     assert remote.get_bytes(3, "absent.json") is None
     assert remote.list_files(3) == {"shards/rank_1.json": 11, "optimizer.bin": 260}

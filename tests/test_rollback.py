@@ -111,6 +111,16 @@ def test_plan_warns_of_a_spike_rule_that_never_arms_and_a_skip_longer_than_the_r
     assert "TRAIN.ROLLBACK.SKIP_STEPS:" not in fits
 
 
+def test_plan_warns_that_checkpoints_only_at_epoch_ends_leave_the_first_epochs_unprotected() -> None:
+    epochs = plan_text("--opts", "TRAIN.NONFINITE", "rollback")  # the default: every 5 epochs of 45 steps
+    assert (
+        "TRAIN.NONFINITE: checkpoints only at epoch ends: a NaN or spike before the first one (step 225) "
+        "cannot be rolled back (the run stops there)"
+    ) in epochs
+    steps = plan_text("--opts", *NAN_RUN[: NAN_RUN.index("DATA.DATASET.NAME")], "TRAIN.NONFINITE", "rollback")
+    assert "checkpoints only at epoch ends" not in steps  # mid-epoch checkpoints every 4 steps
+
+
 # -- real runs -----------------------------------------------------------------------------------
 
 # Two epochs of 12 steps of 128 digits in their own order (no shuffle): sample 773 (NaN pixels) is

@@ -223,12 +223,15 @@ def _read(path: Path) -> str | None:
 def _draw_schedule(path: Path, config: Config, plan: ResolvedPlan) -> None:
     """``assets/schedule.png``, written whole or not at all (a killed run leaves no half image);
     skipped without matplotlib. A failure is a warning: the plot is not worth a run."""
-    tmp = path.with_name(f".{path.name}.tmp.png")
+    # A name of its own: two drawings of one run directory (a run resumed in the same process while
+    # the previous run's drawing thread still runs) must not move or remove each other's file.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.tmp.png")
     try:
         if write_schedule_plot(tmp, config, plan) is not None:
             tmp.replace(path)
     except Exception as exc:
         log.warning("could not draw %s: %s: %s", path, type(exc).__name__, exc)
+    finally:
         tmp.unlink(missing_ok=True)
 
 

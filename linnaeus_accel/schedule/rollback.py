@@ -95,4 +95,11 @@ def rollback_warnings(config: Config, plan: ResolvedPlan) -> list[str]:
             f"{key}: checkpoints every {every} steps of {total}: a window that goes wrong before step "
             f"{every} cannot be rolled back (the run stops), and a rollback redoes up to {every} steps"
         )
+    elif plan.checkpoint is not None and plan.checkpoint.unit == "epochs":
+        at = f"step {every}" if every is not None else f"the end of epoch {plan.checkpoint.every:g}"
+        out.append(
+            f"{key}: checkpoints only at epoch ends: a NaN or spike before the first one ({at}) cannot be "
+            "rolled back (the run stops there); set SCHEDULE.CHECKPOINT.INTERVAL_STEPS with MID_EPOCH true "
+            "for checkpoints inside the first epochs"
+        )
     return out

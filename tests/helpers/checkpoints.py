@@ -62,3 +62,23 @@ def reseal(checkpoint: Path, key: str | None = None) -> None:
     if key is not None:
         marker[SIGNATURE] = signature(marker, key.encode())
     (checkpoint / MARKER).write_text(json.dumps(marker), encoding="utf-8")
+
+
+def make_checkpoint(output_dir: Path, step: int, *, marker: bool = True, model_bytes: int = 300_000) -> Path:
+    """``<output_dir>/checkpoints/step_XXXXXXXX`` with files of the shapes a run writes (random
+    weights of ``model_bytes``, a subdirectory, a binary that must survive byte for byte) and, with
+    ``marker``, a commit marker: what a bucket's upload and download are tried on."""
+    d = output_dir / "checkpoints" / f"step_{step:08d}"
+    (d / "random_states").mkdir(parents=True)
+    (d / "model.safetensors").write_bytes(os.urandom(model_bytes))
+    (d / "optimizer.bin").write_bytes(bytes(range(256)) + b"\x00\r\n\xff")
+    (d / "random_states" / "rank_0.bin").write_bytes(os.urandom(64))
+    (d / "trainer_state.json").write_text(json.dumps({"global_step": step}), encoding="utf-8")
+    if marker:
+        (d / MARKER).write_text(json.dumps({"global_step": step}), encoding="utf-8")
+    return d
+
+
+def tree(d: Path) -> dict[str, bytes]:
+    """Every file under ``d``, by its '/'-separated path: for byte-for-byte comparisons."""
+    return {p.relative_to(d).as_posix(): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
