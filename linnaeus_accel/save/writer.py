@@ -148,8 +148,9 @@ class CheckpointWriter:
             return []
         wait_s = min(timeout, float(self.config.ENV.OUTPUT.BUCKET.WAIT_S))
         deadline = time.monotonic() + wait_s
-        if self.uploader.drain(wait_s) and not failing and self.commits_here:
-            # What local retention kept for an upload in flight is in the bucket now.
+        if self.uploader.drain(wait_s) and not failing and self.commits_here and self.worker.idle:
+            # What local retention kept for an upload in flight is in the bucket now (the background
+            # thread is idle: the checkpoint directory keeps one writer).
             self._apply_retention()
         if not self.uploader.close(max(0.0, deadline - time.monotonic())):
             log.warning(
