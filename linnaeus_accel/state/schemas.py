@@ -68,7 +68,7 @@ class MeterState(StateModel):
     tokens_at_last_flush: Count = 0
 
 
-class DataPosition(StateModel):
+class BatchSourceState(StateModel):
     """``training.batches.BatchSource``'s, per process, inside an epoch over a stream: the layout it
     was read with and the loader's own state (torchdata's, free-form). Checkpoints written before
     the layout was recorded lack it."""
@@ -176,7 +176,7 @@ class RankStateFile(StateModel):
 
     version: Int
     meter: MeterState | None = Field(default=None, description="must be an object or null")
-    data: DataPosition | None = Field(default=None, description="must be an object or null")
+    data: BatchSourceState | None = Field(default=None, description="must be an object or null")
 
 
 def _parts(file: type[StateModel]) -> dict[str, type[BaseModel]]:

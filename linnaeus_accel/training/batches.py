@@ -23,7 +23,7 @@ from torch import Tensor
 from ..config import ConfigError
 from ..data.keyed_random import python_keyed_bits
 from ..data.sampling import real_in_batch
-from ..state.schemas import DataPosition
+from ..state.schemas import BatchSourceState
 from .micro_batch import MicroBatch
 from .stream_agreement import UnsizedStream
 
@@ -34,7 +34,7 @@ _WORKER_SEED_STREAM = 7  # keyed-draw stream of the DataLoader workers' base see
 class BatchSource:
     """One process's view of a training or validation DataLoader."""
 
-    STATE_SCHEMA: ClassVar[type[DataPosition]] = DataPosition  # defined where verification reaches it
+    STATE_SCHEMA: ClassVar[type[BatchSourceState]] = BatchSourceState  # defined where verification reaches it
 
     def __init__(
         self,
@@ -187,7 +187,7 @@ class BatchSource:
         """The position inside the epoch of a stream (each worker's); map-style data needs none."""
         if not self.stream:
             return None
-        return DataPosition(
+        return BatchSourceState(
             version=STATE_VERSION,
             **self._layout(),
             loader=self.unsized.state_dict() if self.unsized is not None else self.loader.state_dict(),
