@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from . import MODULES
-from .common import Row
+from .common import Row, cpu_model
 
 REPO = Path(__file__).resolve().parents[1]
 # The checked-in results are the latest full run of every benchmark; a smoke or partial run
@@ -166,14 +166,7 @@ def table(rows: list[Row]) -> str:
 # -- the machine -------------------------------------------------------------------------------
 def machine() -> dict[str, Any]:
     """Where the rows were measured."""
-    model = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    model = cpu_model()
     versions: dict[str, str | None] = {}
     for package in ("torch", "accelerate", "transformers"):
         try:

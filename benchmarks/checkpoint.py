@@ -28,7 +28,7 @@ from .common import Row, paired, row
 
 BENCHMARK = "checkpoint"
 REFERENCE = "bare accelerator.save_state"
-TARGETS = {  # issue 10: (ours / bare save_state) medians
+TARGETS = {  # (ours / bare save_state) medians
     ("default", "blocked"): 1.10,
     ("async", "blocked"): 0.30,
     ("async", "commit"): 1.5,

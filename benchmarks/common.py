@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import statistics
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, TypedDict
 
 
@@ -62,3 +63,14 @@ def row(benchmark: str, case: str, unit: str, reference_name: str = "", **fields
     out.setdefault("target", None)
     out.setdefault("ok", None)
     return out
+
+
+def cpu_model() -> str:
+    """The CPU's model name (Linux's /proc/cpuinfo), or "" where it cannot be read."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""

@@ -28,6 +28,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .common import cpu_model
+
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "docs" / "timings.md"
 CONFIGS = ("default", "digits_classification", "lm_tiny")  # the configs a page says how long they take
@@ -126,14 +128,7 @@ def measure(example: Example) -> tuple[float, float, int]:
 
 
 def machine() -> str:
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    model = cpu_model() or platform.processor() or platform.machine()
     return f"{os.cpu_count()} cores ({model}), Python {platform.python_version()}"
 
 

@@ -25,7 +25,7 @@ from .common import Row, paired, row
 
 BENCHMARK = "lora_checkpoint"
 REFERENCE = "full fine-tuning checkpoint"
-TARGET = 0.2  # issue 19: a LoRA checkpoint blocks the loop for less than a fifth of a full one's
+TARGET = 0.2  # a LoRA checkpoint blocks the loop for less than a fifth of a full one's
 
 
 def _trainer(root: Path, base: Path, lora: bool) -> Any:

@@ -33,7 +33,7 @@ the core with the first timed steps): ``outputs._draw_schedule`` is replaced for
 Lock-step as in ``step_overhead`` (``lockstep`` says how): one optimizer step of each side in
 strict turn on one core with one torch thread, 6 runs (3 fresh pairs of workers, roles swapped
 once on each), the first 10% of each run not counted. Rows: the median paired ratio ours / plain
-per optimizer step (target, issue 28: <= 1.0) and difference, and an A/A control (the plain loop
+per optimizer step (target: <= 1.0) and difference, and an A/A control (the plain loop
 against itself: the noise floor). Every run stays inside the first epoch (196 steps of 32 windows).
 """
 
@@ -57,7 +57,7 @@ PLAIN_NAME = "plain PyTorch loop (nanoGPT's train.py)"
 EXAMPLE = REPO / "examples" / "nanogpt_model.py"
 RECIPE = REPO / "examples" / "nanogpt.yaml"
 SEED = 0  # model initialisation: the same weights on both sides
-TARGET = 1.0  # ratio ours / plain (issue 28)
+TARGET = 1.0  # ratio ours / plain: no slower than the plain loop
 
 # The model and batch of each size (MODEL.OPTIONS and DATA.BATCH_SIZE over the recipe's), and the
 # rounds of the full run, split over its 6 lock-step runs (each must stay inside the first epoch).

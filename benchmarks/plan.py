@@ -10,7 +10,7 @@ sits 10x above them, far outside the machine's +-30% drift.
 
 Target for the summary: under 0.1 s at every T in both layouts, what answers at once to a person at
 a terminal. Reading the YAML config takes most of the ~6 ms; the plan itself takes < 1 ms at any T,
-where one operation per epoch (``plan`` before issue 8: ~0.5 s at 10^5 epochs, ~45 s at 10^7) would
+where one operation per epoch (``plan`` as first written: ~0.5 s at 10^5 epochs, ~45 s at 10^7) would
 miss the target by 400x at 10^7 epochs. The JSON output (``--json --no-series``) lists every event
 epoch, so its time follows its size (11 MB at 10^6 epochs): its rows have no target and stop at
 10^6 epochs. (The per-step series ``--json`` adds is bounded: every step up to 10^5 steps, 10^4

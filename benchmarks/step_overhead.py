@@ -34,7 +34,7 @@ from .workloads import HAND as HAND_SIDE
 from .workloads import OURS
 
 BENCHMARK = "step_overhead"
-TARGET_PER_MICRO_BATCH = 25e-6  # seconds over the hand loop (issue 10, item 2)
+TARGET_PER_MICRO_BATCH = 25e-6  # seconds over the hand loop
 HAND = "hand-written Accelerate loop"
 LM_INSTALL = "skipped: pip install -e '.[bench]' (the LM is a transformers model)"
 
@@ -46,7 +46,7 @@ CASES = [
     ("lm", "lm", 1, 80),
 ]
 AA_CASE = "A/A control: mlp, hand loop vs hand loop"
-# Ours with a callback whose on_step_end is not due, against ours without (issue 18: nil per step).
+# Ours with a callback whose on_step_end is not due, against ours without (nil per step).
 CALLBACK_CASE = "mlp: ours with a callback not due vs ours without"
 CALLBACK_REFERENCE = "ours without callbacks"
 SMOKE_ROUNDS = {"mlp": 24, "convnet": 6}  # mlp: past one logging interval (20 steps)

@@ -1,4 +1,4 @@
-"""Checkpoints off the critical path (issue 10). The kill tests of both modes are in
+"""Checkpoints off the critical path. The kill tests of both modes are in
 test_resume.py; here: ASYNC writes exactly the files ``save_state`` writes, the time the loop was
 blocked and waited is logged, and a slow commit makes the next checkpoint wait (one at a time)."""
 

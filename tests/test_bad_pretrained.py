@@ -1,5 +1,5 @@
-"""Bad pretrained directories and changed bases end in one sentence and exit 2 (issue 27, items 2
-and 9), never a traceback or a wrong number with exit 0.
+"""Bad pretrained directories and changed bases end in one sentence and exit 2, never a traceback
+or a wrong number with exit 0.
 
 - ``MODEL.OPTIONS.pretrained`` pointing at a damaged copy of a ``save_pretrained`` directory (a
   truncated config.json, a half-size model.safetensors, a model_type transformers does not know):

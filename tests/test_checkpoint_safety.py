@@ -1,6 +1,6 @@
 """Checkpoints run no code: every file a resume reads is data, and a file that is not is refused.
 
-The attack (issue 26): replace a checkpoint's file with a pickle whose loading runs a shell command,
+The attack: replace a checkpoint's file with a pickle whose loading runs a shell command,
 and rewrite COMMITTED.json's sizes and digests to match (whoever can write the files can write the
 manifest). For every pickle-format file of real checkpoints (an EMA, a user's stateful callbacks,
 one registered through Accelerate's ``register_for_checkpointing``, GradNorm; ASYNC mode; a LoRA

@@ -1,4 +1,4 @@
-"""A finished run trained longer (issue 29): raising TRAIN.EPOCHS of a completed run continues it to
+"""A finished run trained longer: raising TRAIN.EPOCHS of a completed run continues it to
 the new end, on the new plan's LR, and a kill -9 during the extension resumes byte-identical.
 
 The run: digits, 6 steps an epoch, a checkpoint at every epoch; 2 epochs (12 steps), then 3.

@@ -1,4 +1,4 @@
-"""Token ids outside the model's vocabulary (issue 27, item 3), as a user meets them.
+"""Token ids outside the model's vocabulary, as a user meets them.
 
 Every window of a token file is checked as it is read (one reduction a window, on the host, in the
 DataLoader worker when there are workers) against the smallest of the data's ``vocab_size`` and the

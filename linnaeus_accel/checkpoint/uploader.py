@@ -22,7 +22,7 @@ from functools import partial
 from pathlib import Path
 
 from .marker import MARKER
-from .remote import RemoteCheckpoints
+from .remote import _STEP_DIR, RemoteCheckpoints
 from .store import step_name
 
 __all__ = ["BackgroundUploader"]
@@ -265,7 +265,5 @@ class BackgroundUploader:
 
 
 def _step_of(path: Path) -> int | None:
-    name = path.name
-    if name.startswith("step_") and name[5:].isdigit():
-        return int(name[5:])
-    return None
+    match = _STEP_DIR.match(path.name)  # the bucket's own reading of a checkpoint directory's name
+    return int(match.group(1)) if match else None

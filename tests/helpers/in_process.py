@@ -9,7 +9,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +85,33 @@ def timeline_rows(text: str) -> dict[str, str]:
     return rows
 
 
+@contextlib.contextmanager
+def as_own_process(extra_env: Mapping[str, str] | None = None) -> Iterator[io.StringIO]:
+    """What a process of its own would have, for code run here: the environment as ``launch_env``
+    leaves it for the package (the launchers' and our own variables dropped, ``extra_env`` set) and
+    put back after, Accelerate's state forgotten before and after, and one console (stdout, stderr
+    and the package's warnings, in the order written) yielded. A process configures no logging, so
+    its warnings reach stderr through logging's last resort (WARNING and up); here pytest's handler
+    on the root logger would take them."""
+    console = io.StringIO()
+    warnings = logging.StreamHandler(console)
+    warnings.setLevel(logging.WARNING)
+    saved = dict(os.environ)
+    for name in [k for k in os.environ if k in LAUNCHER_VARIABLES or k.startswith(OWN_PREFIXES)]:
+        del os.environ[name]
+    os.environ.update(extra_env or {})
+    reset_accelerate()
+    logging.getLogger().addHandler(warnings)
+    try:
+        with contextlib.redirect_stdout(console), contextlib.redirect_stderr(console):
+            yield console
+    finally:
+        logging.getLogger().removeHandler(warnings)
+        reset_accelerate()
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 def run_here(run: TrainRun, args: Sequence[str] = (), extra_env: Mapping[str, str] | None = None) -> Result:
     """``run.run(args=args, extra_env=extra_env)`` (one process) in this process: the same command
     line into the same directory, and a ``Result`` of what that process's console would hold. A
@@ -96,29 +123,12 @@ def run_here(run: TrainRun, args: Sequence[str] = (), extra_env: Mapping[str, st
 
     assert run.processes == 1, "a run of several processes needs a launcher: run.run()"
     command = run.command(args, None)[3:]  # what follows `python -m linnaeus_accel`
-    console = io.StringIO()  # stdout and stderr, in the order written, as in the process's log
-    # A process configures no logging, so its warnings reach stderr through logging's last resort
-    # (the message alone, WARNING and up); here pytest's handler on the root logger would take them.
-    warnings = logging.StreamHandler(console)
-    warnings.setLevel(logging.WARNING)
-    saved = dict(os.environ)
-    for name in [k for k in os.environ if k in LAUNCHER_VARIABLES or k.startswith(OWN_PREFIXES)]:
-        del os.environ[name]
-    os.environ.update(extra_env or {})
     started = time.monotonic()
-    reset_accelerate()
-    logging.getLogger().addHandler(warnings)
-    try:
-        with contextlib.redirect_stdout(console), contextlib.redirect_stderr(console):
-            try:
-                rc = main(command)
-            except SystemExit as exc:  # argparse usage errors
-                rc = exc.code if isinstance(exc.code, int) else 1
-    finally:
-        logging.getLogger().removeHandler(warnings)
-        reset_accelerate()
-        os.environ.clear()
-        os.environ.update(saved)
+    with as_own_process(extra_env) as console:
+        try:
+            rc = main(command)
+        except SystemExit as exc:  # argparse usage errors
+            rc = exc.code if isinstance(exc.code, int) else 1
     return Result(rc, console.getvalue(), run.dir, time.monotonic() - started)
 
 
@@ -160,18 +170,9 @@ def call_here(
     DataLoader workers are shut down after (``end_loader_workers``)."""
     import traceback
 
-    console = io.StringIO()
-    warnings = logging.StreamHandler(console)
-    warnings.setLevel(logging.WARNING)
-    saved = dict(os.environ)
-    for name in [k for k in os.environ if k in LAUNCHER_VARIABLES or k.startswith(OWN_PREFIXES)]:
-        del os.environ[name]
-    os.environ.update(extra_env or {})
     started = time.monotonic()
-    reset_accelerate()
-    logging.getLogger().addHandler(warnings)
     try:
-        with contextlib.redirect_stdout(console), contextlib.redirect_stderr(console):
+        with as_own_process(extra_env) as console:
             try:
                 call()
                 rc = 0
@@ -179,9 +180,5 @@ def call_here(
                 traceback.print_exc()
                 rc = 1
     finally:
-        logging.getLogger().removeHandler(warnings)
-        reset_accelerate()
-        os.environ.clear()
-        os.environ.update(saved)
         end_loader_workers()
     return Result(rc, console.getvalue(), directory, time.monotonic() - started)
