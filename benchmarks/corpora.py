@@ -18,7 +18,7 @@ def make_token_corpus(path: Path, num_tokens: int, vocab_size: int = 50_257, chu
     memory) with ``tofile``, and the sidecar ``tokenize`` would write (``<file>.json``)."""
     import numpy as np
 
-    from linnaeus_accel.data.token_format import TokenSidecar, sidecar_path
+    from linnaeus_accel.data.tokens.format import TokenSidecar, sidecar_path
 
     rng = np.random.default_rng(0)
     top = -1

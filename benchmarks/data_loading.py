@@ -90,7 +90,7 @@ def loaders(path: Path, workers: int) -> tuple[dict[str, Any], Any]:
 
     from linnaeus_accel.config import load_config
     from linnaeus_accel.data.sampling import make_dataloader
-    from linnaeus_accel.data.token_files import TokenFiles
+    from linnaeus_accel.data.tokens.files import TokenFiles
 
     config = load_config({"DATA": {"BATCH_SIZE": BATCH, "NUM_WORKERS": workers}})
     ours = TokenFiles.from_paths([path], SEQ_LEN)

@@ -7,7 +7,7 @@ trains every weight, the other a LoRA adapter (r 8 on the attention projections,
 two save a checkpoint in turn, round after round (default mode: the loop is blocked until every
 file is written, the commit follows in the background); the paired ratio is LoRA's blocked time
 over the full run's. A LoRA checkpoint writes the adapter and its optimizer state only, never the
-frozen base (``state/frozen_weights.py``), so its cost is what any checkpoint pays whatever
+frozen base (``checkpoint/state/frozen_weights.py``), so its cost is what any checkpoint pays whatever
 its size (Accelerate's ``save_state`` pickling the optimizer and RNG states, our JSON, the
 processes' agreement: ~10 ms here) plus a few kilobytes. lm_tiny's full checkpoint (3.5 MB of
 weights and twice that of AdamW moments) costs little more than that fixed part, so the ratio

@@ -25,7 +25,7 @@ set-up.
 
 Ours is the real loop (``linnaeus-accel train``'s ``Trainer.fit``): the random-window sampler and
 DataLoader, the task's split of each window and its weighting of the model's loss, the step
-(``training/step.py``), the metric window, ``metrics.jsonl`` and the progress bar. Not the
+(``training/step/optimizer_step.py``), the metric window, ``metrics.jsonl`` and the progress bar. Not the
 schedule plot, which a run draws once at start-up on a thread (seconds of matplotlib here, sharing
 the core with the first timed steps): ``outputs._draw_schedule`` is replaced for the run, as in
 ``resume_data``.

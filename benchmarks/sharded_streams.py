@@ -112,7 +112,7 @@ def _process(rank: int, spec: dict[str, Any], counter: Any) -> None:
 
     from linnaeus_accel.config import load_config
     from linnaeus_accel.data import build_dataset
-    from linnaeus_accel.data.streaming import stream_loader
+    from linnaeus_accel.data.streams.streaming import stream_loader
 
     # As in a process torchrun starts (mp.spawn's children would start DataLoader workers by spawn).
     multiprocessing.set_start_method("fork", force=True)

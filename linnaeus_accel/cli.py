@@ -244,7 +244,7 @@ def _epochs_of_unknown_length(dataset: object, world_size: int, num_workers: int
     run out): what the trainer does with it, without building a loader."""
     from torch.utils.data import IterableDataset
 
-    from .data.streaming import shard_reading
+    from .data.streams.streaming import shard_reading
 
     if not isinstance(dataset, IterableDataset):
         return False
@@ -271,7 +271,7 @@ def run_plan(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         sys.stdout.write(summary_text(config, plan))
-        from .resume.preview import resume_preview
+        from .checkpoint.resume.preview import resume_preview
 
         if preview := resume_preview(config, plan, args.resume):
             sys.stdout.write("\nResume:   " + "\n          ".join(preview) + "\n")
@@ -345,7 +345,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
 
 
 def run_tokenize(args: argparse.Namespace) -> int:
-    from .data.tokenize import tokenize_files
+    from .data.tokenize.command import tokenize_files
 
     sidecar = tokenize_files(
         args.inputs,

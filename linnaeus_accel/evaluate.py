@@ -29,14 +29,14 @@ from torch import nn
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
 from . import json_files
-from .checkpoint import MARKER, MarkerError, read_marker
+from .checkpoint.directory import MARKER, MarkerError, read_marker
+from .checkpoint.manager import agree_on_key
+from .checkpoint.state.files import STATE_FILE, checkpoint_store, read_json
+from .checkpoint.state.frozen_weights import STATE_KEY as FROZEN_KEY
+from .checkpoint.state.frozen_weights import WRAPPER_PREFIXES, base_changed, base_source
 from .config import Config, ConfigError
 from .models.lora import BASE_RECORD, recorded_base
-from .state.files import STATE_FILE, checkpoint_store, read_json
-from .state.frozen_weights import STATE_KEY as FROZEN_KEY
-from .state.frozen_weights import WRAPPER_PREFIXES, base_changed, base_source
-from .training.checkpoints import agree_on_key
-from .training.validation import run_pass
+from .training.validation.passes import run_pass
 
 KEY = "--checkpoint"
 FINAL_DIR = "final"

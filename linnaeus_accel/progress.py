@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
 from pydantic import Field
 
-from .checkpoint.state_fields import Count, Int, Ints, Number, OptCount, StateModel, Text
 from .schedule.steps import batches_per_process, optimizer_steps_per_epoch
+from .state_fields import Count, Int, Ints, Number, OptCount, StateModel, Text
 
 if TYPE_CHECKING:
     from .schedule.resolved import ResolvedPlan

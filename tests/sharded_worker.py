@@ -44,12 +44,12 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
+from linnaeus_accel.checkpoint.bucket.from_bucket import complete_from_bucket
+from linnaeus_accel.checkpoint.resume.reader import CheckpointReader
+from linnaeus_accel.checkpoint.save.nonfinite import parameters_finite
+from linnaeus_accel.checkpoint.save.writer import CheckpointWriter
 from linnaeus_accel.config import load_config
-from linnaeus_accel.resume.from_bucket import complete_from_bucket
-from linnaeus_accel.resume.reader import CheckpointReader
 from linnaeus_accel.run_directory.shared_storage import check_shared_output
-from linnaeus_accel.save.writer import CheckpointWriter
-from linnaeus_accel.training.nonfinite import parameters_finite
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL_DIR = "pytorch_model_fsdp_0"  # Accelerate's names (FSDP_MODEL_NAME, OPTIMIZER_NAME), model 0

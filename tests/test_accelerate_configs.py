@@ -44,7 +44,7 @@ from accelerate.utils.launch import (
 from helpers.configs import REPO
 
 from linnaeus_accel.config import load_config
-from linnaeus_accel.training.backends import backend_problems
+from linnaeus_accel.training.start.backends import backend_problems
 
 CONFIG_DIR = REPO / "accelerate_configs"
 CONFIG_FILES = sorted(p.name for p in CONFIG_DIR.glob("*.yaml"))

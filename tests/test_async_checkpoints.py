@@ -15,10 +15,10 @@ from accelerate import Accelerator
 from helpers.configs import CFG
 from helpers.in_process import reset_accelerate
 
-from linnaeus_accel.checkpoint import MARKER, CheckpointStore
+from linnaeus_accel.checkpoint.directory import MARKER, CheckpointStore
+from linnaeus_accel.checkpoint.save.writer import CheckpointWriter
 from linnaeus_accel.cli import main
 from linnaeus_accel.config import load_config
-from linnaeus_accel.save.writer import CheckpointWriter
 
 # 12 steps per epoch, 2 epochs: checkpoints mid-epoch at 5, 10, 15, 20 and at the end (24); all kept.
 OPTS = [
@@ -117,7 +117,7 @@ def test_a_failure_writing_the_weights_half_is_raised_after_the_other_half_ends(
     """ASYNC writes the weights and the optimizer's state on two threads at once: an error in the
     weights' thread reaches the caller (the commit reports it), and not before the optimizer's
     half has finished with the directory."""
-    from linnaeus_accel.save.host_snapshot import HostSnapshot
+    from linnaeus_accel.checkpoint.save.host_snapshot import HostSnapshot
 
     acc = Accelerator(cpu=True)
     model = torch.nn.Linear(256, 256)
@@ -140,7 +140,7 @@ def test_each_half_announces_only_its_own_finished_files(tmp_path: Path) -> None
     the other is still writing, which vanishes under the sealing thread and failed the checkpoint.
     Here the weights' half ends first (tiny) and leaves such a file behind as it announces; the
     optimizer's half (large: AdamW moments of other parameters) ends after it."""
-    from linnaeus_accel.save.host_snapshot import HostSnapshot
+    from linnaeus_accel.checkpoint.save.host_snapshot import HostSnapshot
 
     acc = Accelerator(cpu=True)
     model = torch.nn.Linear(4, 4)

@@ -1,5 +1,5 @@
 """What the trainer refuses at start-up for the distributed backend Accelerate runs
-(``linnaeus_accel.training.backends``), as a table of DeepSpeed config dicts (the shape
+(``linnaeus_accel.training.start.backends``), as a table of DeepSpeed config dicts (the shape
 ``DeepSpeedPlugin.deepspeed_config`` has; ``test_accelerate_configs`` checks the shipped files give
 none of these problems) and backends.
 
@@ -17,7 +17,7 @@ from helpers.configs import DEFAULT_CONFIG
 
 from linnaeus_accel.config import load_config
 from linnaeus_accel.config.loading import read_yaml
-from linnaeus_accel.training.backends import backend_problems, fill_deepspeed_auto
+from linnaeus_accel.training.start.backends import backend_problems, fill_deepspeed_auto
 
 ZERO2: dict[str, Any] = {  # as deepspeed_zero2.yaml, with gradient_clipping at TRAIN.CLIP_GRAD's default
     "train_batch_size": "auto",
@@ -142,8 +142,8 @@ def test_a_zero_checkpoint_resumes_only_with_its_own_number_of_processes() -> No
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, GradientState
 
+    from linnaeus_accel.checkpoint.resume.elastic import check_resume
     from linnaeus_accel.config import ConfigError
-    from linnaeus_accel.resume.elastic import check_resume
 
     AcceleratorState._reset_state(True)
     GradientState._reset_state()

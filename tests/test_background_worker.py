@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 import time
 
-from linnaeus_accel.checkpoint.background import JobFailed, SerialWorker
+from linnaeus_accel.checkpoint.directory.background import JobFailed, SerialWorker
 
 
 def test_jobs_run_in_order_one_at_a_time_and_wait_blocks_until_done() -> None:

@@ -31,11 +31,11 @@ from helpers.runs import TrainRun, wait_until
 from helpers.s3_server import LoggedS3Server, direct_client, use_endpoint
 
 from linnaeus_accel import Callback, register_callback
-from linnaeus_accel.checkpoint import MARKER, CheckpointStore, read_marker
-from linnaeus_accel.checkpoint.layout import JOURNAL_FILE
-from linnaeus_accel.checkpoint.remote import RemoteCheckpoints
-from linnaeus_accel.checkpoint.store import step_name
-from linnaeus_accel.resume.from_bucket import complete_from_bucket
+from linnaeus_accel.checkpoint.bucket.from_bucket import complete_from_bucket
+from linnaeus_accel.checkpoint.bucket.remote import RemoteCheckpoints
+from linnaeus_accel.checkpoint.directory import MARKER, CheckpointStore, read_marker
+from linnaeus_accel.checkpoint.directory.layout import JOURNAL_FILE
+from linnaeus_accel.checkpoint.directory.store import step_name
 
 pytestmark = pytest.mark.slow  # training runs against a real S3 endpoint
 

@@ -25,10 +25,10 @@ from helpers.in_process import reset_accelerate, run_cli
 from helpers.s3_server import object_keys, s3_bucket_fixture, s3_client, s3_server_fixture, use_endpoint  # noqa: F401
 
 from linnaeus_accel import Callback, register_callback
-from linnaeus_accel.checkpoint import MARKER
-from linnaeus_accel.checkpoint.layout import JOURNAL_FILE
-from linnaeus_accel.checkpoint.remote import RemoteCheckpoints, RetryPolicy
-from linnaeus_accel.checkpoint.store import step_name
+from linnaeus_accel.checkpoint.bucket.remote import RemoteCheckpoints, RetryPolicy
+from linnaeus_accel.checkpoint.directory import MARKER
+from linnaeus_accel.checkpoint.directory.layout import JOURNAL_FILE
+from linnaeus_accel.checkpoint.directory.store import step_name
 from linnaeus_accel.cli import EXIT_NOT_SYNCED
 from linnaeus_accel.config import load_config
 from linnaeus_accel.data import build_dataset

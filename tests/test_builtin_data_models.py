@@ -14,8 +14,8 @@ from torch.utils.data import DataLoader
 
 from linnaeus_accel.config import Config, ConfigError, validate_config
 from linnaeus_accel.data import build_dataset
-from linnaeus_accel.data.packing import decode_bytes
 from linnaeus_accel.data.text import load_topics
+from linnaeus_accel.data.tokens.packing import decode_bytes
 from linnaeus_accel.models import build_model
 
 

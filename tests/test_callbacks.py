@@ -200,7 +200,7 @@ def test_lm_samples_writes_what_the_trained_model_generates(tmp_path: Path) -> N
     from safetensors.torch import load_file
 
     from linnaeus_accel.config import load_config
-    from linnaeus_accel.data.packing import decode_bytes, encode_bytes
+    from linnaeus_accel.data.tokens.packing import decode_bytes, encode_bytes
     from linnaeus_accel.models import build_model
 
     callbacks = (

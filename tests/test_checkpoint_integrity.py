@@ -58,17 +58,17 @@ from helpers.runs import (
     read_summary,
 )
 
-from linnaeus_accel.checkpoint import MARKER, CheckpointStore, file_digest
-from linnaeus_accel.config import load_config
-from linnaeus_accel.run_directory.outputs import output_problem
-from linnaeus_accel.save.writer import checkpoint_store
-from linnaeus_accel.state.files import (
+from linnaeus_accel.checkpoint.directory import MARKER, CheckpointStore, file_digest
+from linnaeus_accel.checkpoint.save.writer import checkpoint_store
+from linnaeus_accel.checkpoint.state.files import (
     STATE_VERSION,
     decode_journal,
     encode_journal_entry,
     rank_state_problem,
     state_problem,
 )
+from linnaeus_accel.config import load_config
+from linnaeus_accel.run_directory.outputs import output_problem
 
 # The default config with batch 128 on one process: 12 optimizer steps per epoch, 2 epochs;
 # checkpoints at steps 12 and 24 (the epoch boundaries). Validation passes: epoch 1: standard,
@@ -679,7 +679,7 @@ import torch
 from accelerate import Accelerator
 
 from linnaeus_accel.config import load_config
-from linnaeus_accel.save.writer import CheckpointWriter, CheckpointWriteError
+from linnaeus_accel.checkpoint.save.writer import CheckpointWriter, CheckpointWriteError
 
 disk = Path(sys.argv[1])
 config = load_config(sys.argv[2], ["ENV.OUTPUT.BASE_DIR", str(disk), "EXPERIMENT.NAME", "run"])

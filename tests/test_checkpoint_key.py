@@ -21,11 +21,11 @@ from helpers.checkpoints import save
 from helpers.in_process import run_cli
 from helpers.runs import TrainRun, assert_resumed_from
 
-from linnaeus_accel.checkpoint import MARKER, CheckpointStore, read_marker
-from linnaeus_accel.checkpoint.marker import KEY_ENV, SIGNATURE
-from linnaeus_accel.checkpoint.remote import KEY_ID_VAR, KEY_VAR, RemoteCheckpoints, RetryPolicy
+from linnaeus_accel.checkpoint.bucket.remote import KEY_ID_VAR, KEY_VAR, RemoteCheckpoints, RetryPolicy
+from linnaeus_accel.checkpoint.directory import MARKER, CheckpointStore, read_marker
+from linnaeus_accel.checkpoint.directory.marker import KEY_ENV, SIGNATURE
+from linnaeus_accel.checkpoint.resume.find import ResumeRefused, find_checkpoint
 from linnaeus_accel.config import ConfigError
-from linnaeus_accel.resume.find import ResumeRefused, find_checkpoint
 
 KEY = "the secret the run's jobs hold"
 TYPO = "the secret the run's jobs hold "
@@ -170,7 +170,7 @@ def _agree(out: str, keys: list[str | None]) -> None:
     import torch.distributed as dist
     from accelerate import PartialState
 
-    from linnaeus_accel.training.checkpoints import agree_on_key
+    from linnaeus_accel.checkpoint.manager import agree_on_key
 
     rank = dist.get_rank()
     os.environ["RANK"] = os.environ["LOCAL_RANK"] = str(rank)

@@ -35,11 +35,11 @@ from helpers.configs import LM_CFG, REPO
 from helpers.in_process import run_cli, run_here
 from helpers.runs import TrainRun, assert_resumed_from
 
-from linnaeus_accel.checkpoint import MARKER, read_marker
-from linnaeus_accel.checkpoint.marker import KEY_ENV, SIGNATURE, signature, signature_problem
-from linnaeus_accel.state import tensor_state
-from linnaeus_accel.state.content import content_problem
-from linnaeus_accel.state.files import checkpoint_store
+from linnaeus_accel.checkpoint.directory import MARKER, read_marker
+from linnaeus_accel.checkpoint.directory.marker import KEY_ENV, SIGNATURE, signature, signature_problem
+from linnaeus_accel.checkpoint.state import tensor_state
+from linnaeus_accel.checkpoint.state.content import content_problem
+from linnaeus_accel.checkpoint.state.files import checkpoint_store
 
 SCRIPT = (REPO / "tests" / "stateful_script.py").read_text(encoding="utf-8")
 STEP_6, STEP_12 = "step_00000006", "step_00000012"
@@ -537,7 +537,7 @@ def test_state_a_checkpoint_cannot_hold_is_refused_before_the_first_step(tmp_pat
 def test_pickled_globals_are_read_without_loading(tmp_path: Path) -> None:
     """What the GPU check reports of DeepSpeed's files (to learn which globals a new DeepSpeed
     version's checkpoints hold): the globals a torch-saved pickle refers to, read without running it."""
-    from linnaeus_accel.state.content import pickled_globals
+    from linnaeus_accel.checkpoint.state.content import pickled_globals
 
     marker = tmp_path / "code-ran"
     torch.save({"weights": torch.zeros(2), "attack": RunsCode(marker)}, tmp_path / "file.pt")

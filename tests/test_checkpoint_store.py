@@ -28,7 +28,7 @@ from helpers.configs import REPO
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from linnaeus_accel.checkpoint import (
+from linnaeus_accel.checkpoint.directory import (
     MARKER,
     CheckpointStore,
     EarlySeal,
@@ -37,7 +37,7 @@ from linnaeus_accel.checkpoint import (
     read_marker,
     retained,
 )
-from linnaeus_accel.checkpoint.digests import hash_file, seal_file
+from linnaeus_accel.digests import hash_file, seal_file
 
 # -- commit ------------------------------------------------------------------------------------------
 
@@ -544,7 +544,7 @@ def test_a_planted_pickle_is_never_loaded(tmp_path: Path) -> None:
 HELPER = """
 import hashlib, json, sys
 from pathlib import Path
-from linnaeus_accel.checkpoint import CheckpointStore
+from linnaeus_accel.checkpoint.directory import CheckpointStore
 
 store = CheckpointStore(Path(sys.argv[1]))
 store.remove_stale_staging()
@@ -614,7 +614,7 @@ def test_kill_9_while_committing_never_leaves_a_checkpoint_that_resume_would_pic
 FULL_DISK_COMMIT = """
 import errno, json, os, sys
 from pathlib import Path
-from linnaeus_accel.checkpoint import CheckpointStore
+from linnaeus_accel.checkpoint.directory import CheckpointStore
 
 disk = Path(sys.argv[1])
 store = CheckpointStore(disk / "checkpoints")

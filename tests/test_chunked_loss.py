@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from linnaeus_accel.config import ConfigError, load_config
 from linnaeus_accel.tasks.causal_lm import CausalLMTask
-from linnaeus_accel.training.task_checks import probe_problem
+from linnaeus_accel.training.start.task_checks import probe_problem
 
 VOCAB = 97
 CHUNKS = (7, 16, 1000)  # 3 rows x 16 targets = 48 targets: does not divide, divides, larger

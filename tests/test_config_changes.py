@@ -1,4 +1,4 @@
-"""What a resumed run may change in its config (``linnaeus_accel.resume.config_changes``): table
+"""What a resumed run may change in its config (``linnaeus_accel.checkpoint.resume.config_changes``): table
 tests on real resolved plans of the default digits run (23 optimizer steps per epoch), resumed at
 step 46. The end-to-end refusal and the listed changes are in test_reliability.py."""
 
@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from linnaeus_accel.checkpoint.resume.config_changes import differing_keys, review_changes
+from linnaeus_accel.checkpoint.resume.elastic import plan_identity
 from linnaeus_accel.config import Config, ConfigError, load_config, validate_config
-from linnaeus_accel.resume.config_changes import differing_keys, review_changes
-from linnaeus_accel.resume.elastic import plan_identity
 from linnaeus_accel.schedule import resolve_plan
 from tests.conftest import DEFAULT_CONFIG
 

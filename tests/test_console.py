@@ -24,9 +24,9 @@ from linnaeus_accel.models import build_model
 from linnaeus_accel.progress import TrainingConsistencyChecker
 from linnaeus_accel.run_directory.console import Console
 from linnaeus_accel.schedule import resolve_plan
-from linnaeus_accel.training import boundaries as events_module
+from linnaeus_accel.training import boundary_work as events_module
 from linnaeus_accel.training.trainer import Trainer
-from linnaeus_accel.training.validation import validation_line
+from linnaeus_accel.training.validation.passes import validation_line
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 

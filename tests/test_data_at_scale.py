@@ -37,7 +37,7 @@ from helpers.runs import (
 )
 
 from linnaeus_accel.data.text import load_topics
-from linnaeus_accel.data.tokenize import tokenize_files
+from linnaeus_accel.data.tokenize.command import tokenize_files
 
 pytestmark = pytest.mark.slow
 

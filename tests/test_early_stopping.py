@@ -15,7 +15,7 @@ from linnaeus_accel.config.sections import EarlyStopConfig
 from linnaeus_accel.data import build_dataset
 from linnaeus_accel.schedule import EarlyStopping, StopDecision, resolve_plan
 from linnaeus_accel.tasks import TaskContext, build_task
-from linnaeus_accel.training.task_checks import check_task, validation_prefixes
+from linnaeus_accel.training.start.task_checks import check_task, validation_prefixes
 
 STEPS = [100, 200, 300, 400, 500, 600]
 VALUES = [1.0, 0.995, 0.98, 0.979, 0.975, 0.972]

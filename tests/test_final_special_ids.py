@@ -25,7 +25,7 @@ from helpers.tokens import SENTENCES
 from linnaeus_accel import Trainer
 from linnaeus_accel.config import ConfigError
 from linnaeus_accel.data import build_dataset
-from linnaeus_accel.data.packing import BYTE_EOS
+from linnaeus_accel.data.tokens.packing import BYTE_EOS
 from linnaeus_accel.models import build_model
 
 transformers = pytest.importorskip("transformers")

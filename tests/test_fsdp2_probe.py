@@ -18,7 +18,7 @@ SCRIPT = textwrap.dedent(
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import DTensor
     from linnaeus_accel.tasks.classification import ClassificationTask
-    from linnaeus_accel.training.task_checks import probe_problem
+    from linnaeus_accel.training.start.task_checks import probe_problem
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys_port)
     dist.init_process_group("gloo", rank=0, world_size=1)
@@ -56,7 +56,7 @@ def test_the_probe_of_a_compiled_model_compiles_nothing() -> None:
     from torch import nn
 
     from linnaeus_accel.tasks.classification import ClassificationTask
-    from linnaeus_accel.training.task_checks import probe_problem
+    from linnaeus_accel.training.start.task_checks import probe_problem
 
     graphs: list[object] = []
 

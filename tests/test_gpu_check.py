@@ -102,10 +102,10 @@ def test_a_sync_is_expected_only_under_a_read_of_ours() -> None:
     def frame(file: str, name: str) -> traceback.FrameSummary:
         return traceback.FrameSummary(file, 1, name)
 
-    step = frame(f"/x{OURS}training/step.py", "run")
-    flush = frame(f"/x{OURS}training/meter.py", "flush")
+    step = frame(f"/x{OURS}training/step/optimizer_step.py", "run")
+    flush = frame(f"/x{OURS}training/metrics/meter.py", "flush")
     item = frame("/torch/_tensor.py", "item")
     assert reason([step, flush, item]) == "metric window read at a logging step"
     assert reason([step, item]) is None  # a read-back inside the optimizer step: a quiet-step sync
     assert reason([frame("/elsewhere/meter.py", "flush"), item]) is None  # not ours: not excused
-    assert where([step, item]) == "training/step.py:1 run"
+    assert where([step, item]) == "training/step/optimizer_step.py:1 run"

@@ -37,17 +37,17 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from linnaeus_accel.config import Config, ConfigError, validate_config
 from linnaeus_accel.data import build_dataset
-from linnaeus_accel.data.hf import HFPackedDocuments
-from linnaeus_accel.data.hf_stream import HFPackedStream
-from linnaeus_accel.data.packing import (
+from linnaeus_accel.data.hf.dataset import HFPackedDocuments
+from linnaeus_accel.data.hf.stream import HFPackedStream
+from linnaeus_accel.data.sampling import EpochSeededSampler, epoch_sampler
+from linnaeus_accel.data.tokens.packing import (
     BYTE_EOS,
     BYTE_VOCAB_SIZE,
     PackedTokens,
     PackedTokenStream,
     encode_bytes,
 )
-from linnaeus_accel.data.sampling import EpochSeededSampler, epoch_sampler
-from linnaeus_accel.data.token_windows import (
+from linnaeus_accel.data.tokens.windows import (
     TRAIN_STREAM,
     VAL_STREAM,
     DrawSampler,

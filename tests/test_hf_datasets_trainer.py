@@ -24,8 +24,8 @@ from helpers.in_process import call_here
 from helpers.processes import accelerate_launch_command
 from helpers.runs import Result, TrainRun, assert_same_run, committed, read_summary
 
-from linnaeus_accel.data.packing import BYTE_EOS
 from linnaeus_accel.data.text import load_topics
+from linnaeus_accel.data.tokens.packing import BYTE_EOS
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 datasets = pytest.importorskip("datasets")

@@ -1,4 +1,4 @@
-"""``MODEL.INIT_FROM`` / ``MODEL.INIT_IGNORE``: a warm start for any model (models/init_from.py).
+"""``MODEL.INIT_FROM`` / ``MODEL.INIT_IGNORE``: a warm start for any model (checkpoint/init_from.py).
 
 - A run from another run's ``final/`` trains exactly as the same run whose model was loaded from
   that file by hand (every logged float equal), and not as a run from the built weights.
@@ -37,14 +37,14 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from linnaeus_accel import Trainer
-from linnaeus_accel.checkpoint import MARKER, file_digest
-from linnaeus_accel.checkpoint.marker import KEY_ENV
-from linnaeus_accel.checkpoint.rejection import write_note
+from linnaeus_accel.checkpoint.directory import MARKER, file_digest
+from linnaeus_accel.checkpoint.directory.marker import KEY_ENV
+from linnaeus_accel.checkpoint.directory.rejection import write_note
+from linnaeus_accel.checkpoint.init_from import load_init_from
 from linnaeus_accel.config import Config, ConfigError, load_config
 from linnaeus_accel.data import build_dataset
 from linnaeus_accel.models import build_model
 from linnaeus_accel.models.digits import DigitsConvNet
-from linnaeus_accel.models.init_from import load_init_from
 
 IMAGES_CFG = str(REPO / "configs" / "digits_classification.yaml")
 # digits_mlp on the default config, a few steps, every step logged, no extra validation passes.

@@ -18,11 +18,13 @@ from helpers.configs import REPO
 PACKAGE = REPO / "linnaeus_accel"
 
 # Layer of each top-level module or package of linnaeus_accel. Inside layer 5 the run directory's
-# life sits below the checkpoint and resume machinery, which sits below the loop that drives both.
+# life sits below the checkpoint room, which sits below the loop that drives both.
 LAYERS: dict[str, float] = {
-    "checkpoint": 0,
     "json_files": 0,
     "durable_files": 0,
+    "digests": 0,  # file digests: a checkpoint's manifest, a pretrained model's weights
+    "object_store": 0,  # s3://, gs://, b2://, file:// behind one interface
+    "state_fields": 0,  # the field types of every part's saved state
     "config": 1,
     "registry": 1,
     "progress": 2,
@@ -34,9 +36,7 @@ LAYERS: dict[str, float] = {
     "tasks": 4,
     "process": 4.5,  # the process's life: signals, the launcher, failures, fault points
     "run_directory": 5.0,
-    "state": 5.05,  # the run's state as data
-    "save": 5.1,  # writing it into checkpoints
-    "resume": 5.1,  # reading it back
+    "checkpoint": 5.1,  # everything of a checkpoint: its directory, state, save, resume, bucket
     "training": 5.2,
     "callbacks": 5.2,  # the loop asks them; they are handed the trainer
     "evaluate": 6,
@@ -45,11 +45,11 @@ LAYERS: dict[str, float] = {
     "__main__": 6,
     "__init__": 6,
 }
-NO_TORCH = {"checkpoint", "config", "registry", "progress", "schedule"}
+NO_TORCH = {"digests", "object_store", "state_fields", "config", "registry", "progress", "schedule"}
 
 
 def top_of(module: str) -> str:
-    """``linnaeus_accel.save.writer`` -> ``save``."""
+    """``linnaeus_accel.checkpoint.save.writer`` -> ``checkpoint``."""
     return module.split(".")[1] if module.count(".") else "__init__"
 
 
@@ -128,7 +128,7 @@ KNOWN_CIRCLES: list[tuple[str, str]] = []  # none: a circle that comes back fail
 
 
 def module_name(path: Path, root: Path) -> str:
-    """``<root>/save/writer.py`` -> ``linnaeus_accel.save.writer``; a package is its ``__init__``."""
+    """``<root>/checkpoint/save/writer.py`` -> ``linnaeus_accel.checkpoint.save.writer``; a package is its ``__init__``."""
     parts = path.relative_to(root.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 

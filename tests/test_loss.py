@@ -11,7 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from linnaeus_accel.tasks.hierarchical import level_loss_sums
-from linnaeus_accel.training.gradnorm import GradNorm
+from linnaeus_accel.training.step.gradnorm import GradNorm
 
 
 def level_means(logits: list[Tensor], labels: Tensor) -> Tensor:

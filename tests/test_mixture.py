@@ -19,12 +19,12 @@ from helpers.configs import REPO, mixture_config
 from helpers.in_process import reset_accelerate, run_cli
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
-import linnaeus_accel.data.interleave as interleave_module
+import linnaeus_accel.data.mixtures.interleave as interleave_module
 from linnaeus_accel.config import Config, ConfigError, validate_config
 from linnaeus_accel.data import build_dataset, register_dataset
-from linnaeus_accel.data.interleave import Interleave
-from linnaeus_accel.data.mixture import Mixture, MixtureSource
-from linnaeus_accel.data.mixture_sources import parse_sources
+from linnaeus_accel.data.mixtures.interleave import Interleave
+from linnaeus_accel.data.mixtures.mixture import Mixture, MixtureSource
+from linnaeus_accel.data.mixtures.sources import parse_sources
 from linnaeus_accel.data.options import DatasetOptions
 from linnaeus_accel.data.registry import Split
 from linnaeus_accel.data.sampling import epoch_sampler

@@ -15,7 +15,7 @@ from helpers.configs import REPO, mixture_config
 from helpers.in_process import reset_accelerate, run_cli
 
 from linnaeus_accel.data.digits import DigitsDataset
-from linnaeus_accel.data.mixture import Mixture, MixtureSource
+from linnaeus_accel.data.mixtures.mixture import Mixture, MixtureSource
 
 SAME_FILE = "both read"
 TOO_LIGHT = "less than one"

@@ -32,7 +32,7 @@ from linnaeus_accel import Trainer, load_config
 from linnaeus_accel.config import ConfigError
 from linnaeus_accel.tasks import STANDARD_PASS
 from linnaeus_accel.tasks.causal_lm import CausalLMTask
-from linnaeus_accel.training.task_checks import probe_problem
+from linnaeus_accel.training.start.task_checks import probe_problem
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 

@@ -20,7 +20,7 @@ from helpers.nodes import two_nodes
 from helpers.processes import lines_through_our_code
 from helpers.s3_server import object_keys, s3_bucket_fixture, s3_client, s3_server_fixture  # noqa: F401
 
-from linnaeus_accel.checkpoint import MARKER
+from linnaeus_accel.checkpoint.directory import MARKER
 
 pytestmark = pytest.mark.slow
 

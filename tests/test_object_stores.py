@@ -21,15 +21,15 @@ from helpers.configs import CFG, DEFAULT_CONFIG
 from helpers.in_process import reset_accelerate, run_cli
 from helpers.s3_server import SECRET_KEY, object_keys, s3_bucket_fixture, s3_server_fixture, use_endpoint  # noqa: F401
 
-from linnaeus_accel.checkpoint import MARKER
-from linnaeus_accel.checkpoint.object_store import ObjectStore, open_store
-from linnaeus_accel.checkpoint.remote import (
+from linnaeus_accel.checkpoint.bucket.remote import (
     RemoteCheckpoints,
     RemoteSyncError,
     RetryPolicy,
 )
-from linnaeus_accel.checkpoint.uploader import BackgroundUploader
+from linnaeus_accel.checkpoint.bucket.uploader import BackgroundUploader
+from linnaeus_accel.checkpoint.directory import MARKER
 from linnaeus_accel.config import ConfigError, load_config
+from linnaeus_accel.object_store import ObjectStore, open_store
 
 FAST = RetryPolicy(attempts=3, base_delay=0.0, max_delay=0.0)
 EXP = "exp1"
@@ -343,7 +343,7 @@ def test_a_missing_library_names_the_extra() -> None:
     """In a fresh interpreter where s3fs and gcsfs cannot be imported (as without the extras)."""
     script = (
         "import sys; sys.modules['s3fs'] = sys.modules['gcsfs'] = None\n"
-        "from linnaeus_accel.checkpoint.remote import RemoteCheckpoints, RemoteSyncError\n"
+        "from linnaeus_accel.checkpoint.bucket.remote import RemoteCheckpoints, RemoteSyncError\n"
         "for url in ('s3://ckpt/runs', 'gs://ckpt/runs'):\n"
         "    try:\n"
         "        RemoteCheckpoints.from_url(url, 'exp1')\n"

@@ -15,11 +15,11 @@ from helpers.in_process import reset_accelerate, run_cli
 from torch import nn
 
 from linnaeus_accel import Callback, register_callback, register_optimizer
+from linnaeus_accel.checkpoint.resume.config_changes import review_changes
 from linnaeus_accel.config import Config, ConfigError, validate_config
 from linnaeus_accel.optim.groups import optimizer_line
-from linnaeus_accel.resume.config_changes import review_changes
 from linnaeus_accel.schedule import resolve_plan
-from linnaeus_accel.training.setup import build_optimizer, default_optimizer, parameter_groups
+from linnaeus_accel.training.start.setup import build_optimizer, default_optimizer, parameter_groups
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
@@ -486,7 +486,7 @@ HEADS = {"LABEL": "heads", "MATCH": ["heads.*"], "LR_MULTIPLIER": 10}
 def test_what_a_resume_puts_back_or_refuses(
     before: dict[str, Any], after: dict[str, Any], group_keys: list[str], regrouped: list[str]
 ) -> None:
-    from linnaeus_accel.resume.optimizer import changed_group_keys, regrouping_problems
+    from linnaeus_accel.checkpoint.resume.optimizer import changed_group_keys, regrouping_problems
 
     saved = config(before).model_dump(mode="json")
     assert changed_group_keys(saved, config(after)) == group_keys
@@ -494,7 +494,7 @@ def test_what_a_resume_puts_back_or_refuses(
 
 
 def test_lr_groups_regroup_when_they_match_other_parameters() -> None:
-    from linnaeus_accel.resume.optimizer import regrouping_problems
+    from linnaeus_accel.checkpoint.resume.optimizer import regrouping_problems
 
     saved = config(groups=[HEADS]).model_dump(mode="json")
     assert regrouping_problems(saved, config(groups=[{**HEADS, "LR_MULTIPLIER": 5}])) == []  # same members

@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from linnaeus_accel.data.packing import (
+from linnaeus_accel.data.tokens.packing import (
     BYTE_EOS,
     BYTE_VOCAB_SIZE,
     PackedTokens,

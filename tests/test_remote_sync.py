@@ -18,15 +18,15 @@ from b2sdk.v2 import B2Api, B2HttpApiConfig, InMemoryAccountInfo, RawSimulator
 from b2sdk.v2.exception import ServiceError
 from helpers.checkpoints import make_checkpoint, tree
 
-from linnaeus_accel.checkpoint import MARKER
-from linnaeus_accel.checkpoint.remote import (
+from linnaeus_accel.checkpoint.bucket.remote import (
     KEY_ID_VAR,
     KEY_VAR,
     RemoteCheckpoints,
     RemoteSyncError,
     RetryPolicy,
 )
-from linnaeus_accel.checkpoint.uploader import BackgroundUploader
+from linnaeus_accel.checkpoint.bucket.uploader import BackgroundUploader
+from linnaeus_accel.checkpoint.directory import MARKER
 
 BUCKET = "linnaeus-test"
 FAST = RetryPolicy(attempts=2, base_delay=0.0, max_delay=0.0)

@@ -18,12 +18,12 @@ from helpers.checkpoints import RunsCode, reseal
 from helpers.configs import DEFAULT_CONFIG
 from helpers.s3_server import SECRET_KEY, object_keys, s3_bucket_fixture, s3_server_fixture  # noqa: F401
 
-from linnaeus_accel.checkpoint.remote import KEY_ID_VAR, KEY_VAR, RemoteCheckpoints, RetryPolicy
+from linnaeus_accel.checkpoint.bucket.remote import KEY_ID_VAR, KEY_VAR, RemoteCheckpoints, RetryPolicy
+from linnaeus_accel.checkpoint.resume.find import ResumeRefused
 from linnaeus_accel.cli import EXIT_NOT_SYNCED, exit_status
 from linnaeus_accel.config import load_config
 from linnaeus_accel.data import build_dataset
 from linnaeus_accel.models import build_model
-from linnaeus_accel.resume.find import ResumeRefused
 from linnaeus_accel.training.trainer import Trainer
 
 BUCKET = "runs"

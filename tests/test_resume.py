@@ -61,7 +61,7 @@ from helpers.runs import (
     wait_for_record,
 )
 
-from linnaeus_accel.checkpoint import file_digest
+from linnaeus_accel.checkpoint.directory import file_digest
 
 pytestmark = pytest.mark.slow
 
@@ -396,7 +396,7 @@ def test_sigterm_preempts_one_process_then_rerun_ends_identically(ref_epoch: Res
 # notice that arrives during validation rather than during a training step.
 SIGTERM_IN_PASS = """
 import os, signal, sys
-import linnaeus_accel.training.boundaries as events
+import linnaeus_accel.training.boundary_work as events
 from linnaeus_accel.cli import main
 original, seen = events.run_pass, [0]
 def run_pass(*args, **kwargs):

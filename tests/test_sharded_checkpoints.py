@@ -43,10 +43,10 @@ from helpers.nodes import two_nodes
 from helpers.processes import torchrun_command
 from safetensors.torch import load_file
 
-from linnaeus_accel.checkpoint import read_marker
+from linnaeus_accel.checkpoint.directory import read_marker
+from linnaeus_accel.checkpoint.resume.reader import CheckpointReader
+from linnaeus_accel.checkpoint.state.files import checkpoint_store
 from linnaeus_accel.config import load_config
-from linnaeus_accel.resume.reader import CheckpointReader
-from linnaeus_accel.state.files import checkpoint_store
 
 WORKER = REPO / "tests" / "sharded_worker.py"
 LAUNCH_TIMEOUT_S = 180

@@ -1,4 +1,4 @@
-"""Streams that split themselves (``data/sharded.py``, docs/semantics.md §7): every shard read by exactly one
+"""Streams that split themselves (``data/streams/sharded.py``, docs/semantics.md §7): every shard read by exactly one
 reader (process x DataLoader worker) per pass, counted rather than assumed; the order a pure
 function of (seed, epoch, shards, layout); a resume continuing each reader where it was (in O(1)
 through the shard's own state, else by skipping inside one shard); another layout refused inside a
@@ -17,8 +17,8 @@ import pytest
 import torch
 from torch.utils.data import IterableDataset
 
-from linnaeus_accel.data.sharded import ShardReaders, shard_order
-from linnaeus_accel.data.streaming import StreamShard, stream_loader
+from linnaeus_accel.data.streams.sharded import ShardReaders, shard_order
+from linnaeus_accel.data.streams.streaming import StreamShard, stream_loader
 
 pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
 

@@ -14,7 +14,7 @@ from helpers.configs import REPO
 
 from linnaeus_accel.cli import plan_for
 from linnaeus_accel.config import load_config
-from linnaeus_accel.data.token_format import TokenSidecar, sidecar_path
+from linnaeus_accel.data.tokens.format import TokenSidecar, sidecar_path
 
 SHIPPED = sorted(
     p.relative_to(REPO).as_posix() for p in (*REPO.glob("configs/*.yaml"), *REPO.glob("examples/*.yaml"))

@@ -21,7 +21,7 @@ from helpers.in_process import reset_accelerate, run_cli
 from helpers.runs import assert_resumed_from, committed
 
 from linnaeus_accel import Callback, register_callback
-from linnaeus_accel.state import tensor_state
+from linnaeus_accel.checkpoint.state import tensor_state
 
 
 def exact(value: Any) -> Any:

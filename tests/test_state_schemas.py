@@ -24,13 +24,13 @@ from typing import Any
 import pytest
 from conftest import DEFAULT_CONFIG
 
+from linnaeus_accel.checkpoint.state.files import rank_state_problem, state_problem
+from linnaeus_accel.checkpoint.state.registry import StateRegistry
+from linnaeus_accel.checkpoint.state.schemas import RANK_PARTS, RUN_PARTS, GradNormState
 from linnaeus_accel.config import load_config, validate_config
 from linnaeus_accel.progress import ProgressState, TrainingProgress, TrainingStage
 from linnaeus_accel.schedule.early_stopping import EarlyStopping, EarlyStoppingState
-from linnaeus_accel.state.files import rank_state_problem, state_problem
-from linnaeus_accel.state.registry import StateRegistry
-from linnaeus_accel.state.schemas import RANK_PARTS, RUN_PARTS, GradNormState
-from linnaeus_accel.training.gradnorm import GradNorm
+from linnaeus_accel.training.step.gradnorm import GradNorm
 
 STATE = "trainer_state.json"
 

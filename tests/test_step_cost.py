@@ -31,9 +31,9 @@ from linnaeus_accel.config import load_config
 from linnaeus_accel.data import build_dataset
 from linnaeus_accel.data.sampling import real_in_batch, samples_in_global_batch
 from linnaeus_accel.models import build_model
-from linnaeus_accel.training.batches import full_batches, samples_in_window
-from linnaeus_accel.training.micro_batch import MicroBatch
-from linnaeus_accel.training.step import direct_optimizer
+from linnaeus_accel.training.step.batches import full_batches, samples_in_window
+from linnaeus_accel.training.step.micro_batch import MicroBatch
+from linnaeus_accel.training.step.optimizer_step import direct_optimizer
 from linnaeus_accel.training.trainer import Trainer
 
 NO_TRANSFORMS = [  # masking and mixup change the inputs, not what a step costs or computes
@@ -235,7 +235,7 @@ def test_the_metric_window_adds_up_every_step_in_order_and_names_the_first_bad_o
     carried-over part, as a device-side running sum would give, and a NaN is named by its step."""
     from accelerate import Accelerator
 
-    from linnaeus_accel.training.meter import NonFiniteLoss, TrainMeter
+    from linnaeus_accel.training.metrics.meter import NonFiniteLoss, TrainMeter
 
     meter = TrainMeter(Accelerator(cpu=True), ("a", "b"), window=3)
     meter.load_state_dict({"sums": [0.1, 0.7, 0.3], "steps": 2})  # a resumed window's first part

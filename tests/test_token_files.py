@@ -54,10 +54,10 @@ from torch import Tensor, nn
 from linnaeus_accel import Trainer, load_config
 from linnaeus_accel.config import ConfigError
 from linnaeus_accel.data import build_dataset
-from linnaeus_accel.data.packing import PackedTokens
-from linnaeus_accel.data.token_files import TokenFiles
-from linnaeus_accel.data.token_format import TokenFileError
-from linnaeus_accel.data.tokenize import tokenize_files
+from linnaeus_accel.data.tokenize.command import tokenize_files
+from linnaeus_accel.data.tokens.files import TokenFiles
+from linnaeus_accel.data.tokens.format import TokenFileError
+from linnaeus_accel.data.tokens.packing import PackedTokens
 
 GIB = 2**30
 

@@ -28,10 +28,10 @@ from torch.utils.data import DataLoader, Subset
 from linnaeus_accel import Trainer, load_config
 from linnaeus_accel.config import ConfigError
 from linnaeus_accel.data import build_dataset
-from linnaeus_accel.data.mixture import Mixture, MixtureSource
-from linnaeus_accel.data.token_files import TokenFiles
-from linnaeus_accel.data.token_format import TokenOutOfVocab
-from linnaeus_accel.data.token_vocab import limit_token_ids
+from linnaeus_accel.data.mixtures.mixture import Mixture, MixtureSource
+from linnaeus_accel.data.tokens.files import TokenFiles
+from linnaeus_accel.data.tokens.format import TokenOutOfVocab
+from linnaeus_accel.data.tokens.vocab import limit_token_ids
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
@@ -255,7 +255,7 @@ def test_worker_message_is_unwrapped() -> None:
     wrapped = (
         "Caught TokenOutOfVocab in DataLoader worker process 0.\nOriginal Traceback (most recent call last):\n"
         '  File "x.py", line 1, in <module>\n'
-        "linnaeus_accel.data.token_format.TokenOutOfVocab: a.bin: token 3 has id 9, outside ...\n"
+        "linnaeus_accel.data.tokens.format.TokenOutOfVocab: a.bin: token 3 has id 9, outside ...\n"
     )
     assert str(TokenOutOfVocab(wrapped)) == "a.bin: token 3 has id 9, outside ..."
     assert str(TokenOutOfVocab("plain")) == "plain"

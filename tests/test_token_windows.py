@@ -1,6 +1,6 @@
 """``OPTIONS.windows``: aligned windows (as always) or random offsets drawn with replacement, keyed
 by ``(seed, the draw's place in the run)`` so that any processes x accumulation layout and a resume
-read the same windows (``linnaeus_accel.data.token_windows``). Samplers and datasets only: no
+read the same windows (``linnaeus_accel.data.tokens.windows``). Samplers and datasets only: no
 training, no process started."""
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from torch.utils.data import BatchSampler
 
 from linnaeus_accel.config import Config, ConfigError, validate_config
 from linnaeus_accel.data import build_dataset
-from linnaeus_accel.data.packing import PackedTokens
 from linnaeus_accel.data.sampling import EpochOrderSampler, EpochSeededSampler, epoch_sampler, real_in_batch
-from linnaeus_accel.data.token_files import TokenFiles
-from linnaeus_accel.data.token_format import TokenOutOfVocab
-from linnaeus_accel.data.token_windows import VAL_STREAM, DrawSampler, WindowDraws
+from linnaeus_accel.data.tokens.files import TokenFiles
+from linnaeus_accel.data.tokens.format import TokenOutOfVocab
+from linnaeus_accel.data.tokens.packing import PackedTokens
+from linnaeus_accel.data.tokens.windows import VAL_STREAM, DrawSampler, WindowDraws
 
 OPTIONS = "DATA.DATASET.OPTIONS"
 SEQ_LEN = 9  # windows of 9 tokens, aligned every 8

@@ -16,10 +16,10 @@ from helpers.configs import REPO
 from helpers.in_process import run_cli
 
 from linnaeus_accel.config import ConfigError
-from linnaeus_accel.data import tokenize as tokenize_module
-from linnaeus_accel.data.token_format import TokenSidecar, read_sidecar, sidecar_path
-from linnaeus_accel.data.tokenize import tokenize_files
-from linnaeus_accel.data.tokenize_output import TokenFileWriter
+from linnaeus_accel.data.tokenize import command as tokenize_module
+from linnaeus_accel.data.tokenize.command import tokenize_files
+from linnaeus_accel.data.tokenize.output import TokenFileWriter
+from linnaeus_accel.data.tokens.format import TokenSidecar, read_sidecar, sidecar_path
 
 
 def tokenize(*args: str | Path) -> tuple[int, str, str]:

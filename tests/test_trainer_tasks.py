@@ -31,7 +31,7 @@ from torch.utils.data import IterableDataset, TensorDataset
 from linnaeus_accel import Trainer, load_config
 from linnaeus_accel.cli import main
 from linnaeus_accel.config import Config, ConfigError
-from linnaeus_accel.data.packing import PackedTokens
+from linnaeus_accel.data.tokens.packing import PackedTokens
 from linnaeus_accel.tasks import STANDARD_PASS, Direction, Task, ValidationPass
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")

@@ -1,5 +1,5 @@
 """``SCHEDULE.VALIDATION.MAX_BATCHES``: validation on a fixed, seeded budget of batches per process
-(``training.validation_data``), the final validation on the whole split (``FINAL_EPOCH.WHOLE_SPLIT``).
+(``training.validation.data``), the final validation on the whole split (``FINAL_EPOCH.WHOLE_SPLIT``).
 
 In-process runs of the built-in digits data (359 validation images), the validation dataset
 wrapped so that it records every index (or, as a stream, every sample) it hands out.
@@ -18,12 +18,12 @@ from helpers.configs import DEFAULT_CONFIG
 from helpers.in_process import reset_accelerate, run_cli
 from torch.utils.data import Dataset, IterableDataset
 
+from linnaeus_accel.checkpoint.resume.config_changes import review_changes
 from linnaeus_accel.config import Config, load_config
 from linnaeus_accel.data import build_dataset
 from linnaeus_accel.data.sampling import EpochOrderSampler, EpochSeededSampler, SubsetSampler
 from linnaeus_accel.models import build_model
 from linnaeus_accel.process import faults
-from linnaeus_accel.resume.config_changes import review_changes
 from linnaeus_accel.schedule import resolve_plan
 from linnaeus_accel.training.trainer import Trainer
 

@@ -73,7 +73,7 @@ def write_documents(path: Path, count: int, vocab: int, longest: int) -> int:
     """Random token ids (uint16) in documents of 1 to ``longest`` tokens, each ended by the
     end-of-document id (``vocab - 1``, declared in the sidecar ``tokenize`` would write); the
     number of documents."""
-    from linnaeus_accel.data.token_format import TokenSidecar, sidecar_path
+    from linnaeus_accel.data.tokens.format import TokenSidecar, sidecar_path
 
     rng = np.random.default_rng(0)
     eos = vocab - 1

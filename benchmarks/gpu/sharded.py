@@ -136,7 +136,7 @@ def check_backend(part: Part, file: str, done: dict[str, Any], root: Path, steps
     if kind == "DEEPSPEED" and checkpoints:
         check_deepspeed_files(part, label, checkpoints[-1], done.get("tampered"))
         # What DeepSpeed's files refer to: a new DeepSpeed version's classes show up here first.
-        from linnaeus_accel.state.content import pickled_globals
+        from linnaeus_accel.checkpoint.state.content import pickled_globals
 
         names: set[str] = set()
         for file in sorted((checkpoints[-1] / sharded_dir).rglob("*.pt")):
@@ -172,7 +172,7 @@ def tamper(ref_run: Path, dest: Path) -> tuple[Path, str, Path]:
     the manifest): (the checkpoint, the file's path in it, the file the command would create)."""
     import torch
 
-    from linnaeus_accel.checkpoint import MARKER, file_digest
+    from linnaeus_accel.checkpoint.directory import MARKER, file_digest
 
     newest = sorted((ref_run / "checkpoints").glob("step_*"))[-1]
     checkpoint = dest / newest.name
@@ -191,7 +191,7 @@ def tamper(ref_run: Path, dest: Path) -> tuple[Path, str, Path]:
 def check_deepspeed_files(part: Part, label: str, checkpoint: Path, tampered: Any) -> None:
     """DeepSpeed unpickles its files with weights_only=False: the resume opens them as data first
     (checkpoint_content), which must pass on DeepSpeed's real files and refuse a planted pickle."""
-    from linnaeus_accel.state.content import content_problem
+    from linnaeus_accel.checkpoint.state.content import content_problem
 
     state = json.loads((checkpoint / "trainer_state.json").read_text(encoding="utf-8"))
     problem = content_problem(checkpoint, state)

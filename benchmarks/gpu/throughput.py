@@ -118,7 +118,7 @@ class Referee:
 def peak_flops() -> float | None:
     import torch
 
-    from linnaeus_accel.training.meter import PEAK_FLOPS
+    from linnaeus_accel.training.metrics.meter import PEAK_FLOPS
 
     if not torch.cuda.is_available():
         return None

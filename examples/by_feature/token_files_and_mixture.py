@@ -21,7 +21,7 @@ from accelerate.utils import set_seed
 
 from linnaeus_accel import Trainer, load_config
 from linnaeus_accel.data import build_dataset
-from linnaeus_accel.data.tokenize import tokenize_files
+from linnaeus_accel.data.tokenize.command import tokenize_files
 from linnaeus_accel.models import build_model
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "pretrain.yaml"

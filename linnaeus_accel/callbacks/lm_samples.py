@@ -24,7 +24,7 @@ import torch
 
 from ..config import ConfigError
 from ..config.callbacks import LmSamplesOptions
-from ..data.packing import BYTE_EOS, decode_bytes, encode_bytes
+from ..data.tokens.packing import BYTE_EOS, decode_bytes, encode_bytes
 from ..tasks.base import logits_of
 from . import Callback, RunContext, register_callback
 
@@ -58,7 +58,7 @@ class LmSamples(Callback):
         self.options = o
         self._tokenizer: Any = None
         if o.tokenizer is not None:
-            from ..data.tokenize import load_tokenizer
+            from ..data.tokenize.command import load_tokenizer
 
             self._tokenizer = load_tokenizer(Path(o.tokenizer))
 

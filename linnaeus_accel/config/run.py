@@ -8,7 +8,7 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
-from ..checkpoint.object_store import SCHEMES, split_url
+from ..object_store import SCHEMES, split_url
 from .base import (
     PositiveFloat,
     PositiveInt,
@@ -23,7 +23,7 @@ class BucketConfig(Section):
     """A copy of the run's checkpoints in an object store (S3-compatible, Google Cloud Storage,
     Backblaze B2) or a shared directory, named by URL."""
 
-    # The URL schemes a bucket may have; each backend is in linnaeus_accel/checkpoint/object_store.py.
+    # The URL schemes a bucket may have; each backend is in linnaeus_accel/object_store.py.
     SCHEMES: ClassVar[tuple[str, ...]] = SCHEMES
 
     URL: str | None = Field(
@@ -74,7 +74,7 @@ class BucketConfig(Section):
 
     @classmethod
     def split_url(cls, url: str) -> tuple[str, str, str]:
-        """(scheme, bucket, prefix) of a bucket URL (``checkpoint.object_store.split_url``)."""
+        """(scheme, bucket, prefix) of a bucket URL (``object_store.split_url``)."""
         return split_url(url)
 
     @property

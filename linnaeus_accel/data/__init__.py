@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any
 from .registry import build_dataset, dataset_problems, get_dataset_builder, register_dataset
 
 if TYPE_CHECKING:
-    from .packing import PackedTokens, PackedTokenStream
-    from .streaming import StreamShard
+    from .streams.streaming import StreamShard
+    from .tokens.packing import PackedTokens, PackedTokenStream
 
-_LAZY = {"PackedTokens": "packing", "PackedTokenStream": "packing", "StreamShard": "streaming"}
+_LAZY = {"PackedTokens": "tokens.packing", "PackedTokenStream": "tokens.packing", "StreamShard": "streams.streaming"}
 
 __all__ = [
     "PackedTokenStream",

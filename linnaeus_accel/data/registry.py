@@ -31,10 +31,10 @@ DATASETS: Registry[DatasetBuilder] = Registry(
     {
         "digits": "linnaeus_accel.data.digits",
         "digits_images": "linnaeus_accel.data.digits",
-        "hf_dataset": "linnaeus_accel.data.hf",
-        "mixture": "linnaeus_accel.data.mixture",
+        "hf_dataset": "linnaeus_accel.data.hf.dataset",
+        "mixture": "linnaeus_accel.data.mixtures.mixture",
         "python_docs": "linnaeus_accel.data.text",
-        "token_files": "linnaeus_accel.data.token_files",
+        "token_files": "linnaeus_accel.data.tokens.files",
     },
 )
 register_dataset = DATASETS.register

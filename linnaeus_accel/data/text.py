@@ -15,7 +15,7 @@ seen in training and validation both.
   ``PackedTokens`` over the split's topics in a fixed order.
 - ``windows`` (``aligned``, default, or ``random``): training windows at aligned offsets, or at
   uniform random offsets drawn with replacement (nanoGPT's), keyed by ``EXPERIMENT.SEED`` and the
-  draw's place in the run (``data.token_windows``); validation stays aligned. Map-style only.
+  draw's place in the run (``data.tokens.windows``); validation stays aligned. Map-style only.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ import numpy as np
 
 from ..config import Config, ConfigError
 from ..schedule.steps import decimal_of, round_half_up
-from .packing import BYTE_EOS, BYTE_VOCAB_SIZE, PackedTokens, PackedTokenStream
 from .registry import Split, register_dataset
-from .token_windows import ALIGNED, WINDOWS, WindowDraws
+from .tokens.packing import BYTE_EOS, BYTE_VOCAB_SIZE, PackedTokens, PackedTokenStream
+from .tokens.windows import ALIGNED, WINDOWS, WindowDraws
 
 OPTIONS_KEY = "DATA.DATASET.OPTIONS"
 DEFAULT_SEQ_LEN = 128

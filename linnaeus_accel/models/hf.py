@@ -37,7 +37,7 @@ from typing import Any
 from torch import nn
 
 from ..config import Config, ConfigError
-from ..data.packing import BYTE_EOS, BYTE_VOCAB_SIZE
+from ..data.tokens.packing import BYTE_EOS, BYTE_VOCAB_SIZE
 from .pretrained import config_fields, load_pretrained, model_directory
 from .registry import register_model
 

@@ -21,8 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..checkpoint.digests import hash_file
 from ..config import ConfigError
+from ..digests import hash_file
 
 PRETRAINED_KEY = "MODEL.OPTIONS.pretrained"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")

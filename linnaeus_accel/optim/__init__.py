@@ -12,7 +12,7 @@ Register your own from your training script::
 and set ``OPTIMIZER.NAME: lion``. ``param_groups`` are dicts with ``params``, ``name`` (the
 LR_SCHEDULER group's label), ``lr_group`` (its index: the LR schedule sets the group's ``lr`` every
 step, so build with ``lr=0.0``) and, where the config decides it, ``weight_decay`` (see
-``linnaeus_accel.training.setup.parameter_groups``). Keep the groups' keys: torch's optimizers do.
+``linnaeus_accel.training.start.setup.parameter_groups``). Keep the groups' keys: torch's optimizers do.
 """
 
 from .registry import OPTIMIZERS, OptimizerBuilder, build_from_config, register_optimizer

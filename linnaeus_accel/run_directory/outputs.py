@@ -14,6 +14,7 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,6 @@ import yaml
 from accelerate import Accelerator
 
 from .. import json_files
-from ..checkpoint import MARKER, step_name
 from ..config import Config, output_dir_problem
 from ..process.failures import OutputWriteError
 from ..schedule.report.plot import write_schedule_plot
@@ -348,21 +348,26 @@ def shorter_than_trained(config: Config, done: int, total_steps: int) -> tuple[s
 
 
 def claim_output_dir(
-    config: Config, lock: RunLock, resume_from: str | Path | None, overwrite: bool, total_steps: int
+    config: Config,
+    lock: RunLock,
+    resume_from: str | Path | None,
+    overwrite: bool,
+    total_steps: int,
+    committed: Callable[[int], bool],
 ) -> tuple[tuple[str, str] | None, dict[str, Any] | None]:
     """Main process: take the directory's lock (held until the run ends), then clear it for
     ``overwrite``, or find a finished run there, or check that it may be resumed. A run completed
     before the ``total_steps`` this config asks for is not finished: it resumes and trains on to
     the new end. Returns (the problem, the finished run's summary); never raises: the other
-    processes wait for the answer."""
+    processes wait for the answer. ``committed(step)``: whether the run directory holds a committed
+    checkpoint of that step (the checkpoint room knows what one is)."""
     try:
         lock.acquire()
         if overwrite:
             clear_run(config.output_dir)
         elif resume_from is None and (finished := finished_run(config.output_dir)) is not None:
             if extends(finished, total_steps):
-                last = config.output_dir / "checkpoints" / step_name(finished["global_step"])
-                if not (last / MARKER).is_file():
+                if not committed(int(finished["global_step"])):
                     return no_last_checkpoint(config, int(finished["global_step"])), None
                 return output_problem(config, resume_from, total_steps), None  # trained on: resumes
             if isinstance(finished.get("global_step"), int) and total_steps < finished["global_step"]:

@@ -17,7 +17,6 @@ from typing import Any
 from accelerate import Accelerator
 from torch import nn
 
-from ..models.init_from import init_line
 from ..models.pretrained import weight_files, weights_digest
 
 
@@ -106,3 +105,10 @@ def model_line(info: dict[str, Any]) -> str:
     source = f" from {model['pretrained']}" if "pretrained" in model else ""
     line = f"Model:    {model['class']}{source}: {total:,} parameters, {trained:,} trained{share}"
     return line + (f"\n{init_line(model['init_from'])}" if "init_from" in model else "")
+
+
+def init_line(info: dict[str, Any]) -> str:
+    """The start-up summary's line for ``InitFrom.info()``."""
+    left = info["left_as_built"]
+    kept = f", {left:,} left as built (MODEL.INIT_IGNORE)" if left else ""
+    return f"Weights:  {info['tensors_loaded']:,} tensors from {info['path']} (MODEL.INIT_FROM){kept}"

@@ -8,7 +8,7 @@ broadcast and one gather, at start only; the probe is removed before anything el
 
 A machine that cannot see it stops the run with a ``ConfigError`` on every process, unless the run
 has a bucket (``ENV.OUTPUT.BUCKET``): then every machine keeps its own processes' files on its own
-disk and the bucket is where a checkpoint comes together (``save.node_parts``; node-local mode).
+disk and the bucket is where a checkpoint comes together (``checkpoint.bucket.node_parts``; node-local mode).
 """
 
 from __future__ import annotations

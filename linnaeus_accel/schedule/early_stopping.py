@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, ClassVar, Literal
 
-from ..checkpoint.state_fields import Int, OptInt, OptNumber, StateModel, Text, absent
 from ..config.sections import EarlyStopConfig
+from ..state_fields import Int, OptInt, OptNumber, StateModel, Text, absent
 
 STATE_VERSION = 1
 

@@ -19,7 +19,7 @@ MAX_TOTAL_STEPS = 2**53
 @dataclass(frozen=True)
 class DataSource:
     """One source of a mixed training dataset, per epoch: what ``plan`` shows (from the dataset's
-    ``describe()``; see ``data.mixture``)."""
+    ``describe()``; see ``data.mixtures.mixture``)."""
 
     label: str
     weight: float  # normalised share of the samples

@@ -17,8 +17,11 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from ..callbacks import Callback, RunActions, RunContext, build_callbacks, callback_name
+from ..checkpoint.init_from import InitFrom, load_init_from
+from ..checkpoint.manager import CheckpointManager
+from ..checkpoint.save.nonfinite import NonFiniteGuard
+from ..checkpoint.state.registry import StateRegistry
 from ..config import Config
-from ..models.init_from import InitFrom, load_init_from
 from ..optim.groups import optimizer_line
 from ..process.gloo_exit import settle_gloo_threads_at_exit
 from ..process.preemption import PreemptionWatch
@@ -26,19 +29,15 @@ from ..progress import TrainingConsistencyChecker, TrainingProgress
 from ..run_directory.outputs import RunOutputs, run_outputs
 from ..run_directory.run_lock import RunLock
 from ..schedule import EarlyStopping, OpsSchedule, ResolvedPlan
-from ..state.registry import StateRegistry
 from ..tasks import STANDARD_PASS, Task, TaskContext, build_task
-from .batches import BatchSource
-from .boundaries import Boundaries
+from .boundary_work import Boundaries
 from .callback_list import CallbackList
-from .checkpoints import CheckpointManager
-from .final_weights import save_final
-from .gradnorm import gradnorm_for
-from .meter import TrainMeter, meter_for
-from .nonfinite import NonFiniteGuard
+from .end.final_weights import save_final
+from .end.run_end import RunEnd
+from .metrics.meter import TrainMeter, meter_for
+from .metrics.train_log import TrainLog
 from .recovery import Recovery
-from .run_end import RunEnd
-from .setup import (
+from .start.setup import (
     OptimizerFactory,
     as_loader,
     build_optimizer,
@@ -48,10 +47,11 @@ from .setup import (
     resolve_run_plan,
     shared_parameters,
 )
-from .step import OptimizerStep
-from .task_checks import check_task, first_batch
-from .train_log import TrainLog
-from .validation import run_pass
+from .start.task_checks import check_task, first_batch
+from .step.batches import BatchSource
+from .step.gradnorm import gradnorm_for
+from .step.optimizer_step import OptimizerStep
+from .validation.passes import run_pass
 
 
 class DataPosition:

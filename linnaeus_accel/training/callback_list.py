@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..callbacks import Callback, RunContext
+from ..checkpoint.state.schemas import CallbacksState
 from ..schedule.callback_steps import next_call
-from ..state.schemas import CallbacksState
 
 if TYPE_CHECKING:
     from ..schedule import ResolvedPlan

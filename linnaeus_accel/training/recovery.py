@@ -26,14 +26,14 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list
 
+from ..checkpoint.manager import CheckpointManager
+from ..checkpoint.state.schemas import RecoveryState, RollbackRecord
 from ..config import Config
 from ..process.failures import RunFailed
 from ..process.faults import fault_point
 from ..progress import TrainingProgress
 from ..run_directory.outputs import RunOutputs
-from ..state.schemas import RecoveryState, RollbackRecord
-from .checkpoints import CheckpointManager
-from .meter import NonFiniteLoss, TrainMeter
+from .metrics.meter import NonFiniteLoss, TrainMeter
 
 # What a rollback does not take back from the checkpoint: where the run is (its step, data
 # position, counts and validation history), early stopping's view of those validations, and this.

@@ -24,22 +24,22 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from ..callbacks import Callback
+from ..checkpoint.bucket.from_bucket import complete_from_bucket
+from ..checkpoint.init_from import check_overwrite
+from ..checkpoint.resume.finished import finished_problem
+from ..checkpoint.state.registry import Stateful
 from ..config import Config, ConfigError
-from ..models.init_from import check_overwrite
 from ..process.failures import RunFailed
 from ..process.faults import fault_point
-from ..resume.finished import finished_problem
-from ..resume.from_bucket import complete_from_bucket
 from ..run_directory.outputs import claim_output_dir
 from ..run_directory.run_info import model_line, run_info
 from ..run_directory.shared_storage import check_shared_output
 from ..run_directory.trackers import init_trackers
 from ..schedule import StopDecision, StopReason
 from ..schedule.report.summary import summary_text
-from ..state.registry import Stateful
 from ..tasks import Task
 from .build import RunParts, build_run, run_context
-from .setup import OptimizerFactory, default_optimizer
+from .start.setup import OptimizerFactory, default_optimizer
 
 
 class Trainer:
@@ -71,7 +71,7 @@ class Trainer:
         groups (``setup.parameter_groups`` says their keys), or a built one with a group per LR group.
         ``collate_fn``: how samples of the datasets given become a batch (e.g. padding sequences
         of different lengths; default: torch's ``default_collate``).
-        ``remote``: a ``linnaeus_accel.checkpoint.remote.RemoteCheckpoints`` (default:
+        ``remote``: a ``linnaeus_accel.checkpoint.bucket.remote.RemoteCheckpoints`` (default:
         ENV.OUTPUT.BUCKET). ``callbacks``: ``linnaeus_accel.Callback``s run after CALLBACKS' (see
         ``linnaeus_accel.callbacks``; the plan draws when they run). Every mismatch between
         config, task, data and model found here is one ``ConfigError``."""
@@ -95,7 +95,7 @@ class Trainer:
     def register_state(self, name: str, part: Stateful) -> None:
         """Save ``part.state_dict()`` in every checkpoint under ``name`` and hand it back to
         ``part.load_state_dict`` on resume. The state may hold tensors (on any device) and plain
-        values (``state.tensor_state`` says which): tensors go to a safetensors file, the rest
+        values (``checkpoint.state.tensor_state`` says which): tensors go to a safetensors file, the rest
         to JSON, nothing is pickled. The main process's state is saved (under DDP every process
         holds the same); every process loads it. Register before ``fit`` (a callback's ``on_setup``);
         a checkpoint without ``name`` (a part new since) leaves the part as it is."""
@@ -283,7 +283,8 @@ class Trainer:
         # Decided on the main process and shared, so that every process stops with the same error
         # instead of waiting at a barrier for a process that has exited.
         main, total = acc.is_main_process, run.plan.total_steps  # a finished run asked for more trains on
-        claim = claim_output_dir(config, run.lock, resume_from, overwrite, total) if main else None
+        committed = run.checkpoints.writer.store.is_committed
+        claim = claim_output_dir(config, run.lock, resume_from, overwrite, total, committed) if main else None
         if claim is not None and claim[1] is not None:  # finished: unless this config trains another run
             refused = finished_problem(config, claim[1], acc.unwrap_model(run.model))
             claim = (refused, None) if refused is not None else claim

@@ -9,8 +9,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from linnaeus_accel.checkpoint import MARKER, CheckpointStore, file_digest, read_marker
-from linnaeus_accel.checkpoint.marker import SIGNATURE, signature
+from linnaeus_accel.checkpoint.directory import MARKER, CheckpointStore, file_digest, read_marker
+from linnaeus_accel.checkpoint.directory.marker import SIGNATURE, signature
 
 
 def stage(store: CheckpointStore, step: int, extra: dict[str, bytes] | None = None) -> Path:

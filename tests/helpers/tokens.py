@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from linnaeus_accel.config import Config, validate_config
-from linnaeus_accel.data.token_format import TokenSidecar, sidecar_path
+from linnaeus_accel.data.tokens.format import TokenSidecar, sidecar_path
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer

@@ -1,0 +1,1 @@
+"""Hugging Face ``datasets``: map-style and streamed, tokenized and packed on the fly."""

@@ -1,0 +1,1 @@
+"""Validation passes at boundaries: their loaders and how each pass runs the task's metrics."""
