@@ -102,10 +102,12 @@ def loaders(path: Path, workers: int) -> tuple[dict[str, Any], Any]:
         return DataLoader(bare, batch_size=BATCH, shuffle=True, num_workers=workers)
 
     return {
-        "ours": make_dataloader(config, ours, train=True),
+        "ours": make_dataloader(config.DATA, config.EXPERIMENT.SEED, ours, train=True),
         "bare": plain(),
         "bare again": plain(),
-        "ours, prepared": accelerator.prepare_data_loader(make_dataloader(config, ours, train=True)),
+        "ours, prepared": accelerator.prepare_data_loader(
+            make_dataloader(config.DATA, config.EXPERIMENT.SEED, ours, train=True)
+        ),
         "bare, prepared": accelerator.prepare_data_loader(plain()),
     }, accelerator
 

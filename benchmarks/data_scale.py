@@ -87,7 +87,7 @@ def startup(config: Any) -> float:
 
     started = time.perf_counter()
     dataset = build_dataset(config, "train")
-    batch = next(iter(make_dataloader(config, dataset, train=True)))
+    batch = next(iter(make_dataloader(config.DATA, config.EXPERIMENT.SEED, dataset, train=True)))
     seconds = time.perf_counter() - started
     if tuple(batch["input_ids"].shape) != (START_BATCH, START_SEQ):
         raise RuntimeError(f"first batch of shape {tuple(batch['input_ids'].shape)}")

@@ -225,7 +225,7 @@ def plan_for(
         from .data import build_dataset, dataset_problems
 
         dataset = build_dataset(config, "train")
-        problems = dataset_problems(config, dataset)
+        problems = dataset_problems(config.SCHEDULE, dataset)
         if problems:
             raise ConfigError(problems)
         if tokens_per_sample is None:
@@ -252,6 +252,7 @@ def _epochs_of_unknown_length(dataset: object, world_size: int, num_workers: int
 
 
 def run_plan(args: argparse.Namespace) -> int:
+    from .schedule.report.settings import report_settings
     from .schedule.report.summary import plan_json, summary_text
 
     if args.plot is not None:
@@ -261,25 +262,26 @@ def run_plan(args: argparse.Namespace) -> int:
             raise ConfigError([("--plot", missing)], source="arguments")
     config = load_config(args.cfg, args.opts)
     plan = plan_for(config, args.world_size, args.dataset_size, args.tokens_per_sample)
+    settings = report_settings(config)
     for warning in plan.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     if args.json:
         # dumps, not dump: only the one-shot encoder is json's C one (4x faster on long event lists).
         sys.stdout.write(
-            json.dumps(plan_json(config, plan, with_series=not args.no_series), separators=(",", ":"))
+            json.dumps(plan_json(settings, plan, with_series=not args.no_series), separators=(",", ":"))
         )
         sys.stdout.write("\n")
     else:
-        sys.stdout.write(summary_text(config, plan))
+        sys.stdout.write(summary_text(settings, plan))
         from .checkpoint.resume.preview import resume_preview
 
-        if preview := resume_preview(config, plan, args.resume):
+        if preview := resume_preview(config.output_dir, plan, args.resume):
             sys.stdout.write("\nResume:   " + "\n          ".join(preview) + "\n")
     if args.plot is not None:
         from .schedule.report.plot import plot_for_cli
 
         # On stderr: with --json, stdout holds the JSON object alone.
-        print(f"schedule plot written to {plot_for_cli(args.plot, config, plan)}", file=sys.stderr)
+        print(f"schedule plot written to {plot_for_cli(args.plot, settings, plan)}", file=sys.stderr)
     return 0
 
 
@@ -292,11 +294,11 @@ def run_train(args: argparse.Namespace) -> int:
 
     config = load_config(args.cfg, args.opts)
     # Every process checks (the same answer on a shared file system), before anything is built.
-    problem = output_dir_problem(config)
+    problem = output_dir_problem(config.output_dir)
     if problem is not None:
         raise ConfigError([problem])
     train_data, val_data = build_dataset(config, "train"), build_dataset(config, "val")
-    problems = dataset_problems(config, train_data)
+    problems = dataset_problems(config.SCHEDULE, train_data)
     if problems:
         raise ConfigError(problems)
     set_seed(config.EXPERIMENT.SEED)  # the same initial weights on every process and every run

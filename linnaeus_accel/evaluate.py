@@ -30,11 +30,12 @@ from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
 from . import json_files
 from .checkpoint.directory import MARKER, MarkerError, read_marker
-from .checkpoint.manager import agree_on_key
+from .checkpoint.signing import agree_on_key
 from .checkpoint.state.files import STATE_FILE, checkpoint_store, read_json
 from .checkpoint.state.frozen_weights import STATE_KEY as FROZEN_KEY
 from .checkpoint.state.frozen_weights import WRAPPER_PREFIXES, base_changed, base_source
 from .config import Config, ConfigError
+from .config.run import EnvConfig
 from .models.lora import BASE_RECORD, recorded_base
 from .training.validation.passes import run_pass
 
@@ -107,11 +108,12 @@ def verify(weights: Weights) -> str | None:
     return None
 
 
-def check_base(model: nn.Module, weights: Weights, config: Config) -> str | None:
+def check_base(model: nn.Module, weights: Weights, source: str) -> str | None:
     """A LoRA model's frozen base (built from the config) against the digest of the base that
     ``weights`` were trained on: a checkpoint records it as resume checks it, a LoRA ``final/`` in
     ``BASE_RECORD``. An adapter on another base measures another model, so a different digest is
-    refused; a ``final/`` written before the record existed gives the warning returned."""
+    refused; a ``final/`` written before the record existed gives the warning returned. ``source``:
+    where the config's base comes from, for the messages (``frozen_weights.base_source``)."""
     lora = getattr(model, "linnaeus_lora", None)
     if lora is None:
         return None  # weights of the whole model: they do not depend on a base
@@ -128,7 +130,7 @@ def check_base(model: nn.Module, weights: Weights, config: Config) -> str | None
         if recorded is None:
             return (
                 f"{weights.path} has no {BASE_RECORD} (written before linnaeus-accel recorded the base): "
-                f"its numbers are right only if {base_source(config)} holds the base the adapter was trained on"
+                f"its numbers are right only if {source} holds the base the adapter was trained on"
             )
         what = f"the adapter in {weights.path}"
     else:
@@ -138,7 +140,7 @@ def check_base(model: nn.Module, weights: Weights, config: Config) -> str | None
             what,
             recorded,
             lora.digest,
-            base_source(config),
+            source,
             "Point MODEL.OPTIONS.pretrained at the base the run was trained on, or restore it",
         )
     return None
@@ -236,11 +238,12 @@ def evaluate(config: Config, checkpoint: str | Path, out: str | Path | None = No
     weights = locate(checkpoint)
     target = Path(out) if out is not None else weights.default_out
     train_data, val_data = build_dataset(config, "train"), build_dataset(config, "val")
-    problems = dataset_problems(config, train_data)
+    problems = dataset_problems(config.SCHEDULE, train_data)
     if problems:
         raise ConfigError(problems)
     set_seed(config.EXPERIMENT.SEED)
-    trainer = Trainer(_without_bucket(config), build_model(config, train_data), train_data, val_data)
+    offline = config.model_copy(update={"ENV": _without_bucket(config.ENV)})
+    trainer = Trainer(offline, build_model(config, train_data), train_data, val_data)
     acc = trainer.accelerator
     agree_on_key()  # its signature is checked below: a key empty or set on one process only is refused
     if trainer.val_batches is None:
@@ -255,7 +258,9 @@ def evaluate(config: Config, checkpoint: str | Path, out: str | Path | None = No
     problem = broadcast_object_list([problem], from_process=0)[0]
     if problem is not None:
         raise _refused(problem)
-    warning = check_base(acc.unwrap_model(trainer.model), weights, config)
+    warning = check_base(
+        acc.unwrap_model(trainer.model), weights, base_source(config.MODEL, config.EXPERIMENT.SEED)
+    )
     if warning is not None and acc.is_main_process:
         print(f"warning: {warning}", file=sys.stderr)
     load_weights(acc.unwrap_model(trainer.model), weights.path)
@@ -286,12 +291,11 @@ def _refused(message: str) -> ConfigError:
     return ConfigError([(KEY, message)], source="arguments")
 
 
-def _without_bucket(config: Config) -> Config:
-    """The config with ENV.OUTPUT.BUCKET off: evaluating reads local weights and uploads nothing."""
-    output = config.ENV.OUTPUT
+def _without_bucket(env: EnvConfig) -> EnvConfig:
+    """ENV with ENV.OUTPUT.BUCKET off: evaluating reads local weights and uploads nothing."""
+    output = env.OUTPUT
     bucket = output.BUCKET.model_copy(update={"ENABLED": False})
-    env = config.ENV.model_copy(update={"OUTPUT": output.model_copy(update={"BUCKET": bucket})})
-    return config.model_copy(update={"ENV": env})
+    return env.model_copy(update={"OUTPUT": output.model_copy(update={"BUCKET": bucket})})
 
 
 def _summary_step(run_dir: Path) -> int | None:

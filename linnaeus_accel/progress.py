@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar
@@ -102,6 +103,9 @@ class TrainingProgress:
     partial_validation_indices: list[int] = field(default_factory=list)
     completed_partial_indices: list[int] = field(default_factory=list)
     best_metric: dict[str, Any] | None = None  # {"name", "value", "step"}
+    # The tokens trained on are added up on the device each step (the meter) and counted here only
+    # when something reads them (a record, a checkpoint, a rollback, the end): no step waits for them.
+    _pending_tokens: Callable[[], int] | None = field(default=None, repr=False, compare=False)
 
     # -- training ------------------------------------------------------------------------------
     @property
@@ -133,6 +137,16 @@ class TrainingProgress:
         self.batches_seen_in_epoch += micro_batches
         self.samples_seen += samples
         self.global_step += 1
+
+    def count_tokens_from(self, pending: Callable[[], int]) -> None:
+        """``pending()``: the tokens trained on since it was last asked (a read from the device)."""
+        self._pending_tokens = pending
+
+    def settle_tokens(self) -> int:
+        """``tokens_seen`` with the tokens still pending counted (one read from the device)."""
+        if self._pending_tokens is not None:
+            self.tokens_seen += self._pending_tokens()
+        return self.tokens_seen
 
     def end_epoch(self) -> None:
         self.epoch += 1

@@ -166,8 +166,10 @@ def main() -> int:
         REPO / "configs" / "default.yaml",
         opts=["ENV.OUTPUT.BASE_DIR", args.base_dir, "EXPERIMENT.NAME", args.name, *bucket],
     )
-    writer = CheckpointWriter(accelerator, config)
-    reader = CheckpointReader(accelerator, config, writer.store)
+    writer = CheckpointWriter(
+        accelerator, config.ENV, config.EXPERIMENT, config.SCHEDULE, config.ranking_metric, config.output_dir
+    )
+    reader = CheckpointReader(accelerator, config.TRAIN, config.output_dir, writer.store)
 
     # Resume as the trainer does: the machines' layout (node-local with a bucket), stale staging
     # removed, the bucket's newest checkpoint made whole on each machine, the newest that verifies.

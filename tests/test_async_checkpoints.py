@@ -86,7 +86,9 @@ def test_the_next_checkpoint_waits_for_a_slow_commit_and_says_how_long(
     config = load_config(CFG, ["ENV.OUTPUT.BASE_DIR", str(tmp_path), "EXPERIMENT.NAME", "run"])
     acc = Accelerator(cpu=True)
     acc.prepare(torch.nn.Linear(4, 4), torch.optim.AdamW(torch.nn.Linear(4, 4).parameters()))
-    writer = CheckpointWriter(acc, config)
+    writer = CheckpointWriter(
+        acc, config.ENV, config.EXPERIMENT, config.SCHEDULE, config.ranking_metric, config.output_dir
+    )
     commit = CheckpointStore.commit
 
     def slow_commit(store: CheckpointStore, *args: Any, **kwargs: Any) -> Path:

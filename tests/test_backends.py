@@ -106,16 +106,21 @@ def keys(problems: list[tuple[str, str]]) -> list[str]:
 def test_backend_problems(
     kind: DistributedType, ds: dict[str, Any] | None, opts: list[str], expected: list[str]
 ) -> None:
-    assert keys(backend_problems(kind, ds, config(*opts))) == expected
+    cfg = config(*opts)
+    assert keys(backend_problems(kind, ds, cfg.DATA, cfg.LOSS, cfg.TRAIN, cfg.SCHEDULE)) == expected
 
 
 def test_messages_name_both_sides_and_the_fix() -> None:
-    ((key, message),) = backend_problems(DS, {**ZERO2, "gradient_clipping": 1.0}, config())
+    cfg = config()
+    ((key, message),) = backend_problems(
+        DS, {**ZERO2, "gradient_clipping": 1.0}, cfg.DATA, cfg.LOSS, cfg.TRAIN, cfg.SCHEDULE
+    )
     assert key == "TRAIN.CLIP_GRAD"
     assert "gradient_clipping 1.0" in message
     assert "set gradient_clipping to 5.0" in message
+    cfg = config("TRAIN.ACCUMULATION_STEPS", "4")
     ((key, message),) = backend_problems(
-        DS, {**ZERO2, "gradient_accumulation_steps": 1}, config("TRAIN.ACCUMULATION_STEPS", "4")
+        DS, {**ZERO2, "gradient_accumulation_steps": 1}, cfg.DATA, cfg.LOSS, cfg.TRAIN, cfg.SCHEDULE
     )
     assert "is 4" in message
     assert "gradient_accumulation_steps 1" in message
@@ -126,12 +131,14 @@ def test_auto_values_become_the_configs() -> None:
     """Accelerate would fill "auto" clipping with 1.0 at prepare, and the micro-batch from a prepared
     DataLoader (a stream is not one); ours go in first."""
     ds = {**ZERO2, "gradient_clipping": "auto"}
-    fill_deepspeed_auto(ds, config("TRAIN.CLIP_GRAD", "2.0", "DATA.BATCH_SIZE", "12"))
+    cfg = config("TRAIN.CLIP_GRAD", "2.0", "DATA.BATCH_SIZE", "12")
+    fill_deepspeed_auto(ds, cfg.DATA, cfg.TRAIN)
     assert ds["gradient_clipping"] == 2.0
     assert ds["train_micro_batch_size_per_gpu"] == 12
     assert ds["train_batch_size"] == "auto"  # Accelerate's: micro-batch x accumulation x processes
     ds = {**ZERO2, "gradient_clipping": "auto"}
-    fill_deepspeed_auto(ds, config("TRAIN.CLIP_GRAD", "none"))
+    cfg = config("TRAIN.CLIP_GRAD", "none")
+    fill_deepspeed_auto(ds, cfg.DATA, cfg.TRAIN)
     assert ds["gradient_clipping"] == 0.0
 
 

@@ -82,7 +82,9 @@ def test_intervals_resolve_once_with_the_plan() -> None:
         CallbackTiming("y#2", "epochs", 2),
     )
     # For a stream without __len__, an interval in epochs is one of the keys it cannot resolve.
-    assert "CALLBACKS.3.INTERVAL_EPOCHS" in epoch_unit_keys(config)
+    assert "CALLBACKS.3.INTERVAL_EPOCHS" in epoch_unit_keys(
+        config.TRAIN, config.SCHEDULE, config.LR_SCHEDULER, config.CALLBACKS
+    )
 
 
 def test_plan_lists_callbacks_and_draws_them_on_the_timeline(tmp_path: Path) -> None:
@@ -131,7 +133,7 @@ def test_config_errors_name_their_key() -> None:
         }
     )
     with pytest.raises(ConfigError) as caught:
-        build_callbacks(config)
+        build_callbacks(config.CALLBACKS)
     keys = [key for key, _ in caught.value.problems]
     assert keys == [
         "CALLBACKS.0.NAME",
@@ -147,7 +149,9 @@ def test_config_errors_name_their_key() -> None:
         ConfigError, match=r"INTERVAL_STEPS and CALLBACKS\.0\.INTERVAL_EPOCHS are set together"
     ):
         validate_config({"CALLBACKS": [{"NAME": "x", "INTERVAL_STEPS": 5, "INTERVAL_EPOCHS": 1}]})
-    built = build_callbacks(validate_config({"CALLBACKS": [{"NAME": "test_plain", "INTERVAL_STEPS": 5}]}))
+    built = build_callbacks(
+        validate_config({"CALLBACKS": [{"NAME": "test_plain", "INTERVAL_STEPS": 5}]}).CALLBACKS
+    )
     assert isinstance(built[0], Plain)
     assert built[0].interval == {"INTERVAL_STEPS": 5}
 

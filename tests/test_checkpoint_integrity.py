@@ -238,17 +238,17 @@ def test_a_corrupt_summary_is_moved_aside_and_does_not_stop_a_rerun(tmp_path: Pa
     out.mkdir(parents=True)
     for damage in (b'{"status": "compl', b"\x00\xff\xfe", b"[]", b'{"status": 5}', b"[" * 100_000):
         (out / "summary.json").write_bytes(damage)
-        assert output_problem(config, None) is None
+        assert output_problem(config.output_dir, config.TRAIN, None) is None
         assert not (out / "summary.json").exists()
     kept = sorted(p.name for p in out.iterdir())
     assert kept == ["summary.json.corrupt", *[f"summary.json.corrupt.{n}" for n in range(2, 6)]]
     assert (out / "summary.json.corrupt").read_bytes() == b'{"status": "compl'
     for resumable in ("preempted", "failed"):  # failed: e.g. a full disk, freed since
         (out / "summary.json").write_text(json.dumps({"status": resumable}))
-        assert output_problem(config, None) is None
+        assert output_problem(config.output_dir, config.TRAIN, None) is None
         assert (out / "summary.json").is_file()
     (out / "summary.json").write_text('{"status": "completed"}')
-    problem = output_problem(config, None)
+    problem = output_problem(config.output_dir, config.TRAIN, None)
     assert problem is not None
     assert "already holds a finished run" in problem[1]
 
@@ -685,7 +685,9 @@ disk = Path(sys.argv[1])
 config = load_config(sys.argv[2], ["ENV.OUTPUT.BASE_DIR", str(disk), "EXPERIMENT.NAME", "run"])
 acc = Accelerator(cpu=True)
 model, optimizer = acc.prepare(torch.nn.Linear(64, 64), torch.optim.AdamW(torch.nn.Linear(1, 1).parameters()))
-writer = CheckpointWriter(acc, config)
+writer = CheckpointWriter(
+    acc, config.ENV, config.EXPERIMENT, config.SCHEDULE, config.ranking_metric, config.output_dir
+)
 
 def state(step):
     return {"progress": {"global_step": step, "epoch": 0, "batches_seen_in_epoch": step}}

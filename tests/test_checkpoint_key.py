@@ -170,7 +170,7 @@ def _agree(out: str, keys: list[str | None]) -> None:
     import torch.distributed as dist
     from accelerate import PartialState
 
-    from linnaeus_accel.checkpoint.manager import agree_on_key
+    from linnaeus_accel.checkpoint.signing import agree_on_key
 
     rank = dist.get_rank()
     os.environ["RANK"] = os.environ["LOCAL_RANK"] = str(rank)

@@ -40,7 +40,8 @@ def config(**changes: Any) -> Any:
 def review(saved: Any, now: Any, done: int = 46, allow: bool = False) -> list[str]:
     saved_plan = resolve_plan(saved, 23, 1, 1438)
     plan = resolve_plan(now, 23, 1, 1438)
-    return review_changes(saved.model_dump(mode="json"), plan_identity(saved_plan), now, plan, done, allow)
+    saved_config, run_config = saved.model_dump(mode="json"), now.model_dump(mode="json")
+    return review_changes(saved_config, plan_identity(saved_plan), run_config, plan, done, allow)
 
 
 @pytest.mark.parametrize(
@@ -99,7 +100,7 @@ def test_allow_config_change_applies_and_lists_them() -> None:
 def test_a_checkpoint_without_a_stored_config_is_not_reviewed() -> None:
     now = config(**_kw({"EXPERIMENT.SEED": 7}))
     plan = resolve_plan(now, 23, 1, 1438)
-    assert review_changes(None, None, now, plan, 46, allow=False) == []
+    assert review_changes(None, None, now.model_dump(mode="json"), plan, 46, allow=False) == []
 
 
 def _kw(opts: dict[str, Any]) -> dict[str, Any]:
@@ -127,7 +128,9 @@ def test_a_longer_run_in_steps_is_applied_when_the_past_is_unchanged() -> None:
             "batch_size": 64,
             "batches_per_epoch": batches,
         }
-        lines = review_changes(before.model_dump(mode="json"), saved_plan, after, new, 20, allow=False)
+        lines = review_changes(
+            before.model_dump(mode="json"), saved_plan, after.model_dump(mode="json"), new, 20, allow=False
+        )
         assert lines == ["TRAIN.STEPS: 100 -> 200"], (batches, lines)
         assert old.total_steps == 100
 

@@ -11,7 +11,7 @@ import pytest
 from helpers.configs import REPO
 
 from linnaeus_accel.config import ConfigError, load_config
-from linnaeus_accel.config.reference import COMMAND, all_keys, render, sections, unit_families
+from linnaeus_accel.config_reference import COMMAND, all_keys, render, sections, unit_families
 
 DOC = REPO / "docs" / "config.md"
 
@@ -59,7 +59,7 @@ def test_each_unit_group_the_reference_names_is_one_parameter(
 
 def test_the_documented_command_writes_the_reference(tmp_path: Path) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "linnaeus_accel.config.reference"],
+        [sys.executable, "-m", "linnaeus_accel.config_reference"],
         capture_output=True,
         text=True,
         check=True,

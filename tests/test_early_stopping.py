@@ -13,7 +13,7 @@ from linnaeus_accel.cli import plan_for
 from linnaeus_accel.config import ConfigError, load_config, validate_config
 from linnaeus_accel.config.sections import EarlyStopConfig
 from linnaeus_accel.data import build_dataset
-from linnaeus_accel.schedule import EarlyStopping, StopDecision, resolve_plan
+from linnaeus_accel.schedule import EarlyStopping, OpsSchedule, StopDecision, resolve_plan
 from linnaeus_accel.tasks import TaskContext, build_task
 from linnaeus_accel.training.start.task_checks import check_task, validation_prefixes
 
@@ -53,8 +53,8 @@ def reason(decision: StopDecision | None) -> str | None:
 def test_examples_sequence(upto: int, best: float, step_of_best: int, stop: str | None) -> None:
     es = make(**EXAMPLE)
     decisions = [es.check(s, v) for s, v in zip(STEPS[:upto], VALUES[:upto], strict=True)]
-    assert es.best == best
-    assert es.step_of_best == step_of_best
+    assert es.reference == best
+    assert es.reference_step == step_of_best
     assert [reason(d) for d in decisions[:-1]] == [None] * (upto - 1)  # no stop before
     assert reason(decisions[-1]) == stop
 
@@ -118,7 +118,7 @@ def test_min_delta(min_delta: float, best: float, value: float, improves: bool) 
     es = make(**{**EXAMPLE, "MIN_DELTA": min_delta})
     es.update(best, 1)
     assert es.update(value, 2) is improves
-    assert es.best == (value if improves else best)
+    assert es.reference == (value if improves else best)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -157,7 +157,7 @@ def test_mode_decides_best(keys: dict[str, Any], values: list[float], best: floa
     es = make(ACTIVE=True, PATIENCE_STEPS=10_000, **keys)
     for i, v in enumerate(values):
         assert es.check(100 * (i + 1), v) is None
-    assert es.best == best
+    assert es.reference == best
 
 
 def test_max_mode_patience() -> None:
@@ -167,7 +167,7 @@ def test_max_mode_patience() -> None:
     assert es.check(300, 0.60) is None  # best 0.60 @300
     assert es.check(400, 0.40) is None  # worse
     assert reason(es.check(500, 0.605)) == "patience"
-    assert (es.best, es.step_of_best) == (0.60, 300)
+    assert (es.reference, es.reference_step) == (0.60, 300)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -197,15 +197,15 @@ def test_non_finite_metric_stops(value: float) -> None:
     es = make(**EXAMPLE)
     assert es.check(100, 1.0) is None
     assert reason(es.check(200, value)) == "not_finite"
-    assert (es.best, es.step_of_best) == (1.0, 100)  # never a best
+    assert (es.reference, es.reference_step) == (1.0, 100)  # never a best
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])  # at the first check
 def test_non_finite_first_metric_stops_without_best(value: float) -> None:
     es = make(ACTIVE=True, MAX_GRAD_NORM=10.0)  # no patience or MAX_LOSS needed
     assert reason(es.check(100, value)) == "not_finite"
-    assert es.best is None
-    assert es.step_of_best is None
+    assert es.reference is None
+    assert es.reference_step is None
 
 
 @pytest.mark.parametrize(
@@ -258,7 +258,7 @@ def test_lr_and_grad_norm_are_checked_without_a_metric() -> None:
     es = make(ACTIVE=True, MIN_LR=1e-6, MAX_GRAD_NORM=10.0)
     assert reason(es.check(10, None, lr=1e-3, grad_norm=11.0)) == "max_grad_norm"
     assert reason(es.check(10, None, lr=1e-9, grad_norm=1.0)) == "min_lr"
-    assert es.best is None
+    assert es.reference is None
 
 
 @pytest.mark.parametrize(
@@ -270,9 +270,9 @@ def test_lr_and_grad_norm_are_checked_without_a_metric() -> None:
         (251, "max_steps"),  # past it (e.g. resumed with a lower limit)
     ],
 )
-def test_reached_max_steps_exact(step: int, stop: str | None) -> None:
-    es = make(ACTIVE=True, MAX_STEPS=250)
-    assert reason(es.reached_max_steps(step)) == stop
+def test_max_steps_stop_exact(step: int, stop: str | None) -> None:
+    config = validate_config({"TRAIN": {"EPOCHS": 10, "EARLY_STOP": {"ACTIVE": True, "MAX_STEPS": 250}}})
+    assert reason(OpsSchedule(resolve_plan(config, 100, 1)).max_steps_stop(step)) == stop
 
 
 def test_max_steps_in_plan() -> None:
@@ -284,10 +284,10 @@ def test_max_steps_in_plan() -> None:
 
 def test_max_steps_ignored_when_inactive() -> None:
     config = validate_config({"TRAIN": {"EPOCHS": 10, "EARLY_STOP": {"ACTIVE": False, "MAX_STEPS": 250}}})
-    assert resolve_plan(config, 100, 1).max_steps is None
-    es = EarlyStopping(config.TRAIN.EARLY_STOP)
-    assert es.reached_max_steps(250) is None
-    assert es.reached_max_steps(10_000) is None
+    plan = resolve_plan(config, 100, 1)
+    assert plan.max_steps is None
+    assert OpsSchedule(plan).max_steps_stop(250) is None
+    assert OpsSchedule(plan).max_steps_stop(10_000) is None
 
 
 def test_active_without_any_condition_is_config_error() -> None:
@@ -312,10 +312,9 @@ def test_inactive_never_stops_but_tracks_best() -> None:
     )
     for s, v in zip(STEPS, VALUES, strict=True):
         assert es.check(s, v, lr=1e-9, grad_norm=100.0) is None
-    assert (es.best, es.step_of_best) == (0.98, 300)
+    assert (es.reference, es.reference_step) == (0.98, 300)
     assert es.check(700, float("nan")) is None
     assert es.check(800, float("inf")) is None
-    assert es.reached_max_steps(10**9) is None
 
 
 @pytest.mark.parametrize(
@@ -333,7 +332,7 @@ def test_inactive_never_takes_a_non_finite_best(metric: str, value: float) -> No
     es = make(ACTIVE=False, METRIC=metric, MIN_DELTA=0.01)
     assert es.check(100, 0.5) is None
     assert es.check(200, value) is None
-    assert (es.best, es.step_of_best) == (0.5, 100)
+    assert (es.reference, es.reference_step) == (0.5, 100)
     # the state goes into checkpoints as strict JSON (no Infinity / NaN tokens)
     json.dumps(es.state_dict(), allow_nan=False)
 
@@ -360,7 +359,7 @@ def test_state_round_trip_continues_same_decisions(split: int) -> None:
     assert resumed.state_dict() == first.state_dict()
     decisions += [reason(resumed.check(s, v)) for s, v in zip(STEPS[split:], VALUES[split:], strict=True)]
     assert decisions == expected
-    assert (resumed.best, resumed.step_of_best) == (0.98, 300)
+    assert (resumed.reference, resumed.reference_step) == (0.98, 300)
 
 
 def test_state_is_plain_versioned_data() -> None:
@@ -378,7 +377,7 @@ def test_empty_state_round_trips() -> None:
     es = make(**EXAMPLE)
     resumed = make(**EXAMPLE)
     resumed.load_state_dict(json.loads(json.dumps(es.state_dict())))
-    assert (resumed.best, resumed.step_of_best) == (None, None)
+    assert (resumed.reference, resumed.reference_step) == (None, None)
     assert _full_run(resumed) == [None] * 5 + ["patience"]
 
 
@@ -388,20 +387,20 @@ def test_loading_state_of_another_metric_resets_best() -> None:
     loss = make(**EXAMPLE)
     loss.check(50, 2.0)  # a best of its own, replaced by nothing
     loss.load_state_dict(json.loads(json.dumps(acc.state_dict())))
-    assert (loss.best, loss.step_of_best) == (None, None)
+    assert (loss.reference, loss.reference_step) == (None, None)
     assert loss.metric == "val/loss"
     # the search for a best restarts: 1.0 @100 is the first best, as in a fresh run
     assert _full_run(loss) == [None] * 5 + ["patience"]
-    assert (loss.best, loss.step_of_best) == (0.98, 300)
+    assert (loss.reference, loss.reference_step) == (0.98, 300)
 
 
 def test_loading_tolerates_unknown_and_missing_keys() -> None:
     es = make(**EXAMPLE)
     es.load_state_dict({"version": 99, "metric": "val/loss", "best": 0.5, "step_of_best": 40, "extra": [1]})
-    assert (es.best, es.step_of_best) == (0.5, 40)
+    assert (es.reference, es.reference_step) == (0.5, 40)
     other = make(**EXAMPLE)
     other.load_state_dict({"best": 0.7, "step_of_best": 10})  # no metric recorded: taken as ours
-    assert (other.best, other.step_of_best) == (0.7, 10)
+    assert (other.reference, other.reference_step) == (0.7, 10)
     assert reason(other.check(310, 0.695)) == "patience"  # 310 - 10 >= 300, 0.695 is no improvement
 
 
@@ -423,10 +422,21 @@ def test_a_metric_never_reported_is_refused_suggesting_one_the_run_reports(
 ) -> None:
     config = load_config(DEFAULT_CONFIG, opts)
     dataset = build_dataset(config, "train")
-    plan, task, cpu = plan_for(config, 1, len(dataset)), build_task(config), torch.device("cpu")
+    plan, task, cpu = plan_for(config, 1, len(dataset)), build_task(config.TASK), torch.device("cpu")
     task.bind(TaskContext(config, plan, dataset, 0, 1, cpu))
     with pytest.raises(ConfigError) as refusal:  # before the model is run: none is needed
-        check_task(config, task, plan, torch.nn.Identity(), None, cpu)
+        check_task(
+            task,
+            plan,
+            torch.nn.Identity(),
+            None,
+            cpu,
+            config_problems=task.config_problems(config),
+            task_config=config.TASK,
+            loss=config.LOSS,
+            train=config.TRAIN,
+            schedule=config.SCHEDULE,
+        )
     message = str(refusal.value)
     assert "(1 problem)" in message
     assert f"TRAIN.EARLY_STOP.METRIC: {refused} is never reported" in message

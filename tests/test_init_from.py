@@ -140,7 +140,7 @@ def test_a_checkpoint_directory_and_a_single_file_load_every_tensor(tmp_path: Pa
     for given in (checkpoint, checkpoint / "model.safetensors"):
         config = config_for(tmp_path, "MODEL.INIT_FROM", str(given))
         model = built(config)
-        loaded = load_init_from(config, model)
+        loaded = load_init_from(config.MODEL, config.TRAIN, config.output_dir, model)
         assert loaded is not None
         assert loaded.left_as_built == 0
         expected = load_file(checkpoint / "model.safetensors")
@@ -159,7 +159,7 @@ def test_a_damaged_checkpoint_is_refused_by_its_manifest(tmp_path: Path, source:
     with pytest.raises(
         ConfigError, match=r"is not a usable checkpoint: model\.safetensors: checksum mismatch"
     ):
-        load_init_from(config, built(config))
+        load_init_from(config.MODEL, config.TRAIN, config.output_dir, built(config))
 
 
 def unlist(checkpoint: Path, name: str) -> None:
@@ -246,7 +246,7 @@ def test_a_transformers_trainer_checkpoint_is_no_checkpoint_of_ours(tmp_path: Pa
     shutil.copy(source / "final" / "model.safetensors", directory)
     (directory / "trainer_state.json").write_text('{"global_step": 500, "log_history": []}')
     config = config_for(tmp_path, "MODEL.INIT_FROM", str(directory))
-    loaded = load_init_from(config, built(config))
+    loaded = load_init_from(config.MODEL, config.TRAIN, config.output_dir, built(config))
     assert loaded is not None
     assert loaded.left_as_built == 0
 
@@ -270,7 +270,7 @@ def test_a_save_pretrained_directory_of_a_tied_lm_loads_every_tensor(tmp_path: P
     )
     model: Any = built(config, seed=2)
     assert not same_state(model, trained)
-    loaded = load_init_from(config, model)
+    loaded = load_init_from(config.MODEL, config.TRAIN, config.output_dir, model)
     assert same_state(model, trained)
     assert model.lm_head.weight is model.model.embed_tokens.weight  # still tied
     assert loaded is not None
@@ -301,7 +301,7 @@ def test_a_compiled_or_ddp_models_file_loads_under_the_models_own_names(tmp_path
         torch.manual_seed(1)
         model = Tied()
         target: Any = torch.compile(model, backend="eager") if wrap else model
-        loaded = load_init_from(config, target)
+        loaded = load_init_from(config.MODEL, config.TRAIN, config.output_dir, target)
         assert same_state(model, saved)
         assert model.out.weight is model.embed.weight
         assert loaded is not None
@@ -316,7 +316,7 @@ def test_missing_and_unexpected_keys_are_listed_with_the_fix(tmp_path: Path, sou
     save_file(tensors, tmp_path / "w.safetensors")
     config = config_for(tmp_path, "MODEL.INIT_FROM", str(tmp_path / "w.safetensors"))
     with pytest.raises(ConfigError) as info:
-        load_init_from(config, built(config))
+        load_init_from(config.MODEL, config.TRAIN, config.output_dir, built(config))
     text = str(info.value)
     assert "MODEL.INIT_FROM" in text
     assert "lacks 1 key (heads.1.weight) of the model" in text
@@ -336,7 +336,7 @@ def test_a_head_of_another_size_is_refused_naming_both_shapes(tmp_path: Path) ->
         tmp_path, "MODEL.OPTIONS.channels", "8", "MODEL.INIT_FROM", str(weights), cfg=IMAGES_CFG
     )
     with pytest.raises(ConfigError) as info:
-        load_init_from(config, built(config))
+        load_init_from(config.MODEL, config.TRAIN, config.output_dir, built(config))
     (key, message), *rest = info.value.problems
     assert key == "MODEL.INIT_FROM"
     assert len(rest) == 1  # head.1.weight too
@@ -349,7 +349,7 @@ def test_init_ignore_leaves_a_new_head_as_built(tmp_path: Path) -> None:
     more = ["MODEL.OPTIONS.channels", "8", "MODEL.INIT_FROM", str(weights), "MODEL.INIT_IGNORE", "[head.*]"]
     config = config_for(tmp_path, *more, cfg=IMAGES_CFG)
     model, fresh = built(config, seed=4), built(config, seed=4)
-    loaded = load_init_from(config, model)
+    loaded = load_init_from(config.MODEL, config.TRAIN, config.output_dir, model)
     assert loaded is not None
     assert (loaded.loaded, loaded.left_as_built) == (6, 2)
     source = load_file(weights)
@@ -358,7 +358,7 @@ def test_init_ignore_leaves_a_new_head_as_built(tmp_path: Path) -> None:
         assert torch.equal(tensor, expected), name
     typo = config_for(tmp_path, *more[:-1], "[heads.*]", cfg=IMAGES_CFG)
     with pytest.raises(ConfigError, match=r"'heads\.\*' matches no key"):
-        load_init_from(typo, built(typo))
+        load_init_from(typo.MODEL, typo.TRAIN, typo.output_dir, built(typo))
 
 
 # -- (e) refusals ---------------------------------------------------------------------------------------
@@ -378,14 +378,14 @@ def test_a_pickle_only_directory_is_refused_and_never_unpickled(
     monkeypatch.setattr("pickle.loads", never)
     config = config_for(tmp_path, "MODEL.INIT_FROM", str(directory))
     with pytest.raises(ConfigError) as info:
-        load_init_from(config, built(config))
+        load_init_from(config.MODEL, config.TRAIN, config.output_dir, built(config))
     text = str(info.value)
     assert "MODEL.INIT_FROM" in text
     assert "pytorch_model.bin" in text
     assert "convert it" in text
     single = config_for(tmp_path, "MODEL.INIT_FROM", str(directory / "pytorch_model.bin"))
     with pytest.raises(ConfigError, match=r"is not a \.safetensors file"):
-        load_init_from(single, built(single))
+        load_init_from(single.MODEL, single.TRAIN, single.output_dir, built(single))
 
 
 def test_a_lora_adapter_directory_is_refused(tmp_path: Path) -> None:
@@ -393,7 +393,7 @@ def test_a_lora_adapter_directory_is_refused(tmp_path: Path) -> None:
     save_file({"x": torch.zeros(1)}, tmp_path / "adapter_model.safetensors")
     config = config_for(tmp_path, "MODEL.INIT_FROM", str(tmp_path))
     with pytest.raises(ConfigError, match=r"LoRA adapter .*final/merged/"):
-        load_init_from(config, built(config))
+        load_init_from(config.MODEL, config.TRAIN, config.output_dir, built(config))
 
 
 def test_a_missing_path_exits_2_and_writes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

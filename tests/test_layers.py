@@ -42,6 +42,7 @@ LAYERS: dict[str, float] = {
     "evaluate": 6,
     "cli": 6,
     "cli_reference": 6,  # docs/reference/cli.md, from cli's parser
+    "config_reference": 6,  # docs/config.md, from the config's models
     "__main__": 6,
     "__init__": 6,
 }
@@ -210,3 +211,40 @@ def test_a_circle_is_caught_and_listed(tmp_path: Path) -> None:
     )
     sides = [("linnaeus_accel.callbacks", "linnaeus_accel.training.*")]
     assert [is_known(circle, sides) for circle in found] == [True, False]  # the second: one side only
+
+
+# -- where the rank is asked -----------------------------------------------------------------------
+
+# The modules that ask which process they run on (docs/design.md, "Processes"). Everything else
+# writes through ``run_outputs`` (a silent stand-in on the other processes) or asks one of these.
+RANK_AWARE = {
+    "callbacks/__init__.py": "the docs of ``run.is_main_process`` for callbacks",
+    "callbacks/context.py": "``RunContext.is_main_process``, for callbacks",
+    "callbacks/lm_samples.py": "a callback printing its samples once",
+    "checkpoint/bucket/from_bucket.py": "one process per machine fetches the bucket's checkpoint",
+    "checkpoint/manager.py": "the main process chooses and verifies a checkpoint, then broadcasts it",
+    "checkpoint/resume/reader.py": "the main process verifies, every process loads",
+    "checkpoint/save/failures.py": "a failed write: the main process removes it, all agree",
+    "checkpoint/save/writer.py": "every process stages, the main process commits and uploads",
+    "distributed.py": "linnaeus' rank-aware helpers",
+    "evaluate.py": "the main process verifies the weights and writes the results",
+    "process/preemption.py": "one line per machine when Ctrl-C asks for a clean stop",
+    "run_directory/outputs.py": "``run_outputs``: the real outputs on the main process, a stand-in elsewhere",
+    "run_directory/shared_storage.py": "whether every machine sees the run directory",
+    "training/build.py": "the callbacks told of commits on the main process (it commits)",
+    "training/end/final_weights.py": "the main process writes final/",
+    "training/end/run_end.py": "the main process writes the summary and uploads what the bucket lacks",
+    "training/trainer.py": "the main process claims the run directory, every process hears the answer",
+}
+
+
+def test_the_rank_is_asked_only_where_listed() -> None:
+    asking = {
+        str(path.relative_to(PACKAGE))
+        for path in sources()
+        if "is_main_process" in (text := path.read_text(encoding="utf-8")) or "is_local_main_process" in text
+    }
+    assert asking - set(RANK_AWARE) == set(), (
+        "a new module asks for the rank: use run_outputs, or list it here"
+    )
+    assert set(RANK_AWARE) - asking == set(), "these no longer ask for the rank: remove them from RANK_AWARE"

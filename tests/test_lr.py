@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from linnaeus_accel.config import ConfigError, validate_config
 from linnaeus_accel.schedule import ResolvedPlan, resolve_plan
+from linnaeus_accel.schedule.report.settings import report_settings
 from linnaeus_accel.schedule.report.summary import describe_lr, summary_text
 
 KINDS = ("cosine", "linear", "step", "wsd")
@@ -170,7 +171,7 @@ def test_wsd_phases_summary() -> None:
     plan = resolve_plan(config, 100, 1)
     assert plan.total_steps == 1000
     line = describe_lr(plan.lr_curves[0])
-    text = summary_text(config, plan)
+    text = summary_text(report_settings(config), plan)
     for part in SUMMARY_PARTS:
         assert part in line
         assert part in text

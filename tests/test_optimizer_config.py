@@ -5,6 +5,7 @@ LR_SCHEDULER.PARAMETER_GROUPS, whose LR scales still apply), the Python ``optimi
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -18,12 +19,28 @@ from linnaeus_accel import Callback, register_callback, register_optimizer
 from linnaeus_accel.checkpoint.resume.config_changes import review_changes
 from linnaeus_accel.config import Config, ConfigError, validate_config
 from linnaeus_accel.optim.groups import optimizer_line
+from linnaeus_accel.optim.registry import build_from_config
 from linnaeus_accel.schedule import resolve_plan
 from linnaeus_accel.training.start.setup import build_optimizer, default_optimizer, parameter_groups
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
 HEAD = {"LABEL": "head", "MATCH": ["head.*"], "LR_MULTIPLIER": 10.0}
+
+
+def as_the_trainer_builds(
+    optimizer: Any, model: torch.nn.Module, cfg: Config, device: torch.device | None = None
+) -> torch.optim.Optimizer:
+    """``build_optimizer`` called as ``training/build.py`` calls it: the default from the registry,
+    handed the whole config."""
+    return build_optimizer(
+        optimizer,
+        model,
+        cfg.OPTIMIZER,
+        cfg.LR_SCHEDULER,
+        device,
+        from_config=partial(build_from_config, config=cfg),
+    )
 
 
 class Tiny(nn.Module):
@@ -73,7 +90,8 @@ ALL = ["embed.weight", "body.weight", "body.bias", "norm.weight", "norm.bias", "
 )
 def test_no_decay_takes_the_parameters_of_each_kind(rule: list[str], exempt: list[str]) -> None:
     model = Tiny()
-    got = layout(model, parameter_groups(model, config({"WEIGHT_DECAY": 0.1, "NO_DECAY": rule})))
+    cfg = config({"WEIGHT_DECAY": 0.1, "NO_DECAY": rule})
+    got = layout(model, parameter_groups(model, cfg.OPTIMIZER, cfg.LR_SCHEDULER))
     decaying = [n for n in ALL if n not in exempt]
     assert got == [("default", 0, 0.1, decaying)] + ([("default", 0, 0.0, exempt)] if exempt else [])
 
@@ -81,7 +99,7 @@ def test_no_decay_takes_the_parameters_of_each_kind(rule: list[str], exempt: lis
 def test_no_decay_composes_with_parameter_groups_whose_lr_scales_still_apply() -> None:
     model = Tiny()
     cfg = config({"WEIGHT_DECAY": 0.1, "NO_DECAY": ["bias", "norm", "embedding"]}, [HEAD])
-    groups = parameter_groups(model, cfg)
+    groups = parameter_groups(model, cfg.OPTIMIZER, cfg.LR_SCHEDULER)
     # The N+1 LR groups first, as before OPTIMIZER existed; then each one's no-decay parameters.
     assert layout(model, groups) == [
         ("default", 0, 0.1, ["body.weight"]),
@@ -95,7 +113,8 @@ def test_no_decay_composes_with_parameter_groups_whose_lr_scales_still_apply() -
         assert lrs[1] == lrs[3] == pytest.approx(10 * lrs[0])
         assert lrs[2] == lrs[0]
     # WEIGHT_DECAY 0: the decaying groups carry none (the optimizer's own default applies).
-    plain = parameter_groups(model, config({"NO_DECAY": ["bias"]}, [HEAD]))
+    cfg = config({"NO_DECAY": ["bias"]}, [HEAD])
+    plain = parameter_groups(model, cfg.OPTIMIZER, cfg.LR_SCHEDULER)
     assert ["weight_decay" in g for g in plain] == [False, False, True, True]
 
 
@@ -104,12 +123,12 @@ def test_grouping_is_deterministic_skips_frozen_parameters_and_refits_its_state(
     model = Tiny()
     model.embed.weight.requires_grad_(False)  # as a LoRA run's base weights
     cfg = config({"WEIGHT_DECAY": 0.1, "NO_DECAY": ["ndim<2"]}, [HEAD])
-    first = build_optimizer(default_optimizer, model, cfg)
+    first = as_the_trainer_builds(default_optimizer, model, cfg)
     assert "embed.weight" not in {n for g in layout(model, first.param_groups) for n in g[3]}
     for p in model.parameters():
         p.grad = torch.ones_like(p) if p.requires_grad else None
     first.step()
-    again = build_optimizer(default_optimizer, model, cfg)
+    again = as_the_trainer_builds(default_optimizer, model, cfg)
     assert layout(model, again.param_groups) == layout(model, first.param_groups)
     again.load_state_dict(first.state_dict())  # a resumed run's state fits the groups
     assert [g["weight_decay"] for g in again.param_groups] == [0.1, 0.1, 0.0, 0.0]
@@ -117,7 +136,7 @@ def test_grouping_is_deterministic_skips_frozen_parameters_and_refits_its_state(
 
 def test_defaults_build_what_ran_before_and_an_old_state_loads() -> None:
     model = Tiny()
-    optimizer = build_optimizer(default_optimizer, model, config())
+    optimizer = as_the_trainer_builds(default_optimizer, model, config())
     assert type(optimizer) is torch.optim.AdamW
     (group,) = optimizer.param_groups
     assert (group["lr"], group["weight_decay"], group["betas"], group["eps"]) == (
@@ -138,16 +157,21 @@ def test_defaults_build_what_ran_before_and_an_old_state_loads() -> None:
     saved = config().model_dump(mode="json")
     del saved["OPTIMIZER"]
     cfg = config()
-    assert review_changes(saved, None, cfg, resolve_plan(cfg, 10, 1, 320), 5, allow=False) == []
+    run = cfg.model_dump(mode="json")
+    assert review_changes(saved, None, run, resolve_plan(cfg, 10, 1, 320), 5, allow=False) == []
     now = config({"NO_DECAY": ["bias"]})
     with pytest.raises(ConfigError, match=r"OPTIMIZER\.NO_DECAY: was None in the checkpoint"):
-        review_changes(saved, None, now, resolve_plan(now, 10, 1, 320), 5, allow=False)
+        review_changes(
+            saved, None, now.model_dump(mode="json"), resolve_plan(now, 10, 1, 320), 5, allow=False
+        )
 
 
 @pytest.mark.parametrize("implementation", ["fused", "foreach", "for-loop"])
 def test_adamw_settings_reach_torch(implementation: str) -> None:
     settings = {"BETAS": [0.9, 0.95], "EPS": 1e-6, "WEIGHT_DECAY": 0.1, "IMPLEMENTATION": implementation}
-    optimizer = build_optimizer(default_optimizer, Tiny(), config({**settings, "OPTIONS": {"amsgrad": True}}))
+    optimizer = as_the_trainer_builds(
+        default_optimizer, Tiny(), config({**settings, "OPTIONS": {"amsgrad": True}})
+    )
     (group,) = optimizer.param_groups
     assert (group["betas"], group["eps"], group["weight_decay"], group["amsgrad"]) == (
         (0.9, 0.95),
@@ -164,7 +188,7 @@ def test_adamw_settings_reach_torch(implementation: str) -> None:
 
 def test_sgd_with_momentum() -> None:
     cfg = config({"NAME": "sgd", "MOMENTUM": 0.9, "WEIGHT_DECAY": 1e-4, "OPTIONS": {"nesterov": True}})
-    optimizer = build_optimizer(default_optimizer, Tiny(), cfg)
+    optimizer = as_the_trainer_builds(default_optimizer, Tiny(), cfg)
     (group,) = optimizer.param_groups
     assert type(optimizer) is torch.optim.SGD
     assert (group["momentum"], group["nesterov"], group["weight_decay"]) == (0.9, True, 1e-4)
@@ -195,9 +219,11 @@ def test_config_errors_name_the_key(optimizer: dict[str, Any], keys: list[str]) 
 
 def test_what_torch_refuses_is_a_config_error_naming_the_key() -> None:
     with pytest.raises(ConfigError, match=r"OPTIMIZER\.OPTIONS: torch.optim.SGD refused it: Nesterov"):
-        build_optimizer(default_optimizer, Tiny(), config({"NAME": "sgd", "OPTIONS": {"nesterov": True}}))
+        as_the_trainer_builds(
+            default_optimizer, Tiny(), config({"NAME": "sgd", "OPTIONS": {"nesterov": True}})
+        )
     with pytest.raises(ConfigError, match=r"OPTIMIZER\.NAME: no optimizer named 'adam_w'; known: adamw, sgd"):
-        build_optimizer(default_optimizer, Tiny(), config({"NAME": "adam_w"}))
+        as_the_trainer_builds(default_optimizer, Tiny(), config({"NAME": "adam_w"}))
 
 
 @pytest.mark.parametrize(
@@ -237,7 +263,7 @@ def test_options_are_checked_against_the_optimizer_signature(
 ) -> None:
     """torch takes an option's value as it is: amsgrad 'no' turned amsgrad on."""
     with pytest.raises(ConfigError) as caught:
-        build_optimizer(default_optimizer, Tiny(), config({"NAME": name, "OPTIONS": options}))
+        as_the_trainer_builds(default_optimizer, Tiny(), config({"NAME": name, "OPTIONS": options}))
     assert [key for key, _ in caught.value.problems] == [f"OPTIMIZER.OPTIONS.{key}" for key in problems]
     for (_, message), expected in zip(caught.value.problems, problems.values(), strict=True):
         assert message.startswith(expected)
@@ -307,9 +333,9 @@ def test_the_first_step_is_tried_on_the_device_the_run_trains_on() -> None:
     with pytest.raises(
         ConfigError, match=r"\n  OPTIMIZER\.OPTIONS: .* first step on cpu: .*supported devices"
     ):
-        build_optimizer(default_optimizer, Tiny(), cfg, torch.device("cpu"))
+        as_the_trainer_builds(default_optimizer, Tiny(), cfg, torch.device("cpu"))
     if torch.cuda.is_available():
-        optimizer = build_optimizer(default_optimizer, Tiny(), cfg, torch.device("cuda"))
+        optimizer = as_the_trainer_builds(default_optimizer, Tiny(), cfg, torch.device("cuda"))
         assert optimizer.defaults["capturable"] is True
 
 
@@ -321,7 +347,7 @@ def signed_sgd(groups: list[dict[str, Any]], cfg: Config) -> torch.optim.Optimiz
 def test_a_registered_optimizer_gets_the_groups_and_the_config() -> None:
     model = Tiny()
     cfg = config({"NAME": "test_signed_sgd", "NO_DECAY": ["bias"], "OPTIONS": {"dampening": 0.5}})
-    optimizer = build_optimizer(default_optimizer, model, cfg)
+    optimizer = as_the_trainer_builds(default_optimizer, model, cfg)
     assert type(optimizer) is torch.optim.SGD
     assert [(g["name"], g["weight_decay"], g["dampening"]) for g in optimizer.param_groups] == [
         ("default", 0.0, 0.5),
@@ -338,27 +364,29 @@ def test_the_python_factory_still_works() -> None:
         return torch.optim.AdamW(groups, lr=0.0, weight_decay=0.05)
 
     # Without OPTIMIZER: the groups as before (plus lr_group), the factory's own weight decay.
-    optimizer = build_optimizer(factory, model, config(groups=[HEAD]))
+    optimizer = as_the_trainer_builds(factory, model, config(groups=[HEAD]))
     assert seen[-1] == [["lr_group", "name", "params"]] * 2
     assert [g["weight_decay"] for g in optimizer.param_groups] == [0.05, 0.05]
     # NO_DECAY reaches it through the groups; WEIGHT_DECAY too, when set.
-    optimizer = build_optimizer(factory, model, config({"NO_DECAY": ["bias", "norm"]}))
+    optimizer = as_the_trainer_builds(factory, model, config({"NO_DECAY": ["bias", "norm"]}))
     assert [g["weight_decay"] for g in optimizer.param_groups] == [0.05, 0.0]
-    optimizer = build_optimizer(factory, model, config({"NO_DECAY": ["bias", "norm"], "WEIGHT_DECAY": 0.2}))
+    optimizer = as_the_trainer_builds(
+        factory, model, config({"NO_DECAY": ["bias", "norm"], "WEIGHT_DECAY": 0.2})
+    )
     assert [g["weight_decay"] for g in optimizer.param_groups] == [0.2, 0.0]
     assert "on 64 of 78 trained parameters" in optimizer_line(optimizer)
     # What a factory or a built optimizer would not read is refused, naming the key.
     with pytest.raises(
         ConfigError, match=r"OPTIMIZER\.NAME: is 'sgd' but the Trainer was given an optimizer factory"
     ):
-        build_optimizer(factory, model, config({"NAME": "sgd"}))
+        as_the_trainer_builds(factory, model, config({"NAME": "sgd"}))
     built = torch.optim.AdamW(model.parameters())
     with pytest.raises(
         ConfigError,
         match=r"OPTIMIZER\.NO_DECAY: is \['bias'\] but the Trainer was given an optimizer already built",
     ):
-        build_optimizer(built, model, config({"NO_DECAY": ["bias"]}))
-    assert build_optimizer(built, model, config()) is built
+        as_the_trainer_builds(built, model, config({"NO_DECAY": ["bias"]}))
+    assert as_the_trainer_builds(built, model, config()) is built
 
 
 def test_plan_prints_the_optimizer() -> None:
@@ -488,15 +516,17 @@ def test_what_a_resume_puts_back_or_refuses(
 ) -> None:
     from linnaeus_accel.checkpoint.resume.optimizer import changed_group_keys, regrouping_problems
 
-    saved = config(before).model_dump(mode="json")
-    assert changed_group_keys(saved, config(after)) == group_keys
-    assert [key for key, _ in regrouping_problems(saved, config(after))] == regrouped
+    saved, run = config(before).model_dump(mode="json"), config(after).model_dump(mode="json")
+    assert changed_group_keys(saved, run) == group_keys
+    assert [key for key, _ in regrouping_problems(saved, run)] == regrouped
 
 
 def test_lr_groups_regroup_when_they_match_other_parameters() -> None:
     from linnaeus_accel.checkpoint.resume.optimizer import regrouping_problems
 
     saved = config(groups=[HEADS]).model_dump(mode="json")
-    assert regrouping_problems(saved, config(groups=[{**HEADS, "LR_MULTIPLIER": 5}])) == []  # same members
-    moved = regrouping_problems(saved, config(groups=[{**HEADS, "MATCH": ["heads.0.*"]}]))
+    same_members = config(groups=[{**HEADS, "LR_MULTIPLIER": 5}]).model_dump(mode="json")
+    assert regrouping_problems(saved, same_members) == []
+    other_members = config(groups=[{**HEADS, "MATCH": ["heads.0.*"]}]).model_dump(mode="json")
+    moved = regrouping_problems(saved, other_members)
     assert [key for key, _ in moved] == ["LR_SCHEDULER.PARAMETER_GROUPS"]

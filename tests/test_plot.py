@@ -21,6 +21,7 @@ from linnaeus_accel.cli import main, plan_for
 from linnaeus_accel.config import load_config
 from linnaeus_accel.schedule import OpsSchedule, ResolvedPlan
 from linnaeus_accel.schedule.report.plot import MARKER_COLUMNS, MAX_POINTS, PLOT_EXTRA, schedule_figure
+from linnaeus_accel.schedule.report.settings import report_settings
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 WIDTH, HEIGHT = 1320, 825  # 12 x 7.5 inches at 110 dpi
@@ -29,7 +30,7 @@ WIDTH, HEIGHT = 1320, 825  # 12 x 7.5 inches at 110 dpi
 def figure_for(opts: list[str], dataset_size: int = 1438) -> tuple[Figure, ResolvedPlan]:
     config = load_config(CFG, opts)
     plan = plan_for(config, 1, dataset_size)
-    return schedule_figure(config, plan), plan
+    return schedule_figure(report_settings(config), plan), plan
 
 
 def axes(fig: Figure, label: str) -> Any:
@@ -155,7 +156,7 @@ def row_labels(fig: Figure) -> tuple[list[str], list[str]]:
 
 def test_a_causal_lm_plot_draws_no_masking_or_mixup_rows() -> None:
     config = load_config(REPO / "configs" / "lm_tiny.yaml")
-    fig = schedule_figure(config, plan_for(config, 1, 3146, 128))
+    fig = schedule_figure(report_settings(config), plan_for(config, 1, 3146, 128))
     assert row_labels(fig) == (["validation", "checkpoint"], [])  # no probabilities panel at all
     assert not any(str(ln.get_gid()).startswith("prob:") for ax in fig.axes for ln in ax.get_lines())
 
@@ -297,7 +298,10 @@ def test_two_drawings_of_one_run_directory_do_not_remove_each_others_file(
     config = load_config(CFG)
     plan = plan_for(config, 1, 1438)
     target = tmp_path / "schedule.png"
-    drawings = [threading.Thread(target=_draw_schedule, args=(target, config, plan)) for _ in range(2)]
+    drawings = [
+        threading.Thread(target=_draw_schedule, args=(target, report_settings(config), plan))
+        for _ in range(2)
+    ]
     for drawing in drawings:
         drawing.start()
     for drawing in drawings:

@@ -16,6 +16,7 @@ from helpers.in_process import run_cli
 from linnaeus_accel.config import Config, ConfigError, validate_config
 from linnaeus_accel.schedule import OpsSchedule, ResolvedPlan, batches_per_process, resolve_plan
 from linnaeus_accel.schedule.boundaries import Boundary, Interval
+from linnaeus_accel.schedule.report.settings import report_settings
 from linnaeus_accel.schedule.report.summary import plan_json, summary_text
 
 
@@ -154,7 +155,7 @@ def test_unknown_length_with_steps_resolves_without_epochs() -> None:
     assert [k for k in range(1, 1001) if ops.should_validate_mid_epoch(k)] == [300, 600, 900]
     assert not ops.should_end_epoch(1, 999)  # the stream ends the epoch, not the plan
     assert ops.should_end_epoch(1, 1000)  # but the run's last step does
-    text = summary_text(config, plan)
+    text = summary_text(report_settings(config), plan)
     assert "a stream without __len__" in text
     assert "1000 total steps from TRAIN.STEPS; optimizer steps per epoch unknown" in text
     assert (
@@ -164,7 +165,7 @@ def test_unknown_length_with_steps_resolves_without_epochs() -> None:
     assert "at the first end of a pass after every 500 steps (where passes end is unknown)" in text
     # The checkpoint interval waits for pass ends: the plan warns and names the fix.
     assert any("SCHEDULE.CHECKPOINT.MID_EPOCH" in w for w in plan.warnings)
-    data = plan_json(config, plan, with_series=False)
+    data = plan_json(report_settings(config), plan, with_series=False)
     assert data["events"] is None
     assert data["event_steps"]["validation"] == [300, 600, 900, 1000]
     assert data["event_steps"]["checkpoint"] == [1000]
@@ -211,7 +212,7 @@ def test_mid_epoch_validation_with_known_epochs() -> None:
     mid = [k for k in range(1, 301) if ops.should_validate_mid_epoch(k)]
     assert mid == [40, 80, 120, 160, 240, 280]  # 200 is a boundary: its own validation covers it
     assert [e for e in (1, 2, 3) if ops.should_validate(e)] == [2, 3]  # 200 is a multiple; 3 is final
-    text = summary_text(config, plan)
+    text = summary_text(report_settings(config), plan)
     assert "Validation:            every 40 steps (at the step itself, mid-epoch); after epochs 2, 3" in text
 
 

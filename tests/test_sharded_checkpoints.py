@@ -156,7 +156,11 @@ def test_corrupt_shard_is_rejected_and_previous_checkpoint_chosen(
     )
     shutil.copytree(ref_dir / "outputs" / "ref" / "checkpoints", config.output_dir / "checkpoints")
     # find() runs on the main process only and needs nothing else of the Accelerator.
-    reader = CheckpointReader(SimpleNamespace(is_main_process=True), config)  # type: ignore[arg-type]
+    reader = CheckpointReader(
+        SimpleNamespace(is_main_process=True),  # type: ignore[arg-type]
+        config.TRAIN,
+        config.output_dir,
+    )
     newest = reader.store.final_path(12)
     shard = newest / "pytorch_model_fsdp_0" / "__1_0.distcp"
     data = bytearray(shard.read_bytes())

@@ -15,8 +15,8 @@ import torch
 from accelerate.data_loader import BatchSamplerShard
 from torch.utils.data import BatchSampler, IterableDataset, SequentialSampler
 
-from linnaeus_accel.data.streams import streaming
 from linnaeus_accel.data.sampling import real_in_batch
+from linnaeus_accel.data.streams import streaming
 from linnaeus_accel.data.streams.reader import StreamError
 from linnaeus_accel.data.streams.streaming import StreamShard, stream_loader
 from linnaeus_accel.schedule.steps import batches_per_process

@@ -297,13 +297,13 @@ def test_causal_lm_names_a_model_without_logits() -> None:
     ],
 )
 def test_metric_directions_come_from_the_task(name: str, metric: str, direction: str | None) -> None:
-    task = build_task(load_config(None, ["TASK.NAME", name]))
+    task = build_task(load_config(None, ["TASK.NAME", name]).TASK)
     assert task.direction(metric) == direction
 
 
 def test_non_hierarchical_tasks_refuse_metadata_schedules() -> None:
     config = load_config(DEFAULT_CONFIG, ["TASK.NAME", "classification"])
-    keys = [key for key, _ in build_task(config).config_problems(config)]
+    keys = [key for key, _ in build_task(config.TASK).config_problems(config)]
     assert "SCHEDULE.META_MASKING.ENABLED" in keys
     assert "SCHEDULE.MIXUP.PROB.ENABLED" in keys
     assert "SCHEDULE.VALIDATION.FINAL_EPOCH.EXHAUSTIVE_PARTIAL_META_VALIDATION" in keys
@@ -313,7 +313,7 @@ def test_unknown_task_name_lists_the_known_ones() -> None:
     from linnaeus_accel.config import ConfigError
 
     with pytest.raises(ConfigError, match="causal_lm, classification, hierarchical"):
-        build_task(load_config(None, ["TASK.NAME", "segmentation"]))
+        build_task(load_config(None, ["TASK.NAME", "segmentation"]).TASK)
 
 
 def test_validation_pass_default_is_the_standard_pass() -> None:

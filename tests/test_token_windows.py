@@ -185,7 +185,7 @@ def test_the_trainer_loader_uses_the_draw_sampler(tmp_path: Path) -> None:
     corpus(tmp_path)
     config = config_of({"paths": str(tmp_path / "part-*.bin"), "dtype": "uint16", "seq_len": SEQ_LEN})
     dataset = token_files(tmp_path, "random")
-    loader = make_dataloader(config, dataset, train=True)
+    loader = make_dataloader(config.DATA, config.EXPERIMENT.SEED, dataset, train=True)
     assert isinstance(loader.sampler, DrawSampler)
     loader.sampler.set_epoch(2)
     batch = next(iter(loader))

@@ -25,10 +25,10 @@ from helpers.in_process import run_cli
 from helpers.tokens import SENTENCES, train_tokenizer
 from tokenizers import Tokenizer
 
-from linnaeus_accel.data.tokens import packing
 from linnaeus_accel.data.tokenize import command as tokenize_module
 from linnaeus_accel.data.tokenize.command import tokenize_files
 from linnaeus_accel.data.tokenize.inputs import text_pieces
+from linnaeus_accel.data.tokens import packing
 from linnaeus_accel.data.tokens.format import npy_layout, read_sidecar, sidecar_path
 
 EOS = 256

@@ -127,7 +127,8 @@ def test_an_accelerator_given_without_the_configured_tracker_is_a_config_error(t
         info.value
     )
     reset_accelerate()
-    given = Accelerator(log_with=log_with(config))  # what the message tells the user to do
+    # What the message tells the user to do.
+    given = Accelerator(log_with=log_with(config.EXPERIMENT, config.output_dir))
     trainer = Trainer(config, build_model(config, train_data), train_data, accelerator=given)
     assert trainer.accelerator is given
 

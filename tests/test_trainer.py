@@ -36,6 +36,7 @@ from linnaeus_accel.cli import main, plan_for
 from linnaeus_accel.config import load_config
 from linnaeus_accel.data import build_dataset
 from linnaeus_accel.models import build_model
+from linnaeus_accel.schedule.report.settings import report_settings
 from linnaeus_accel.schedule.report.summary import summary_text
 from linnaeus_accel.training.trainer import Trainer
 
@@ -247,7 +248,7 @@ def test_outputs_final_weights_and_assets(step_run: dict[str, Any]) -> None:
     model.load_state_dict(weights)  # strict: the unwrapped model's own keys
     # The schedule summary is the plan's human text for the same config.
     written = (out / "assets" / "schedule_summary.txt").read_text(encoding="utf-8")
-    assert written == summary_text(config, plan_for(config, 1, None))
+    assert written == summary_text(report_settings(config), plan_for(config, 1, None))
     assert written == plan_text("--opts", *step_run["opts"])
     # The resolved config reads back as the same config.
     resolved = out / "assets" / "config.yaml"

@@ -219,6 +219,8 @@ def test_a_changed_budget_on_resume_is_applied_with_a_note() -> None:
     after = load_config(DEFAULT_CONFIG, ["SCHEDULE.VALIDATION.MAX_BATCHES", "20"])
     plan = resolve_plan(after, 45, 1, 1438)
     saved_plan = {"total_steps": plan.total_steps, "world_size": 1, "accumulation": 1, "batch_size": 32}
-    (line,) = review_changes(before.model_dump(mode="json"), saved_plan, after, plan, 90, allow=False)
+    (line,) = review_changes(
+        before.model_dump(mode="json"), saved_plan, after.model_dump(mode="json"), plan, 90, allow=False
+    )
     assert line.startswith("SCHEDULE.VALIDATION.MAX_BATCHES: None -> 20 (")
     assert "not like for like" in line

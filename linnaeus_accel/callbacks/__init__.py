@@ -47,7 +47,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -55,9 +55,6 @@ from ..config import ConfigError
 from ..config.callbacks import CallbackConfig
 from ..registry import Registry
 from .context import RunActions, RunContext
-
-if TYPE_CHECKING:
-    from ..config import Config
 
 __all__ = [
     "CALLBACKS",
@@ -131,11 +128,11 @@ CALLBACKS: Registry[type[Callback]] = Registry(
 register_callback = CALLBACKS.register
 
 
-def build_callbacks(config: Config) -> list[Callback]:
-    """The callbacks of ``CALLBACKS``, in order; one ``ConfigError`` with every problem."""
+def build_callbacks(entries: Sequence[CallbackConfig]) -> list[Callback]:
+    """The callbacks of the ``CALLBACKS`` entries, in order; one ``ConfigError`` with every problem."""
     built: list[Callback] = []
     problems: list[tuple[str, str]] = []
-    for i, entry in enumerate(config.CALLBACKS):
+    for i, entry in enumerate(entries):
         key = f"CALLBACKS.{i}"
         try:
             cls = CALLBACKS.get(entry.NAME)

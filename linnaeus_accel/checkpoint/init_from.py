@@ -41,7 +41,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import nn
 
-from ..config import Config, ConfigError
+from ..config import ConfigError
+from ..config.sections import ModelConfig, TrainConfig
 from ..digests import DIGEST, hash_file
 from ..models.lora import is_peft_model
 from .directory import MARKER, CheckpointStore, read_marker
@@ -78,10 +79,14 @@ class InitFrom:
         }
 
 
-def load_init_from(config: Config, model: nn.Module) -> InitFrom | None:
-    """Load ``MODEL.INIT_FROM`` into ``model`` (see the module docstring); None when it is not set.
-    Every problem is a ConfigError naming MODEL.INIT_FROM or MODEL.INIT_IGNORE."""
-    if config.MODEL.INIT_FROM is None:
+def load_init_from(
+    model_config: ModelConfig, train: TrainConfig, output_dir: Path, model: nn.Module
+) -> InitFrom | None:
+    """Load ``MODEL.INIT_FROM`` (of the MODEL section ``model_config``) into ``model`` (see the
+    module docstring); None when it is not set. Every problem is a ConfigError naming
+    MODEL.INIT_FROM or MODEL.INIT_IGNORE. ``train``, ``output_dir``: whether the run resumes on its
+    own (``resumes_on_its_own``)."""
+    if model_config.INIT_FROM is None:
         return None
     if is_peft_model(model):
         why = (
@@ -92,12 +97,12 @@ def load_init_from(config: Config, model: nn.Module) -> InitFrom | None:
     if any(hasattr(p, "ds_id") for p in target.parameters()):  # built under zero3_init_flag
         why = "the model was partitioned by DeepSpeed ZeRO-3 as it was built: build it before the Accelerator"
         raise ConfigError([(KEY, why)])
-    if not Path(config.MODEL.INIT_FROM).expanduser().exists() and resumes_on_its_own(config):
+    if not Path(model_config.INIT_FROM).expanduser().exists() and resumes_on_its_own(train, output_dir):
         return None  # gone since (a scratch copy), and the run resumes: its checkpoint's weights count
-    source, files = weight_files(config.MODEL.INIT_FROM)  # a checkpoint verified, as a resume does
+    source, files = weight_files(model_config.INIT_FROM)  # a checkpoint verified, as a resume does
     state = target.state_dict(keep_vars=True)
     shapes, where = _read_headers(files)
-    wanted, left = _match(source, state, shapes, list(config.MODEL.INIT_IGNORE))
+    wanted, left = _match(source, state, shapes, list(model_config.INIT_IGNORE))
     digest = _digest(source, files)
     for file in files:  # a shard's tensors in memory at once
         with safe_open(str(file), framework="pt") as handle:
@@ -106,19 +111,18 @@ def load_init_from(config: Config, model: nn.Module) -> InitFrom | None:
     return InitFrom(source, tuple(files), digest, len(wanted), left)
 
 
-def resumes_on_its_own(config: Config) -> bool:
-    """Whether a run of ``config`` resumes from a checkpoint of its own (TRAIN.AUTO_RESUME and a
-    committed one in its directory): then its weights are the checkpoint's, not INIT_FROM's."""
-    return config.TRAIN.AUTO_RESUME and bool(
-        CheckpointStore(config.output_dir / "checkpoints").complete_steps()
-    )
+def resumes_on_its_own(train: TrainConfig, output_dir: Path) -> bool:
+    """Whether the run in ``output_dir`` resumes from a checkpoint of its own (TRAIN.AUTO_RESUME and
+    a committed one in its directory): then its weights are the checkpoint's, not INIT_FROM's."""
+    return train.AUTO_RESUME and bool(CheckpointStore(output_dir / "checkpoints").complete_steps())
 
 
-def check_overwrite(config: Config, loaded: InitFrom | None, overwrite: bool) -> None:
-    """``--overwrite`` clears the checkpoints a run whose INIT_FROM is gone would have resumed
-    from: it would train from the weights as built. Refused, before anything is written."""
-    if overwrite and config.MODEL.INIT_FROM is not None and loaded is None:
-        raise ConfigError([(KEY, f"{Path(config.MODEL.INIT_FROM).expanduser()} does not exist")])
+def check_overwrite(model_config: ModelConfig, loaded: InitFrom | None, overwrite: bool) -> None:
+    """``--overwrite`` clears the checkpoints a run whose INIT_FROM (of the MODEL section
+    ``model_config``) is gone would have resumed from: it would train from the weights as built.
+    Refused, before anything is written."""
+    if overwrite and model_config.INIT_FROM is not None and loaded is None:
+        raise ConfigError([(KEY, f"{Path(model_config.INIT_FROM).expanduser()} does not exist")])
 
 
 def _match(

@@ -1,9 +1,13 @@
-"""The run's checkpoints as the loop sees them (``CheckpointManager``): ``save`` writes what every
-registered part holds (``checkpoint.state.registry.StateRegistry``) with the boundary it was taken at;
+"""The run's checkpoints as the loop sees them: ``CheckpointManager``, the one door of this room.
+``open`` readies the directory before anything is written; ``save`` writes what every registered
+part holds (``checkpoint.state.registry.StateRegistry``) with the boundary it was taken at;
 ``resume`` finds the newest usable checkpoint, checks it fits this run (layout, effective batch,
-config changes), and hands each part its state back. The loop asks; what a checkpoint holds is
-decided here. Beneath it: ``checkpoint.save.writer.CheckpointWriter`` writes checkpoints,
-``checkpoint.resume.reader.CheckpointReader`` reads them, both in the ``checkpoint.directory.CheckpointStore``."""
+config changes), and hands each part its state back; ``rollback_target`` and ``restore_training``
+take a rollback back to one; the rest tells the loop what it needs of the writer (the newest
+checkpoint, the journal of validation passes, the bucket at the end). Behind it:
+``checkpoint.save.writer.CheckpointWriter`` writes checkpoints, ``checkpoint.resume.reader.CheckpointReader``
+reads them, both in the ``checkpoint.directory.CheckpointStore``; nothing outside ``checkpoint/``
+holds those three."""
 
 from __future__ import annotations
 
@@ -13,14 +17,18 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import gather_object
+from accelerate.utils import broadcast_object_list, gather_object
 
-from ..config import Config, ConfigError
+from ..config import ConfigError
+from ..config.run import EnvConfig, ExperimentConfig
+from ..config.schedule import ScheduleConfig
+from ..config.sections import ModelConfig, TrainConfig
 from ..process.failures import RunFailed
 from ..progress import TrainingProgress
+from ..run_directory.shared_storage import check_shared_output
 from ..schedule import ResolvedPlan
-from .directory import MarkerError, Mode, read_marker
-from .directory.marker import KEY_ENV, SIGNATURE, checkpoint_key, key_disagreement, key_setting
+from .bucket.from_bucket import complete_from_bucket
+from .directory import Mode
 from .resume.config_changes import resume_notes, review_changes
 from .resume.elastic import check_resume, compatible_position, own_rank_state, plan_identity
 from .resume.find import ResumeRefused
@@ -28,6 +36,7 @@ from .resume.optimizer import changed_group_keys, group_settings, put_back, regr
 from .resume.reader import CheckpointReader
 from .save.nonfinite import NonFiniteGuard
 from .save.writer import CheckpointWriter
+from .signing import agree_on_key, unchecked_signature
 from .state import tensor_state
 from .state.content import LAYOUT, LAYOUT_KEY, CheckpointLoadError, legacy_pickles
 from .state.frozen_weights import STATE_KEY as FROZEN_KEY
@@ -41,26 +50,39 @@ class CheckpointManager:
     def __init__(
         self,
         accelerator: Accelerator,
-        config: Config,
+        run_config: dict[str, Any],
         plan: ResolvedPlan,
         registry: StateRegistry,
         progress: TrainingProgress,
         nonfinite: NonFiniteGuard,
-        take_tokens: Callable[[], int],
         optimizer: torch.optim.Optimizer,
         *,
+        env: EnvConfig,
+        experiment: ExperimentConfig,
+        model_config: ModelConfig,
+        train: TrainConfig,
+        schedule: ScheduleConfig,
+        ranking_metric: str,
+        output_dir: Path,
         remote: Any = None,
         mode: Mode | None = None,
     ) -> None:
-        """``remote``: a ``RemoteCheckpoints`` (default: ENV.OUTPUT.BUCKET's); ``mode``: whether the
-        ranking metric is better lower or higher (the task says)."""
-        self.accelerator, self.config, self.plan = accelerator, config, plan
-        self.writer = CheckpointWriter(accelerator, config, remote, mode)
-        self.reader = CheckpointReader(accelerator, config, self.writer.store, self.writer.remote)
+        """``run_config``: the run's config as JSON data (``Config.model_dump(mode="json")``), saved in
+        every checkpoint and compared with a checkpoint's on resume; ``env``, ``experiment``,
+        ``model_config``, ``train``, ``schedule``: the config's sections the checkpoints read (the
+        bucket, the run's name and seed, a LoRA base, AUTO_RESUME and the run's length, retention);
+        ``ranking_metric``: ``Config.ranking_metric``; ``output_dir``: the run directory. ``remote``:
+        a ``RemoteCheckpoints`` (default: ENV.OUTPUT.BUCKET's); ``mode``: whether the ranking metric
+        is better lower or higher (the task says)."""
+        self.accelerator, self.run_config, self.train, self.plan = accelerator, run_config, train, plan
+        self.writer = CheckpointWriter(
+            accelerator, env, experiment, schedule, ranking_metric, output_dir, remote, mode
+        )
+        self.reader = CheckpointReader(accelerator, train, output_dir, self.writer.store, self.writer.remote)
         # Its groups as built: what a resume whose OPTIMIZER changed puts back after loading.
         self.optimizer, self.built_groups = optimizer, group_settings(optimizer)
         self.registry, self.progress = registry, progress
-        self.nonfinite, self.take_tokens = nonfinite, take_tokens
+        self.nonfinite, self.output_dir = nonfinite, output_dir
         self.after_save: list[Callable[[int], None]] = []  # told the step of each checkpoint saved
         self.before_save: list[Callable[[int], None]] = []  # asked first (a rollback may be due)
         # What the checkpoint resumed from says (None: a fresh start).
@@ -68,7 +90,8 @@ class CheckpointManager:
         self.boundary: dict[str, Any] | None = None  # the event point it was taken at
         self.wandb_run_id: str | None = None
         self._verified: tuple[Path | None, list[str]] | None = None  # an explicit --resume, checked
-        frozen = frozen_weights_for(accelerator, config, self.reader.load_options)  # a LoRA model's base
+        # A LoRA model's base.
+        frozen = frozen_weights_for(accelerator, model_config, experiment.SEED, self.reader.load_options)
         if frozen is not None:
             registry.register(FROZEN_KEY, frozen)
 
@@ -79,7 +102,7 @@ class CheckpointManager:
             ask(step)
         parameters_finite = self.nonfinite.start_parameters_check()  # read while the state is saved
         resume_point = self.writer.current
-        self.progress.tokens_seen += self.take_tokens()
+        self.progress.settle_tokens()
         # Registered state may hold tensors (an EMA): JSON with references, the tensors safetensors.
         parts, tensors = tensor_state.split(self.registry.state(per_rank=False), "state")
         state = {
@@ -88,7 +111,7 @@ class CheckpointManager:
             "boundary": boundary,
             "wandb_run_id": wandb_run_id(self.accelerator),
             "plan": plan_identity(self.plan),
-            "config": self.config.model_dump(mode="json"),
+            "config": self.run_config,
         }
         self.writer.save(
             step,
@@ -115,9 +138,136 @@ class CheckpointManager:
         problems = [p for p in gather_object([problem]) if p]
         if problems:
             raise RunFailed(f"rolling back to {path} failed: {problems[0]}")
-        put_back(self.optimizer, self.built_groups, changed_group_keys(saved.get("config"), self.config))
+        put_back(self.optimizer, self.built_groups, changed_group_keys(saved.get("config"), self.run_config))
         self.registry.load({k: v for k, v in state.items() if k not in keep}, per_rank=False)
         return dict(saved["progress"])
+
+    # -- the loop's door: nothing outside this room holds the writer, the reader or the store -------
+    def open(
+        self,
+        resume_from: str | Path | None,
+        *,
+        allow_pickles: bool,
+        refuse_node_local: tuple[str, str] | None,
+    ) -> None:
+        """Before the run writes anything (collective): where the checkpoints live (a directory every
+        machine sees, or each machine's own disk meeting in the bucket), the checkpoint key and an
+        explicit ``--resume`` verified, stale staging removed, and on a machine's own disk the
+        bucket's newest checkpoint made whole there. ``refuse_node_local``: why this run cannot keep
+        its checkpoints on each machine's disk (a rollback needs a whole checkpoint), if it cannot."""
+        writer = self.writer
+        self.reader.allow_pickles = allow_pickles
+        layout = check_shared_output(self.accelerator, self.output_dir, bucket=writer.remote is not None)
+        writer.layout, writer.attempt = layout, layout.attempt
+        if layout.node_local and refuse_node_local is not None:
+            raise ConfigError([refuse_node_local])
+        self.verify_explicit(resume_from)  # a refusal writes nothing
+        if writer.commits_here:
+            writer.store.remove_stale_staging()
+        if layout.node_local and resume_from is None and self.train.AUTO_RESUME:
+            complete_from_bucket(
+                self.accelerator, writer.store, writer.remote
+            )  # before the newest is looked for
+
+    def tell_commits(self, tell: Callable[[int, Path], None]) -> None:
+        """``tell(step, path)`` once each checkpoint is committed (main process; the background thread)."""
+        self.writer.on_commit = tell
+
+    def keep_also(self, protected: Callable[[list[int]], set[int]]) -> None:
+        """Retention also keeps the steps ``protected(committed steps)`` names (a rollback's target)."""
+        self.writer.keep_for_rollback = protected
+
+    def is_committed(self, step: int) -> bool:
+        """Whether the run directory holds a committed checkpoint of ``step`` (presence only)."""
+        return self.writer.store.is_committed(step)
+
+    @property
+    def node_local(self) -> bool:
+        """Each machine keeps its part of a checkpoint on its own disk (they meet in the bucket)."""
+        return bool(self.writer.layout.node_local)
+
+    @property
+    def newest(self) -> Path | None:
+        """The newest checkpoint this run wrote or resumed from (a commit may still be running)."""
+        return self.writer.current
+
+    @property
+    def resume_point(self) -> Path | None:
+        """The newest committed checkpoint (main process): where a rerun would resume."""
+        return self.writer.resume_point
+
+    def settle(self) -> None:
+        """Collective: the last checkpoint is committed, or every process raises."""
+        self.writer.settle()
+
+    def close(self, timeout: float = 600.0, failing: bool = False) -> list[str]:
+        """The end of the run's checkpoints (``CheckpointWriter.close``): what the bucket lacks."""
+        return self.writer.close(timeout, failing)
+
+    def abandon(self, timeout: float = 60.0) -> str | None:
+        """A run failing outside an agreement: the background write finished or removed; what was lost."""
+        return self.writer.abandon(timeout)
+
+    def catch_up_finished(self) -> list[str] | None:
+        """Main process, a finished run rerun: upload what the bucket lacks (bounded by
+        ``ENV.OUTPUT.BUCKET.WAIT_S``); what it still lacks then (None: no bucket)."""
+        if not self.writer.bucket_on:
+            return None
+        self.writer.catch_up()
+        return self.writer.close()
+
+    @property
+    def bucket_on(self) -> bool:
+        return bool(self.writer.bucket_on)
+
+    def take_timings(self) -> dict[str, float]:
+        """The checkpoints' blocked and waited seconds since the last call, for the next record."""
+        return self.writer.take_timings()
+
+    def totals(self) -> dict[str, float]:
+        """``summary.json``'s ``checkpoint_blocked_s`` and ``checkpoint_wait_s`` for the whole run."""
+        return {
+            "checkpoint_blocked_s": round(self.writer.total_blocked_s, 3),
+            "checkpoint_wait_s": round(self.writer.total_waited_s, 3),
+        }
+
+    def journal(self) -> dict[str, dict[str, float]]:
+        """The validation passes the newest checkpoint's journal records as complete, by prefix."""
+        assert self.writer.current is not None
+        return {e["prefix"]: e["metrics"] for e in self.reader.journal(self.writer.current)}
+
+    def journal_at(self, step: int) -> Path | None:
+        """The checkpoint whose journal a pass at ``step`` is recorded in: the newest, if taken there."""
+        return self.writer.current if self.writer.current_step == step else None
+
+    def record_validation(self, checkpoint: Path | None, entry: dict[str, Any]) -> None:
+        """A validation pass completed: appended to ``checkpoint``'s journal (a rerun skips it)."""
+        self.writer.record_validation(checkpoint, entry)
+
+    def record_metric(self, step: int, metrics: dict[str, float]) -> None:
+        """The ranking metric of the checkpoint at ``step`` (retention keeps the best)."""
+        self.writer.record_metric(step, metrics)
+
+    def rollback_target(
+        self, pick: Callable[[list[int]], int | None], say: Callable[[str], None]
+    ) -> Path | None:
+        """Collective: the committed checkpoint ``pick`` chooses among the committed steps, verified
+        on the main process; one that fails verification is moved to ``rejected/`` (never deleted, as
+        on resume) and ``pick`` chooses again. None: nothing is left to go back to."""
+        found: Any = None
+        if self.accelerator.is_main_process:
+            store = self.writer.store
+            steps = store.complete_steps()
+            while (step := pick(steps)) is not None:
+                path = store.final_path(step)
+                problem = store.verify(path, deep=True)
+                if problem is None:
+                    found = path
+                    break
+                moved = store.reject(path, problem)
+                say(f"not rolling back to {path.name}: {problem}; moved to {moved}")
+                steps.remove(step)
+        return broadcast_object_list([found], from_process=0)[0]  # type: ignore[no-any-return]
 
     def verify_explicit(self, resume_from: str | Path | None) -> None:
         """Before the output directory is written to (collective): the checkpoint key is usable and
@@ -139,7 +289,20 @@ class CheckpointManager:
         ``data_problem(batches_seen)``: why the data cannot continue at that position (a sharded
         stream under another layout), checked before any pass or step runs. A checkpoint that
         verifies but fails to load (on any process) stops an explicit resume (exit 2); when
-        resuming on its own, it is moved to ``rejected/`` and the previous one is tried."""
+        resuming on its own, it is moved to ``rejected/`` and the previous one is tried. Then what
+        an outage kept from the bucket goes up first, in the background (a node-local run's parts
+        come together only as it saves them)."""
+        self._resume(resume_from, out, data_problem, allow_config_change)
+        if not self.node_local:
+            self.writer.catch_up()
+
+    def _resume(
+        self,
+        resume_from: str | Path | None,
+        out: Any,
+        data_problem: Callable[[int], tuple[str, str] | None],
+        allow_config_change: bool,
+    ) -> None:
         acc, reader = self.accelerator, self.reader
         while True:
             # A refusal stops every process. An explicit --resume was verified already.
@@ -218,17 +381,17 @@ class CheckpointManager:
             raise ConfigError(
                 [
                     (
-                        self.config.TRAIN.length_key,
+                        self.train.length_key,
                         f"this config ends the run at step {self.plan.total_steps}, but {path.name} has trained "
                         f"{done} steps: a run cannot be shortened (ask for at least {done} steps, or start a new run)",
                     )
                 ],
                 source="resume",
             )
-        if regrouped := regrouping_problems(saved.get("config"), self.config):  # flag or not
+        if regrouped := regrouping_problems(saved.get("config"), self.run_config):  # flag or not
             raise ConfigError(regrouped, source="resume")
         changes = review_changes(
-            saved.get("config"), saved.get("plan"), self.config, self.plan, done, allow_config_change
+            saved.get("config"), saved.get("plan"), self.run_config, self.plan, done, allow_config_change
         )
         pickles = legacy_pickles(path)  # allowed (--unsafe-load-pickles): find refuses them otherwise
         names = self._pickled_state_names(path, len(pickles))
@@ -241,7 +404,7 @@ class CheckpointManager:
         finally:
             acc._custom_objects.clear()
         # load_state_dict took the groups' settings from the checkpoint: the changed ones are this run's.
-        put_back(self.optimizer, self.built_groups, changed_group_keys(saved.get("config"), self.config))
+        put_back(self.optimizer, self.built_groups, changed_group_keys(saved.get("config"), self.run_config))
         state = {**state, **{name: c.state for name, c in zip(names, collected, strict=True)}}
         changes += [
             f"{RESUME_NOTE}{line}"
@@ -279,32 +442,6 @@ class _Collected:
 
     def load_state_dict(self, state: Any) -> None:
         self.state = state
-
-
-def agree_on_key() -> None:
-    """Stop every process alike (``ConfigError``) unless the checkpoint key is set and not empty on
-    all of them, the same, or unset on all (collective; a digest is compared, never the key): the
-    main process signs and every process verifies, so a key exported on one machine only would
-    be ignored on the others without a word."""
-    problem = key_disagreement(gather_object([key_setting()]))
-    if problem is not None:
-        raise ConfigError([(KEY_ENV, problem)], source="environment")
-
-
-def unchecked_signature(path: Path) -> str | None:
-    """What to say when a signed checkpoint resumes without the key (its run stops being signed)."""
-    if checkpoint_key() is not None:
-        return None
-    try:
-        signed = SIGNATURE in read_marker(path)
-    except MarkerError:
-        return None
-    if not signed:
-        return None
-    return (
-        f"{path.name} is signed, but {KEY_ENV} is not set: its signature was not checked, and the checkpoints "
-        f"this run writes are unsigned (set {KEY_ENV} to the key it was signed with, to check and sign them)"
-    )
 
 
 def wandb_run_id(accelerator: Accelerator) -> str | None:

@@ -115,11 +115,11 @@ class Config(Section):
         return Path(self.ENV.OUTPUT.BASE_DIR) / self.EXPERIMENT.NAME
 
 
-def output_dir_problem(config: Config) -> tuple[str, str] | None:
-    """Why the run directory ``<ENV.OUTPUT.BASE_DIR>/<EXPERIMENT.NAME>`` cannot be created or written,
-    or None. Checked before anything is built, so that a BASE_DIR that is a file (or lies under
-    one) is a config error, not a traceback from the first write after minutes of set-up."""
-    out = config.output_dir
+def output_dir_problem(out: Path) -> tuple[str, str] | None:
+    """Why the run directory ``out`` (``Config.output_dir``: ``<ENV.OUTPUT.BASE_DIR>/<EXPERIMENT.NAME>``)
+    cannot be created or written, or None. Checked before anything is built, so that a BASE_DIR that is
+    a file (or lies under one) is a config error, not a traceback from the first write after minutes of
+    set-up."""
     # The nearest path that exists (or is a dangling link): the run directory is created below it.
     existing = next(p for p in (out, *out.parents) if os.path.lexists(p))
     key = "EXPERIMENT.NAME" if existing == out else "ENV.OUTPUT.BASE_DIR"

@@ -14,7 +14,11 @@ if TYPE_CHECKING:
     from .streams.streaming import StreamShard
     from .tokens.packing import PackedTokens, PackedTokenStream
 
-_LAZY = {"PackedTokens": "tokens.packing", "PackedTokenStream": "tokens.packing", "StreamShard": "streams.streaming"}
+_LAZY = {
+    "PackedTokens": "tokens.packing",
+    "PackedTokenStream": "tokens.packing",
+    "StreamShard": "streams.streaming",
+}
 
 __all__ = [
     "PackedTokenStream",

@@ -29,6 +29,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ..config import Config, ConfigError
+from ..config.sections import DatasetConfig
 from ..schedule.steps import decimal_of, round_half_up
 from .registry import Split, register_dataset
 
@@ -120,13 +121,13 @@ class DigitsImages(Dataset[dict[str, torch.Tensor]]):
         return {"image": self.images[i], "labels": self.labels[i]}
 
 
-def _check_no_options(config: Config, name: str) -> None:
-    if config.DATA.DATASET.OPTIONS:
+def _check_no_options(dataset: DatasetConfig, name: str) -> None:
+    if dataset.OPTIONS:
         raise ConfigError(
             [
                 (
                     "DATA.DATASET.OPTIONS",
-                    f"the {name} dataset takes no options (got {sorted(config.DATA.DATASET.OPTIONS)})",
+                    f"the {name} dataset takes no options (got {sorted(dataset.OPTIONS)})",
                 )
             ]
         )
@@ -134,11 +135,11 @@ def _check_no_options(config: Config, name: str) -> None:
 
 @register_dataset("digits")
 def build_digits(config: Config, split: Split) -> DigitsDataset:
-    _check_no_options(config, "digits")
+    _check_no_options(config.DATA.DATASET, "digits")
     return DigitsDataset(split, val_fraction=config.DATA.DATASET.VAL_FRACTION)
 
 
 @register_dataset("digits_images")
 def build_digits_images(config: Config, split: Split) -> DigitsImages:
-    _check_no_options(config, "digits_images")
+    _check_no_options(config.DATA.DATASET, "digits_images")
     return DigitsImages(split, val_fraction=config.DATA.DATASET.VAL_FRACTION)

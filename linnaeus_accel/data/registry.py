@@ -20,6 +20,7 @@ from ..registry import Registry
 
 if TYPE_CHECKING:
     from ..config import Config
+    from ..config.schedule import ScheduleConfig
 
 Split = Literal["train", "val"]
 DatasetBuilder = Callable[["Config", Split], Any]
@@ -45,7 +46,7 @@ def build_dataset(config: Config, split: Split) -> Any:
     return get_dataset_builder(config.DATA.DATASET.NAME)(config, split)
 
 
-def dataset_problems(config: Config, dataset: Any) -> list[tuple[str, str]]:
+def dataset_problems(schedule: ScheduleConfig, dataset: Any) -> list[tuple[str, str]]:
     """Config keys that name label levels or metadata components the dataset does not have.
 
     Datasets may declare ``levels`` and ``meta_components``; undeclared ones are not checked.
@@ -53,7 +54,7 @@ def dataset_problems(config: Config, dataset: Any) -> list[tuple[str, str]]:
     problems: list[tuple[str, str]] = []
     components = getattr(dataset, "meta_components", None)
     if components is not None:
-        for key, combos in config.SCHEDULE.partial_whitelists().items():
+        for key, combos in schedule.partial_whitelists().items():
             unknown = sorted({c for combo in combos for c in combo} - set(components))
             if unknown:
                 problems.append(
@@ -64,7 +65,7 @@ def dataset_problems(config: Config, dataset: Any) -> list[tuple[str, str]]:
                     )
                 )
     levels = getattr(dataset, "levels", None)
-    group_levels = config.SCHEDULE.MIXUP.GROUP_LEVELS
+    group_levels = schedule.MIXUP.GROUP_LEVELS
     if levels is not None and group_levels and group_levels[0] not in levels:
         problems.append(
             (

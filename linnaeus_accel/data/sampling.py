@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from ..config import Config
+from ..config.sections import DataConfig
 from .keyed_random import python_keyed_bits
 from .permutation import KeyedPermutation
 
@@ -163,18 +163,19 @@ def epoch_sampler(dataset: Sized, seed: int, shuffle: bool) -> EpochOrderSampler
 
 
 def make_dataloader(
-    config: Config,
+    data: DataConfig,
+    seed: int,
     dataset: Dataset[Any],
     train: bool,
     collate_fn: Callable[[list[Any]], Any] | None = None,
     pin_memory: bool = False,
 ) -> DataLoader[Any]:
-    data = config.DATA
+    """``seed``: EXPERIMENT.SEED, which keys the training shuffle."""
     return DataLoader(
         dataset,
         collate_fn=collate_fn,
         batch_size=data.BATCH_SIZE if train else (data.BATCH_SIZE_VAL or data.BATCH_SIZE),
-        sampler=epoch_sampler(dataset, config.EXPERIMENT.SEED, shuffle=train and data.SHUFFLE),  # type: ignore[arg-type]
+        sampler=epoch_sampler(dataset, seed, shuffle=train and data.SHUFFLE),  # type: ignore[arg-type]
         drop_last=data.DROP_LAST if train else False,
         num_workers=data.NUM_WORKERS,
         persistent_workers=data.NUM_WORKERS > 0,

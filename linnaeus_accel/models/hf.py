@@ -121,16 +121,16 @@ def misplaced_options(options: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def build_transformers_model(
-    config: Config,
+    model_options: dict[str, Any],
     auto_name: str,
     defaults: dict[str, Any],
     pretrained_defaults: dict[str, Any] | None = None,
 ) -> nn.Module:
-    """The model ``auto_name`` (an ``AutoModelFor*`` class) that ``MODEL.OPTIONS`` describe (see the
-    module docstring). ``defaults``: config fields taken from the data unless given;
+    """The model ``auto_name`` (an ``AutoModelFor*`` class) that ``model_options`` (``MODEL.OPTIONS``)
+    describe (see the module docstring). ``defaults``: config fields taken from the data unless given;
     ``pretrained_defaults``: those that override a pretrained directory's config unless given."""
     transformers = _import_transformers()
-    options = dict(config.MODEL.OPTIONS)
+    options = dict(model_options)
     built = {name: options.pop(name) for name in BUILD_OPTIONS if name in options}
     problems = misplaced_options(options)
     if problems:
@@ -297,7 +297,7 @@ def build_hf_causal_lm(config: Config, dataset: Any) -> nn.Module:
             raise ConfigError(conflicts)
         if options.get("pretrained") is None:
             defaults |= ids.config_fields()  # built with them (a pad id is the embedding's padding_idx)
-    model = build_transformers_model(config, "AutoModelForCausalLM", defaults)
+    model = build_transformers_model(options, "AutoModelForCausalLM", defaults)
     if ids is not None:
         set_special_ids(model, ids)  # a pretrained model's, and every generation config
     return model
@@ -318,7 +318,7 @@ def build_hf_sequence_classification(config: Config, dataset: Any) -> nn.Module:
             defaults |= _data_field(dataset, "vocab_size", "vocab_size")
         if "pad_token_id" not in options:
             defaults["pad_token_id"] = options.get("eos_token_id", 0)
-    model = build_transformers_model(config, "AutoModelForSequenceClassification", defaults, labels)
+    model = build_transformers_model(options, "AutoModelForSequenceClassification", defaults, labels)
     hf_config: Any = getattr(model, "config")  # noqa: B009  (a transformers config: untyped)
     if hf_config.pad_token_id is None:  # batches of more than one sequence need it
         hf_config.pad_token_id = hf_config.eos_token_id if isinstance(hf_config.eos_token_id, int) else 0

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from accelerate import PartialState
 
-from ..config import Config, ConfigError
-from ..config.optimizer import BUILTIN_OPTIMIZERS
+from ..config import ConfigError
+from ..config.optimizer import BUILTIN_OPTIMIZERS, OptimizerConfig
 
 OPTIONS_KEY = "OPTIMIZER.OPTIONS"
 _KEYWORDS = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
@@ -60,12 +60,15 @@ def option_problems(
     return problems
 
 
-def check_first_step(optimizer: torch.optim.Optimizer, config: Config, device: torch.device | None) -> None:
-    """Refuse, as a ConfigError naming the key, settings of a built-in optimizer that fail its first
-    step on ``device`` (None: Accelerate's device for this process, the Accelerator's once it
-    exists): one step of ``type(optimizer)`` with the same settings over a tiny parameter. Nothing
-    is tried unless OPTIONS or IMPLEMENTATION ask for something (defaults cost nothing)."""
-    o = config.OPTIMIZER
+def check_first_step(
+    optimizer: torch.optim.Optimizer, optimizer_config: OptimizerConfig, device: torch.device | None
+) -> None:
+    """Refuse, as a ConfigError naming the key, settings of a built-in optimizer (built from the
+    OPTIMIZER section ``optimizer_config``) that fail its first step on ``device`` (None:
+    Accelerate's device for this process, the Accelerator's once it exists): one step of
+    ``type(optimizer)`` with the same settings over a tiny parameter. Nothing is tried unless
+    OPTIONS or IMPLEMENTATION ask for something (defaults cost nothing)."""
+    o = optimizer_config
     if o.NAME not in BUILTIN_OPTIMIZERS or not (o.OPTIONS or o.IMPLEMENTATION != "auto"):
         return
     if device is None:

@@ -9,7 +9,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..config import Config
 from ..config.optimizer import OptimizerConfig
 
 # The settings a Python optimizer factory makes its own (it still gets WEIGHT_DECAY and NO_DECAY
@@ -36,11 +35,11 @@ def parameter_kinds(model: nn.Module) -> dict[int, set[str]]:
     return kinds
 
 
-def unused_settings(config: Config, built: bool) -> list[tuple[str, str]]:
-    """(key, problem) for each OPTIMIZER setting that the optimizer the Trainer was given would
-    ignore: a factory builds its own (it is handed WEIGHT_DECAY and NO_DECAY through the groups),
-    a built optimizer has every setting of its own already."""
-    given, default = config.OPTIMIZER, OptimizerConfig()
+def unused_settings(given: OptimizerConfig, built: bool) -> list[tuple[str, str]]:
+    """(key, problem) for each setting of ``given`` (the OPTIMIZER section) that the optimizer the
+    Trainer was given would ignore: a factory builds its own (it is handed WEIGHT_DECAY and NO_DECAY
+    through the groups), a built optimizer has every setting of its own already."""
+    default = OptimizerConfig()
     what = "an optimizer already built" if built else "an optimizer factory"
     fix = "drop optimizer= to build the optimizer from the config"
     return [

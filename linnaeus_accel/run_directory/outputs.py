@@ -22,12 +22,14 @@ import yaml
 from accelerate import Accelerator
 
 from .. import json_files
-from ..config import Config, output_dir_problem
+from ..config import output_dir_problem
+from ..config.sections import TrainConfig
 from ..process.failures import OutputWriteError
 from ..schedule.report.plot import write_schedule_plot
+from ..schedule.report.settings import ReportSettings
 from ..schedule.report.summary import write_schedule_summary
 from ..schedule.resolved import ResolvedPlan
-from .console import Console
+from .console import BarMode, Console
 from .run_lock import RunLock, RunLocked
 from .trackers import TENSORBOARD_DIR
 
@@ -40,13 +42,15 @@ CONFIG_FILE = "config.yaml"
 class RunOutputs:
     """The main process's view of ``<output dir>``: metrics.jsonl, summary.json, trackers, console."""
 
-    def __init__(self, accelerator: Accelerator, config: Config, total_steps: int) -> None:
+    def __init__(
+        self, accelerator: Accelerator, output_dir: Path, total_steps: int, progress_bar: BarMode
+    ) -> None:
         """Built with the run, handed to every part that writes; nothing is written until ``open``
-        (once the output directory is claimed)."""
+        (once the output directory is claimed). ``progress_bar``: ENV.PROGRESS_BAR."""
         self.accelerator = accelerator
-        self.dir = config.output_dir
+        self.dir = output_dir
         self._metrics_path = self.dir / "metrics.jsonl"
-        self._total_steps, self._bar = total_steps, config.ENV.PROGRESS_BAR
+        self._total_steps, self._bar = total_steps, progress_bar
         self._plotting: threading.Thread | None = None
         self.opened = False
 
@@ -88,12 +92,15 @@ class RunOutputs:
         tmp.replace(self._metrics_path)
         self._metrics = self._metrics_path.open("a", encoding="utf-8")
 
-    def write_assets(self, config: Config, summary_text: str, plan: ResolvedPlan) -> None:
-        """The schedule summary, the resolved config and the schedule plot. The plot (~0.5 s:
-        importing matplotlib and drawing) is drawn on a thread of its own, so the run does not
-        wait for it, and not again when a resumed run's summary and config are unchanged."""
+    def write_assets(
+        self, resolved: dict[str, Any], summary_text: str, plan: ResolvedPlan, settings: ReportSettings
+    ) -> None:
+        """The schedule summary, the resolved config (``resolved``: ``Config.model_dump(mode="json")``)
+        and the schedule plot. The plot (~0.5 s: importing matplotlib and drawing) is drawn on a
+        thread of its own, so the run does not wait for it, and not again when a resumed run's
+        summary and config are unchanged."""
         assets = self.dir / "assets"
-        config_text = yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+        config_text = yaml.safe_dump(resolved, sort_keys=False)
         plot = assets / "schedule.png"
         unchanged = plot.is_file() and [_read(assets / SUMMARY_FILE), _read(assets / CONFIG_FILE)] == [
             summary_text,
@@ -110,7 +117,7 @@ class RunOutputs:
         if not unchanged:
             self._plotting = threading.Thread(
                 target=_draw_schedule,
-                args=(plot, config, plan),
+                args=(plot, settings, plan),
                 name="linnaeus-accel schedule plot",
                 daemon=True,
             )
@@ -165,9 +172,11 @@ class RunOutputs:
 class SilentRunOutputs(RunOutputs):
     """What the other processes get: the same calls, doing nothing."""
 
-    def __init__(self, accelerator: Accelerator, config: Config, total_steps: int) -> None:
+    def __init__(
+        self, accelerator: Accelerator, output_dir: Path, total_steps: int, progress_bar: BarMode
+    ) -> None:
         self.accelerator = accelerator
-        self.dir = config.output_dir
+        self.dir = output_dir
         self.opened = False
 
     def open(self) -> None:
@@ -176,7 +185,9 @@ class SilentRunOutputs(RunOutputs):
     def truncate_metrics(self, after_step: int, keep_validation: bool = False) -> None:
         pass
 
-    def write_assets(self, config: Config, summary_text: str, plan: ResolvedPlan) -> None:
+    def write_assets(
+        self, resolved: dict[str, Any], summary_text: str, plan: ResolvedPlan, settings: ReportSettings
+    ) -> None:
         pass
 
     def log(self, metrics: dict[str, Any], step: int, tracked: dict[str, Any] | None = None) -> None:
@@ -200,9 +211,11 @@ class SilentRunOutputs(RunOutputs):
         pass
 
 
-def run_outputs(accelerator: Accelerator, config: Config, total_steps: int) -> RunOutputs:
+def run_outputs(
+    accelerator: Accelerator, output_dir: Path, total_steps: int, progress_bar: BarMode
+) -> RunOutputs:
     cls = RunOutputs if accelerator.is_main_process else SilentRunOutputs
-    return cls(accelerator, config, total_steps)
+    return cls(accelerator, output_dir, total_steps, progress_bar)
 
 
 def _metrics_record(raw: bytes) -> dict[str, Any] | None:
@@ -220,14 +233,14 @@ def _read(path: Path) -> str | None:
     return path.read_text(encoding="utf-8") if path.is_file() else None
 
 
-def _draw_schedule(path: Path, config: Config, plan: ResolvedPlan) -> None:
+def _draw_schedule(path: Path, settings: ReportSettings, plan: ResolvedPlan) -> None:
     """``assets/schedule.png``, written whole or not at all (a killed run leaves no half image);
     skipped without matplotlib. A failure is a warning: the plot is not worth a run."""
     # A name of its own: two drawings of one run directory (a run resumed in the same process while
     # the previous run's drawing thread still runs) must not move or remove each other's file.
     tmp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.tmp.png")
     try:
-        if write_schedule_plot(tmp, config, plan) is not None:
+        if write_schedule_plot(tmp, settings, plan) is not None:
             tmp.replace(path)
     except Exception as exc:
         log.warning("could not draw %s: %s: %s", path, type(exc).__name__, exc)
@@ -251,13 +264,13 @@ FINISHED = ("completed", "early_stopped")
 
 
 def output_problem(
-    config: Config, resume_from: str | Path | None, total_steps: int | None = None
+    out: Path, train: TrainConfig, resume_from: str | Path | None, total_steps: int | None = None
 ) -> tuple[str, str] | None:
-    """A finished run is never overwritten, but trained on when ``total_steps`` (this config's)
-    lies beyond its end; an unfinished one is resumed only when asked to."""
-    if (unusable := output_dir_problem(config)) is not None:  # a file in the way, not writable
+    """A finished run in the run directory ``out`` is never overwritten, but trained on when
+    ``total_steps`` (this config's) lies beyond its end; an unfinished one is resumed only when
+    asked to (TRAIN.AUTO_RESUME, ``resume_from``)."""
+    if (unusable := output_dir_problem(out)) is not None:  # a file in the way, not writable
         return unusable
-    out = config.output_dir
     summary = _read_summary(out / "summary.json")
     if (
         summary is not None  # preempted or failed (e.g. a full disk): resumable
@@ -269,7 +282,7 @@ def output_problem(
             f"{out} already holds a finished run: choose another EXPERIMENT.NAME or ENV.OUTPUT.BASE_DIR",
         )
     started = (out / "metrics.jsonl").exists() or (out / "checkpoints").exists()
-    if started and not config.TRAIN.AUTO_RESUME and resume_from is None:
+    if started and not train.AUTO_RESUME and resume_from is None:
         return (
             "TRAIN.AUTO_RESUME",
             f"is false but {out} already holds a run: set it true to resume, pass --resume or --overwrite, "
@@ -327,28 +340,29 @@ def extends(summary: dict[str, Any], total_steps: int | None) -> bool:
     )
 
 
-def no_last_checkpoint(config: Config, done: int) -> tuple[str, str]:
-    """The problem of training on a finished run that kept no checkpoint of its last step."""
+def no_last_checkpoint(out: Path, train: TrainConfig, done: int) -> tuple[str, str]:
+    """The problem of training on the finished run in ``out`` that kept no checkpoint of its last step."""
     return (
-        config.TRAIN.length_key,
-        f"asks for more steps than the {done} of the run completed in {config.output_dir}, which has no "
+        train.length_key,
+        f"asks for more steps than the {done} of the run completed in {out}, which has no "
         f"checkpoint of step {done} to continue from: start a new run from its final/ (MODEL.INIT_FROM) "
         "under another EXPERIMENT.NAME",
     )
 
 
-def shorter_than_trained(config: Config, done: int, total_steps: int) -> tuple[str, str]:
-    """The problem of a config that ends before the steps its run has trained."""
+def shorter_than_trained(out: Path, train: TrainConfig, done: int, total_steps: int) -> tuple[str, str]:
+    """The problem of a config that ends before the steps its run (in ``out``) has trained."""
     return (
-        config.TRAIN.length_key,
-        f"this config ends the run at step {total_steps}, but {config.output_dir} has trained {done} steps "
+        train.length_key,
+        f"this config ends the run at step {total_steps}, but {out} has trained {done} steps "
         "already: a run cannot be shortened (ask for at least as many steps, or start a new run: another "
         "EXPERIMENT.NAME or --overwrite)",
     )
 
 
 def claim_output_dir(
-    config: Config,
+    out: Path,
+    train: TrainConfig,
     lock: RunLock,
     resume_from: str | Path | None,
     overwrite: bool,
@@ -359,22 +373,22 @@ def claim_output_dir(
     ``overwrite``, or find a finished run there, or check that it may be resumed. A run completed
     before the ``total_steps`` this config asks for is not finished: it resumes and trains on to
     the new end. Returns (the problem, the finished run's summary); never raises: the other
-    processes wait for the answer. ``committed(step)``: whether the run directory holds a committed
-    checkpoint of that step (the checkpoint room knows what one is)."""
+    processes wait for the answer. ``out``: the run directory; ``committed(step)``: whether it holds
+    a committed checkpoint of that step (the checkpoint room knows what one is)."""
     try:
         lock.acquire()
         if overwrite:
-            clear_run(config.output_dir)
-        elif resume_from is None and (finished := finished_run(config.output_dir)) is not None:
+            clear_run(out)
+        elif resume_from is None and (finished := finished_run(out)) is not None:
             if extends(finished, total_steps):
                 if not committed(int(finished["global_step"])):
-                    return no_last_checkpoint(config, int(finished["global_step"])), None
-                return output_problem(config, resume_from, total_steps), None  # trained on: resumes
+                    return no_last_checkpoint(out, train, int(finished["global_step"])), None
+                return output_problem(out, train, resume_from, total_steps), None  # trained on: resumes
             if isinstance(finished.get("global_step"), int) and total_steps < finished["global_step"]:
-                return shorter_than_trained(config, int(finished["global_step"]), total_steps), None
+                return shorter_than_trained(out, train, int(finished["global_step"]), total_steps), None
             return None, finished
-        return output_problem(config, resume_from, total_steps), None
+        return output_problem(out, train, resume_from, total_steps), None
     except RunLocked as locked:
         return ("EXPERIMENT.NAME", str(locked)), None
     except OSError as e:
-        return ("ENV.OUTPUT.BASE_DIR", f"cannot use the run directory {config.output_dir}: {e}"), None
+        return ("ENV.OUTPUT.BASE_DIR", f"cannot use the run directory {out}: {e}"), None

@@ -12,8 +12,8 @@ from typing import Any
 from accelerate import Accelerator
 from accelerate.tracking import GeneralTracker, TensorBoardTracker, get_available_trackers
 
-from ..config import Config, ConfigError
-from ..config.run import DEFAULT_PROJECT
+from ..config import ConfigError
+from ..config.run import DEFAULT_PROJECT, ExperimentConfig
 from ..json_files import flatten
 
 # How to install each tracker's package: the extra of this package where there is one.
@@ -44,15 +44,16 @@ class RunTensorBoard(TensorBoardTracker):  # type: ignore[misc]  # accelerate ha
         self.init_kwargs["purge_step"] = step + 1
 
 
-def log_with(config: Config) -> list[str | GeneralTracker] | None:
-    """``Accelerator(log_with=...)`` for EXPERIMENT.TRACKERS (and WANDB.ENABLED); None without any
-    (Accelerate warns about an empty list). A tracker whose package is missing is a ConfigError
-    here, before anything is written: Accelerate would drop it silently."""
+def log_with(experiment: ExperimentConfig, output_dir: Path) -> list[str | GeneralTracker] | None:
+    """``Accelerator(log_with=...)`` for EXPERIMENT.TRACKERS (and WANDB.ENABLED), TensorBoard writing
+    to the run directory ``output_dir``; None without any (Accelerate warns about an empty list). A
+    tracker whose package is missing is a ConfigError here, before anything is written: Accelerate
+    would drop it silently."""
     available = {str(t) for t in get_available_trackers()}
     problems = []
-    for name in config.EXPERIMENT.trackers:
+    for name in experiment.trackers:
         if name not in available:
-            key = "EXPERIMENT.TRACKERS" if name in config.EXPERIMENT.TRACKERS else "EXPERIMENT.WANDB.ENABLED"
+            key = "EXPERIMENT.TRACKERS" if name in experiment.TRACKERS else "EXPERIMENT.WANDB.ENABLED"
             problems.append(
                 (
                     key,
@@ -61,14 +62,13 @@ def log_with(config: Config) -> list[str | GeneralTracker] | None:
             )
     if problems:
         raise ConfigError(problems)
-    trackers = config.EXPERIMENT.trackers
-    return [RunTensorBoard(config.output_dir) if n == "tensorboard" else n for n in trackers] or None
+    return [RunTensorBoard(output_dir) if n == "tensorboard" else n for n in experiment.trackers] or None
 
 
-def check_log_with(accelerator: Accelerator, config: Config) -> None:
+def check_log_with(accelerator: Accelerator, experiment: ExperimentConfig) -> None:
     """An Accelerator given to the Trainer must log to the configured trackers: it keeps its own."""
     names = {t.name if isinstance(t, GeneralTracker) else str(t) for t in accelerator.log_with}
-    missing = [n for n in config.EXPERIMENT.trackers if n not in names]
+    missing = [n for n in experiment.trackers if n not in names]
     if missing:
         raise ConfigError(
             [
@@ -76,36 +76,43 @@ def check_log_with(accelerator: Accelerator, config: Config) -> None:
                     "EXPERIMENT.TRACKERS",
                     f"lists {', '.join(missing)} but the Accelerator given does not log to "
                     f"{'it' if len(missing) == 1 else 'them'}: build it with log_with=linnaeus_accel."
-                    "training.trackers.log_with(config), or leave it to the Trainer",
+                    "run_directory.trackers.log_with(config.EXPERIMENT, config.output_dir), or leave it to the "
+                    "Trainer",
                 )
             ]
         )
 
 
-def init_trackers(accelerator: Accelerator, config: Config, resumed_run_id: str | None, step: int) -> None:
+def init_trackers(
+    accelerator: Accelerator,
+    experiment: ExperimentConfig,
+    output_dir: Path,
+    resolved: dict[str, Any],
+    resumed_run_id: str | None,
+    step: int,
+) -> None:
     """Start the trackers at global step ``step`` (0, or the step resumed from) and give each the
-    resolved config (nested for W&B, flat ``SECTION.KEY`` scalars for the others). A resumed run
-    continues its W&B run; TensorBoard appends to ``<run dir>/tensorboard``."""
+    resolved config ``resolved`` (``Config.model_dump(mode="json")``: nested for W&B, flat
+    ``SECTION.KEY`` scalars for the others). A resumed run continues its W&B run; TensorBoard appends
+    to ``<output_dir>/tensorboard``."""
     if not accelerator.log_with:
         return
-    exp = config.EXPERIMENT
     run: dict[str, Any] = {
-        "name": exp.NAME,
-        "dir": str(config.output_dir),
-        "tags": list(dict.fromkeys([*exp.TAGS, *exp.WANDB.TAGS])) or None,
-        "notes": exp.NOTES or None,
-        "entity": exp.WANDB.ENTITY,
+        "name": experiment.NAME,
+        "dir": str(output_dir),
+        "tags": list(dict.fromkeys([*experiment.TAGS, *experiment.WANDB.TAGS])) or None,
+        "notes": experiment.NOTES or None,
+        "entity": experiment.WANDB.ENTITY,
     }
     if resumed_run_id:
         run.update(id=resumed_run_id, resume="allow")
     for tracker in accelerator.log_with:
         if isinstance(tracker, RunTensorBoard):
             tracker.start_at(step)
-    accelerator.init_trackers(exp.WANDB.PROJECT or DEFAULT_PROJECT, init_kwargs={"wandb": run})
-    nested = config.model_dump(mode="json")
-    flat = _flat_config(nested)
+    accelerator.init_trackers(experiment.WANDB.PROJECT or DEFAULT_PROJECT, init_kwargs={"wandb": run})
+    flat = _flat_config(resolved)
     for tracker in accelerator.trackers:
-        tracker.store_init_configuration(nested if tracker.name == "wandb" else flat)
+        tracker.store_init_configuration(resolved if tracker.name == "wandb" else flat)
 
 
 def _flat_config(tree: dict[str, Any]) -> dict[str, bool | int | float | str]:

@@ -1,21 +1,21 @@
-"""Early stopping (docs/semantics.md §5): a small state machine checked at validation points; and
-why a run stops before its end (``StopReason``)."""
+"""Early stopping (docs/semantics.md §5): a small state machine checked at validation points. The
+run's hard cut-off, ``TRAIN.EARLY_STOP.MAX_STEPS``, is the plan's (``OpsSchedule.max_steps_stop``)."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from enum import Enum
 from typing import Any, ClassVar, Literal
 
 from ..config.sections import EarlyStopConfig
 from ..state_fields import Int, OptInt, OptNumber, StateModel, Text, absent
+from .stops import StopDecision, StopReason
 
 STATE_VERSION = 1
 
 
 class EarlyStoppingState(StateModel):
-    """The format of ``EarlyStopping.state_dict()``: the best value of ``metric`` and its step."""
+    """The format of ``EarlyStopping.state_dict()``: the value of ``metric`` that the next improvement
+    must beat, and its step (saved as ``best`` and ``step_of_best``, version 1's names)."""
 
     version: Int = STATE_VERSION
     metric: Text = absent()  # a checkpoint without it: taken as this run's metric
@@ -23,26 +23,12 @@ class EarlyStoppingState(StateModel):
     step_of_best: OptInt = None
 
 
-class StopReason(str, Enum):
-    """Why a run stops before its end; the value is what summary.json's ``stop_reason`` says."""
-
-    PATIENCE = "patience"
-    MAX_LOSS = "max_loss"
-    NOT_FINITE = "not_finite"
-    MIN_LR = "min_lr"
-    MAX_GRAD_NORM = "max_grad_norm"
-    MAX_STEPS = "max_steps"
-    PREEMPTED = "preempted"  # a signal: the run goes on when rerun
-
-
-@dataclass(frozen=True)
-class StopDecision:
-    reason: StopReason
-    message: str
-
-
 class EarlyStopping:
-    """Tracks the best value of the monitored metric and decides whether to stop.
+    """Decides whether to stop at a validation point (PATIENCE_STEPS, MAX_LOSS, MIN_LR, ...).
+
+    ``reference`` is the monitored metric's value that the next improvement must beat by more
+    than MIN_DELTA, taken at ``reference_step``: not the run's best metric, which ranks checkpoints
+    and is ``TrainingProgress.best_metric`` (SCHEDULE.CHECKPOINT's ranking metric, with no MIN_DELTA).
 
     ``check`` is called at validation points with the metrics of that point; the decision is meant
     to be taken on one process and broadcast (the trainer does that).
@@ -59,21 +45,21 @@ class EarlyStopping:
         self.warmup_steps = warmup_steps
         self.metric = config.METRIC
         self.mode = config.MODE or mode or config.mode
-        self.best: float | None = None
-        self.step_of_best: int | None = None
+        self.reference: float | None = None
+        self.reference_step: int | None = None
 
     def is_improvement(self, value: float) -> bool:
         if not math.isfinite(value):
-            return False  # never a best: it would also not survive the JSON checkpoint state
-        if self.best is None:
+            return False  # never an improvement: it would also not survive the JSON checkpoint state
+        if self.reference is None:
             return True
-        delta = self.best - value if self.mode == "min" else value - self.best
+        delta = self.reference - value if self.mode == "min" else value - self.reference
         return delta > self.config.MIN_DELTA
 
     def update(self, value: float, global_step: int) -> bool:
-        """Record a new value of the metric; True when it is a new best."""
+        """Record a new value of the metric; True when it is an improvement (the new reference)."""
         if self.is_improvement(value):
-            self.best, self.step_of_best = value, global_step
+            self.reference, self.reference_step = value, global_step
             return True
         return False
 
@@ -94,13 +80,13 @@ class EarlyStopping:
                 return StopDecision(
                     StopReason.MAX_LOSS, f"{self.metric} = {metric:.6g} exceeds MAX_LOSS {cfg.MAX_LOSS:g}"
                 )
-            if cfg.PATIENCE_STEPS is not None and self.step_of_best is not None:
-                waited = global_step - self.step_of_best
+            if cfg.PATIENCE_STEPS is not None and self.reference_step is not None:
+                waited = global_step - self.reference_step
                 if waited >= cfg.PATIENCE_STEPS:
                     return StopDecision(
                         StopReason.PATIENCE,
                         f"no improvement of {self.metric} by more than {cfg.MIN_DELTA:g} for {waited} steps "
-                        f"(best {self.best:.6g} at step {self.step_of_best}; PATIENCE_STEPS {cfg.PATIENCE_STEPS})",
+                        f"(best {self.reference:.6g} at step {self.reference_step}; PATIENCE_STEPS {cfg.PATIENCE_STEPS})",
                     )
         if cfg.MIN_LR is not None and lr is not None and global_step >= self.warmup_steps and lr < cfg.MIN_LR:
             return StopDecision(
@@ -114,23 +100,17 @@ class EarlyStopping:
             )
         return None
 
-    def reached_max_steps(self, global_step: int) -> StopDecision | None:
-        max_steps = self.config.MAX_STEPS
-        if self.config.ACTIVE and max_steps is not None and global_step >= max_steps:
-            return StopDecision(StopReason.MAX_STEPS, f"reached MAX_STEPS ({max_steps})")
-        return None
-
     def state_dict(self) -> dict[str, Any]:
         return EarlyStoppingState(
-            version=STATE_VERSION, metric=self.metric, best=self.best, step_of_best=self.step_of_best
+            version=STATE_VERSION, metric=self.metric, best=self.reference, step_of_best=self.reference_step
         ).as_data()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        # Tolerant: a checkpoint that monitored another metric restarts the search for a best.
+        # Tolerant: a checkpoint that monitored another metric restarts from no reference.
         if state.get("metric", self.metric) != self.metric:
-            self.best, self.step_of_best = None, None
+            self.reference, self.reference_step = None, None
             return
         best = state.get("best")
-        self.best = float(best) if best is not None else None
+        self.reference = float(best) if best is not None else None
         step = state.get("step_of_best")
-        self.step_of_best = int(step) if step is not None else None
+        self.reference_step = int(step) if step is not None else None

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 
 from .boundaries import Boundary, Interval, mask_pass_name
 from .resolved import ResolvedPlan
+from .stops import StopDecision, StopReason
 
 
 class OpsSchedule:
@@ -51,6 +52,14 @@ class OpsSchedule:
     def after_step(self, epoch: int, global_step: int) -> Boundary:
         """The point after optimizer step ``global_step - 1`` inside epoch ``epoch`` (1-based)."""
         return Boundary(epoch, global_step, global_step - 1, mid=True)
+
+    def max_steps_stop(self, global_step: int) -> StopDecision | None:
+        """The stop at ``TRAIN.EARLY_STOP.MAX_STEPS`` once ``global_step`` steps are done (None before,
+        and without it)."""
+        max_steps = self.plan.max_steps
+        if max_steps is not None and global_step >= max_steps:
+            return StopDecision(StopReason.MAX_STEPS, f"reached MAX_STEPS ({max_steps})")
+        return None
 
     def is_final_epoch(self, epoch: int) -> bool:
         return self.boundary(epoch).final

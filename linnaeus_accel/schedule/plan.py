@@ -62,7 +62,9 @@ def resolve_plan(
         )
     accum = config.TRAIN.accumulation
     ope = None if batches_per_epoch is None else optimizer_steps_per_epoch(batches_per_epoch, accum)
-    if ope is None and (keys := epoch_unit_keys(config)):
+    if ope is None and (
+        keys := epoch_unit_keys(config.TRAIN, config.SCHEDULE, config.LR_SCHEDULER, config.CALLBACKS)
+    ):
         raise ConfigError(
             [
                 (
@@ -80,7 +82,9 @@ def resolve_plan(
         )
     sched, lrc = config.SCHEDULE, config.LR_SCHEDULER
     effective = config.DATA.BATCH_SIZE * world_size * accum
-    length = run_length(config, batches_per_epoch, world_size, dataset_size, tokens_per_sample)
+    length = run_length(
+        config.TRAIN, config.DATA, batches_per_epoch, world_size, dataset_size, tokens_per_sample
+    )
     total, epochs = length.total_steps, length.epochs
     if total > MAX_TOTAL_STEPS:
         raise ConfigError(
@@ -182,8 +186,8 @@ def resolve_plan(
         callbacks=resolve_callbacks(config.CALLBACKS, total),
     )
     warnings = (
-        *sanity_warnings(config, plan),
-        *rollback_warnings(config, plan),
+        *sanity_warnings(sched, lrc, config.TRAIN, plan),
+        *rollback_warnings(config.TRAIN, plan),
         *source_warnings(plan, sources),
     )
     return replace(plan, warnings=warnings)

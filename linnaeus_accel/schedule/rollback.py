@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..config import Config
+from ..config.sections import TrainConfig
 
 if TYPE_CHECKING:
     from .resolved import ResolvedPlan
 
 
-def rolls_back(config: Config) -> bool:
-    return config.TRAIN.NONFINITE == "rollback" or config.TRAIN.LOSS_SPIKE.ACTION == "rollback"
+def rolls_back(train: TrainConfig) -> bool:
+    return train.NONFINITE == "rollback" or train.LOSS_SPIKE.ACTION == "rollback"
 
 
 def checkpoint_every(plan: ResolvedPlan) -> int | None:
@@ -26,9 +26,8 @@ def checkpoint_every(plan: ResolvedPlan) -> int | None:
     return int(interval.every)
 
 
-def rollback_lines(config: Config, plan: ResolvedPlan) -> list[str]:
+def rollback_lines(train: TrainConfig, plan: ResolvedPlan) -> list[str]:
     """The plan's lines on loss spikes and rollbacks (none when neither is on)."""
-    train = config.TRAIN
     spike, rollback = train.LOSS_SPIKE, train.ROLLBACK
     lines = []
     if spike.ACTION != "off":
@@ -36,7 +35,7 @@ def rollback_lines(config: Config, plan: ResolvedPlan) -> list[str]:
             f"Loss spikes:     a record's loss over {spike.FACTOR:g}x the mean of the {spike.WINDOW} records "
             f"before it, {spike.CONSECUTIVE} in a row (records every {plan.metrics_interval} steps): {spike.ACTION}"
         )
-    if not rolls_back(config):
+    if not rolls_back(train):
         return lines
     on = " and ".join(
         what
@@ -62,9 +61,9 @@ def rollback_lines(config: Config, plan: ResolvedPlan) -> list[str]:
     return lines
 
 
-def rollback_warnings(config: Config, plan: ResolvedPlan) -> list[str]:
+def rollback_warnings(train: TrainConfig, plan: ResolvedPlan) -> list[str]:
     """A rule that can never act in this run, a rollback that cannot happen, or only far back."""
-    train, total, out = config.TRAIN, plan.total_steps, []
+    total, out = plan.total_steps, []
     spike = train.LOSS_SPIKE
     if spike.ACTION != "off":
         # The rule compares a record with the WINDOW records before it, CONSECUTIVE times in a row.
@@ -76,7 +75,7 @@ def rollback_warnings(config: Config, plan: ResolvedPlan) -> list[str]:
                 f"step {first} at the earliest, past this run's {total} steps, so it never acts; lower "
                 "TRAIN.LOSS_SPIKE.WINDOW or SCHEDULE.METRICS.STEP_INTERVAL"
             )
-    if not rolls_back(config):
+    if not rolls_back(train):
         return out
     if train.ROLLBACK.SKIP_STEPS >= total:
         out.append(

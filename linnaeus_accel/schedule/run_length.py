@@ -6,12 +6,17 @@ length is a ``ConfigError`` naming the key."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from pydantic import BaseModel
 
-from ..config import Config, ConfigError
+from ..config import ConfigError
 from ..config.base import timed_parameters
+from ..config.callbacks import CallbackConfig
+from ..config.lr import LRSchedulerConfig
+from ..config.schedule import ScheduleConfig
+from ..config.sections import DataConfig, TrainConfig
 from .steps import ceil_div, optimizer_steps_per_epoch
 
 
@@ -23,7 +28,8 @@ class RunLength(NamedTuple):
 
 
 def run_length(
-    config: Config,
+    train: TrainConfig,
+    data: DataConfig,
     batches_per_epoch: int | None,
     world_size: int,
     dataset_size: int | None,
@@ -32,15 +38,14 @@ def run_length(
     """docs/semantics.md §1, §7: T from TRAIN.EPOCHS (T = steps per epoch x EPOCHS), TRAIN.STEPS (T = STEPS)
     or TRAIN.TARGET_TOKENS (T = ceil(TARGET_TOKENS / tokens per step)); the last two end where T
     falls, possibly inside an epoch."""
-    accum = config.TRAIN.accumulation
+    accum = train.accumulation
     ope = None if batches_per_epoch is None else optimizer_steps_per_epoch(batches_per_epoch, accum)
     per_step = None
     if tokens_per_sample is not None:
-        per_step = config.DATA.BATCH_SIZE * world_size * accum * tokens_per_sample
-    train = config.TRAIN
+        per_step = data.BATCH_SIZE * world_size * accum * tokens_per_sample
     if train.TARGET_TOKENS is not None:
         total, per_step = _steps_for_target_tokens(
-            config, batches_per_epoch, world_size, dataset_size, tokens_per_sample
+            train, data, batches_per_epoch, world_size, dataset_size, tokens_per_sample
         )
         return RunLength(total, _epochs_for(total, ope), per_step, total * per_step)
     if train.STEPS is not None:
@@ -48,9 +53,7 @@ def run_length(
         epochs = _epochs_for(total, ope)
         tokens = None
         if per_step is not None and epochs is not None and batches_per_epoch is not None:
-            epoch_tokens = _epoch_tokens(
-                config, batches_per_epoch, world_size, dataset_size, tokens_per_sample
-            )
+            epoch_tokens = _epoch_tokens(data, batches_per_epoch, world_size, dataset_size, tokens_per_sample)
             if epoch_tokens is not None:
                 assert ope is not None
                 # The last epoch's steps before its end hold full batches only (a padded batch or a
@@ -63,7 +66,7 @@ def run_length(
     assert epochs is not None
     assert ope is not None
     assert batches_per_epoch is not None
-    epoch_tokens = _epoch_tokens(config, batches_per_epoch, world_size, dataset_size, tokens_per_sample)
+    epoch_tokens = _epoch_tokens(data, batches_per_epoch, world_size, dataset_size, tokens_per_sample)
     return RunLength(ope * epochs, epochs, per_step, None if epoch_tokens is None else epoch_tokens * epochs)
 
 
@@ -71,10 +74,15 @@ def _epochs_for(total: int, steps_per_epoch: int | None) -> int | None:
     return None if steps_per_epoch is None else ceil_div(total, steps_per_epoch)  # the last may be partial
 
 
-def epoch_unit_keys(config: Config) -> list[str]:
+def epoch_unit_keys(
+    train: TrainConfig,
+    schedule: ScheduleConfig,
+    lr_scheduler: LRSchedulerConfig,
+    callbacks: Sequence[CallbackConfig],
+) -> list[str]:
     """Every key that gives a time in epochs (``TRAIN.EPOCHS`` when the run's length is in epochs):
     what a stream without ``__len__`` cannot resolve."""
-    keys = ["TRAIN.EPOCHS"] if config.TRAIN.epochs is not None else []
+    keys = ["TRAIN.EPOCHS"] if train.epochs is not None else []
 
     def walk(model: BaseModel, prefix: str) -> None:
         timed = timed_parameters(type(model)).values()
@@ -90,15 +98,16 @@ def epoch_unit_keys(config: Config) -> list[str]:
                     if isinstance(item, BaseModel):
                         walk(item, f"{prefix}{name}.{i}.")
 
-    walk(config.SCHEDULE, "SCHEDULE.")
-    walk(config.LR_SCHEDULER, "LR_SCHEDULER.")
-    for i, entry in enumerate(config.CALLBACKS):
+    walk(schedule, "SCHEDULE.")
+    walk(lr_scheduler, "LR_SCHEDULER.")
+    for i, entry in enumerate(callbacks):
         walk(entry, f"CALLBACKS.{i}.")
     return keys
 
 
 def _steps_for_target_tokens(
-    config: Config,
+    train: TrainConfig,
+    data: DataConfig,
     batches_per_epoch: int | None,
     world_size: int,
     dataset_size: int | None,
@@ -123,11 +132,11 @@ def _steps_for_target_tokens(
         problems.append(
             (key, f"the training dataset declares tokens_per_sample = {tokens_per_sample}; it must be >= 1")
         )
-    batch, accum = config.DATA.BATCH_SIZE, config.TRAIN.accumulation
+    batch, accum = data.BATCH_SIZE, train.accumulation
     global_batch = batch * world_size
     procs = f"{world_size} process{'es' if world_size > 1 else ''}"
     if batches_per_epoch is None:
-        if not config.DATA.DROP_LAST:
+        if not data.DROP_LAST:
             problems.append(
                 (
                     key,
@@ -136,7 +145,7 @@ def _steps_for_target_tokens(
                     "then ends at its last full optimizer step), or use TRAIN.STEPS",
                 )
             )
-    elif not config.DATA.DROP_LAST:
+    elif not data.DROP_LAST:
         if dataset_size is None:
             problems.append(
                 (
@@ -165,10 +174,10 @@ def _steps_for_target_tokens(
                 f"({_nearest_divisors(batches_per_epoch, accum)})",
             )
         )
-    if problems or tokens_per_sample is None or config.TRAIN.TARGET_TOKENS is None:
+    if problems or tokens_per_sample is None or train.TARGET_TOKENS is None:
         raise ConfigError(problems, source="plan")
-    per_step = config.DATA.BATCH_SIZE * world_size * accum * tokens_per_sample
-    return ceil_div(config.TRAIN.TARGET_TOKENS, per_step), per_step
+    per_step = data.BATCH_SIZE * world_size * accum * tokens_per_sample
+    return ceil_div(train.TARGET_TOKENS, per_step), per_step
 
 
 def _nearest_divisors(n: int, near: int) -> str:
@@ -181,7 +190,7 @@ def _nearest_divisors(n: int, near: int) -> str:
 
 
 def _epoch_tokens(
-    config: Config,
+    data: DataConfig,
     batches_per_epoch: int,
     world_size: int,
     dataset_size: int | None,
@@ -191,6 +200,6 @@ def _epoch_tokens(
     repeats samples that are not counted again); None when unknown."""
     if tokens_per_sample is None:
         return None
-    if config.DATA.DROP_LAST:
-        return batches_per_epoch * config.DATA.BATCH_SIZE * world_size * tokens_per_sample
+    if data.DROP_LAST:
+        return batches_per_epoch * data.BATCH_SIZE * world_size * tokens_per_sample
     return None if dataset_size is None else dataset_size * tokens_per_sample

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..config import Config
+from ..config.lr import LRSchedulerConfig
+from ..config.schedule import ScheduleConfig
+from ..config.sections import EarlyStopConfig, TrainConfig
 from .boundaries import Interval
 
 if TYPE_CHECKING:
@@ -18,9 +20,11 @@ LR_SCALE_WARNING = 4.0  # a scale beyond 4x either way is warned about
 EARLY_STOP_CONDITIONS = ("PATIENCE_STEPS", "MAX_STEPS", "MAX_LOSS", "MIN_LR", "MAX_GRAD_NORM")
 
 
-def sanity_warnings(config: Config, plan: ResolvedPlan) -> list[str]:
+def sanity_warnings(
+    schedule: ScheduleConfig, lr_scheduler: LRSchedulerConfig, train: TrainConfig, plan: ResolvedPlan
+) -> list[str]:
     out: list[str] = []
-    sched, lrc = config.SCHEDULE, config.LR_SCHEDULER
+    lrc = lr_scheduler
     intervals: dict[str, Interval | None] = {
         "SCHEDULE.VALIDATION.INTERVAL_*": plan.validation,
         "SCHEDULE.VALIDATION.MASK_META_INTERVAL_*": plan.mask_meta_validation,
@@ -91,22 +95,21 @@ def sanity_warnings(config: Config, plan: ResolvedPlan) -> list[str]:
         out.append(
             f"LR_SCHEDULER.WARMUP_*: warmup ({plan.warmup_steps} steps) covers the whole run ({plan.total_steps} steps)"
         )
-    ranking = sched.CHECKPOINT.METRIC
-    early = config.TRAIN.EARLY_STOP
-    out += _inactive_early_stop(config)
+    ranking = schedule.CHECKPOINT.METRIC
+    early = train.EARLY_STOP
+    out += _inactive_early_stop(early)
     if early.ACTIVE and early.PATIENCE_STEPS is not None and plan.validation is None:
         out.append(
             "TRAIN.EARLY_STOP.PATIENCE_STEPS is set but validation never runs, so patience is never checked"
         )
-    if ranking is not None and (sched.CHECKPOINT.KEEP_TOP_N > 0) and plan.validation is None:
+    if ranking is not None and (schedule.CHECKPOINT.KEEP_TOP_N > 0) and plan.validation is None:
         out.append("SCHEDULE.CHECKPOINT.KEEP_TOP_N ranks by a validation metric but validation never runs")
     return out
 
 
-def _inactive_early_stop(config: Config) -> list[str]:
-    """A stopping condition set while early stopping is off is never checked (MAX_STEPS included):
-    silently ignored, it would read as a run that should have stopped and did not."""
-    early = config.TRAIN.EARLY_STOP
+def _inactive_early_stop(early: EarlyStopConfig) -> list[str]:
+    """A stopping condition set while early stopping (``TRAIN.EARLY_STOP``) is off is never checked
+    (MAX_STEPS included): silently ignored, it would read as a run that should have stopped and did not."""
     keys = [f"TRAIN.EARLY_STOP.{c}" for c in EARLY_STOP_CONDITIONS if getattr(early, c) is not None]
     if early.ACTIVE or not keys:
         return []

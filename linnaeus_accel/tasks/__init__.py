@@ -21,7 +21,7 @@ from ..registry import Registry
 from .base import IGNORE_INDEX, STANDARD_PASS, Direction, Task, TaskContext, ValidationPass, logits_of
 
 if TYPE_CHECKING:
-    from ..config import Config
+    from ..config.sections import TaskConfig
 
 TASKS: Registry[Callable[[], Task]] = Registry(
     "task",
@@ -36,8 +36,9 @@ TASKS: Registry[Callable[[], Task]] = Registry(
 register_task = TASKS.register
 
 
-def build_task(config: Config) -> Task:
-    return TASKS.get(config.TASK.NAME)()
+def build_task(task: TaskConfig) -> Task:
+    """The task ``TASK.NAME`` names (registered with ``register_task``)."""
+    return TASKS.get(task.NAME)()
 
 
 __all__ = [

@@ -30,6 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from ..config import Config
+from ..config.schedule import ScheduleConfig
 from ..progress import TrainingStage
 from ..schedule import OpsSchedule, ResolvedPlan
 
@@ -84,7 +85,7 @@ class Task:
     # -- checks at construction: one clear error instead of a traceback from inside a step -------
     def config_problems(self, config: Config) -> list[tuple[str, str]]:
         """Config keys this task cannot honour, each with the fix."""
-        return linnaeus_only_problems(config, self.name)
+        return linnaeus_only_problems(config.SCHEDULE, self.name)
 
     def dataset_problem(self) -> str | None:
         """What the training dataset lacks for this task (after ``bind``), or None."""
@@ -182,9 +183,9 @@ def describe_keys(batch: Any) -> str:
     return f"a {type(batch).__name__}"
 
 
-def linnaeus_only_problems(config: Config, task: str) -> list[tuple[str, str]]:
+def linnaeus_only_problems(schedule: ScheduleConfig, task: str) -> list[tuple[str, str]]:
     """Schedules that act on a hierarchical dataset's metadata and label groups."""
-    sched, val = config.SCHEDULE, config.SCHEDULE.VALIDATION
+    sched, val = schedule, schedule.VALIDATION
     used = {
         "SCHEDULE.META_MASKING.ENABLED": sched.META_MASKING.ENABLED,
         "SCHEDULE.META_MASKING.PARTIAL.ENABLED": sched.META_MASKING.PARTIAL.ENABLED,

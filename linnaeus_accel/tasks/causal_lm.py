@@ -173,7 +173,7 @@ class CausalLMTask(Task):
         self.loss_chunk_tokens = context.config.TASK.LOSS_CHUNK_TOKENS
 
     def config_problems(self, config: Config) -> list[tuple[str, str]]:
-        problems = linnaeus_only_problems(config, self.name)
+        problems = linnaeus_only_problems(config.SCHEDULE, self.name)
         if self.document_masking and self.eos_id is None:
             problems.append((masking.KEY, masking.NO_EOS))
         configured = config.MODEL.OPTIONS.get("vocab_size")

@@ -49,7 +49,7 @@ class ClassificationTask(Task):
         self.label_smoothing = context.config.TASK.LABEL_SMOOTHING
 
     def config_problems(self, config: Config) -> list[tuple[str, str]]:
-        return linnaeus_only_problems(config, self.name)
+        return linnaeus_only_problems(config.SCHEDULE, self.name)
 
     def _split(self, batch: Any) -> tuple[Any, Tensor]:
         if isinstance(batch, Mapping):

@@ -29,7 +29,7 @@ from .validation.data import ValidationBatches
 from .validation.passes import PassStopped, run_pass, validation_line
 
 
-class Boundaries:
+class BoundaryWork:
     def __init__(
         self,
         accelerator: Accelerator,
@@ -50,7 +50,6 @@ class Boundaries:
         self.accelerator, self.model, self.task, self.ops = accelerator, model, task, ops
         self.ranking_metric = ranking_metric  # what ranks checkpoints and is the best metric
         self.progress, self.val_batches, self.checkpoints = progress, val_batches, checkpoints
-        self.writer, self.reader = checkpoints.writer, checkpoints.reader
         self.preemption, self.early_stopping, self.meter = preemption, early_stopping, meter
         self.ranking_mode, self.on_validation_end = ranking_mode, on_validation_end
         self.out = out
@@ -108,7 +107,7 @@ class Boundaries:
         if record is None:
             return None
         point, total = self._recorded_point(record), self.ops.plan.total_steps
-        max_steps = self.early_stopping.reached_max_steps(point.step) if point.final else None
+        max_steps = self.ops.max_steps_stop(point.step) if point.final else None
         if point.final and point.step < total and max_steps is None:
             return self._extend_from(point)
         self.final_done = point.final
@@ -123,8 +122,7 @@ class Boundaries:
 
     def _journal(self) -> dict[str, dict[str, float]]:
         """The passes the resumed checkpoint's journal records as complete, by prefix."""
-        assert self.writer.current is not None
-        return {e["prefix"]: e["metrics"] for e in self.reader.journal(self.writer.current)}
+        return self.checkpoints.journal()
 
     def _extend_from(self, old_end: Boundary) -> StopDecision | None:
         """A finished run trained longer, from the checkpoint of its last boundary. What the old run
@@ -180,7 +178,7 @@ class Boundaries:
         self, point: Boundary, passes: list[ValidationPass], done: dict[str, dict[str, float]]
     ) -> StopDecision | None:
         step = self.progress.global_step
-        journal = self.writer.current if self.writer.current_step == step else None
+        journal = self.checkpoints.journal_at(step)
         self.passes_done = done  # filled pass by pass: Trainer.dump_metrics_state() shows it
         if isinstance(self.val_batches, ValidationBatches):  # SCHEDULE.VALIDATION.MAX_BATCHES
             self.val_batches.select(final=point.final)
@@ -199,7 +197,7 @@ class Boundaries:
                     )  # fmt: skip
                 except PassStopped:
                     return self._preempt(dataclasses.asdict(point), journal, done)
-                self.writer.record_validation(journal, {"prefix": vpass.prefix, "metrics": metrics})
+                self.checkpoints.record_validation(journal, {"prefix": vpass.prefix, "metrics": metrics})
                 done[vpass.prefix] = metrics
                 fault_point("validation_pass")
             self.progress.complete_validation(vpass.stage, vpass.partial_index)
@@ -212,7 +210,7 @@ class Boundaries:
         label = f"step {step} (epoch {point.epoch})" if point.mid else f"epoch {point.epoch}"
         self.out.say(validation_line(label, results, self.task.metric_directions))
         self.last_validation = results
-        self.writer.record_metric(step, results)
+        self.checkpoints.record_metric(step, results)
         return self._early_stop(results)
 
     def _preempt(
@@ -224,7 +222,9 @@ class Boundaries:
         if journal is None:
             self.checkpoints.save(boundary=boundary)
             for prefix, metrics in done.items():
-                self.writer.record_validation(self.writer.current, {"prefix": prefix, "metrics": metrics})
+                self.checkpoints.record_validation(
+                    self.checkpoints.newest, {"prefix": prefix, "metrics": metrics}
+                )
         return StopDecision(
             StopReason.PREEMPTED,
             f"{self.preemption.reason} during validation at step {self.progress.global_step}",

@@ -19,16 +19,14 @@ same rollback; retention never removes the checkpoint a rollback may need (``pro
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import broadcast_object_list
 
 from ..checkpoint.manager import CheckpointManager
 from ..checkpoint.state.schemas import RecoveryState, RollbackRecord
-from ..config import Config
+from ..config.sections import TrainConfig
 from ..process.failures import RunFailed
 from ..process.faults import fault_point
 from ..progress import TrainingProgress
@@ -70,13 +68,12 @@ class Recovery:
     def __init__(
         self,
         accelerator: Accelerator,
-        config: Config,
+        train: TrainConfig,
         checkpoints: CheckpointManager,
         meter: TrainMeter,
         progress: TrainingProgress,
         out: RunOutputs,
     ) -> None:
-        train = config.TRAIN
         self.accelerator, self.checkpoints, self.meter, self.progress, self.out = (
             accelerator, checkpoints, meter, progress, out,
         )  # fmt: skip
@@ -124,7 +121,6 @@ class Recovery:
         (TRAIN.NONFINITE: rollback), False when the caller stops the run as before."""
         if not self.on_nonfinite:
             return False
-        self.progress.tokens_seen = bad.tokens_seen  # the window's tokens count as seen
         self.due = ("nonfinite", bad.value)
         return True
 
@@ -149,22 +145,24 @@ class Recovery:
         assert self.due is not None
         rule, loss = self.due
         self.due = None
-        state, writer = self.state, self.checkpoints.writer
+        state = self.state
         if len(state.rollbacks) >= self.rollback.MAX:
             raise self._failure(
                 step, rule, loss,
                 f"the run has rolled back {_times(len(state.rollbacks))} already (TRAIN.ROLLBACK.MAX)",
                 "raise TRAIN.ROLLBACK.MAX or TRAIN.ROLLBACK.SKIP_STEPS, or lower the learning rate",
             )  # fmt: skip
-        writer.settle()  # the newest checkpoint's commit is done (every process)
-        path = self._target()
+        self.checkpoints.settle()  # the newest checkpoint's commit is done (every process)
+        path = self.checkpoints.rollback_target(
+            lambda steps: rollback_target(steps, state.anchor, self._spans()), self.out.say
+        )
         if path is None:
             raise self._failure(
                 step, rule, loss,
                 f"no committed checkpoint at or before step {state.anchor} is left to roll back to",
                 "checkpoint more often (SCHEDULE.CHECKPOINT.INTERVAL_STEPS)",
             )  # fmt: skip
-        self.progress.tokens_seen += self.meter.take_tokens()
+        self.progress.settle_tokens()
         saved = self.checkpoints.restore_training(path, keep=KEPT)
         fault_point("rollback")  # loaded, nothing of the rollback recorded yet
         back_to = int(saved["global_step"])
@@ -191,23 +189,6 @@ class Recovery:
         )
         self.out.log({"train/rollbacks": float(len(state.rollbacks))}, step)
 
-    def _target(self) -> Path | None:
-        """The checkpoint to go back to, chosen (and verified) on the main process, on every process."""
-        found: Any = None
-        if self.accelerator.is_main_process:
-            store = self.checkpoints.writer.store
-            steps = store.complete_steps()
-            while (step := rollback_target(steps, self.state.anchor, self._spans())) is not None:
-                path = store.final_path(step)
-                problem = store.verify(path, deep=True)
-                if problem is None:
-                    found = path
-                    break
-                moved = store.reject(path, problem)  # as a resume does: kept, never deleted
-                self.out.say(f"not rolling back to {path.name}: {problem}; moved to {moved}")
-                steps.remove(step)
-        return broadcast_object_list([found], from_process=0)[0]  # type: ignore[no-any-return]
-
     def protected(self, steps: list[int]) -> set[int]:
         """Among the committed checkpoints ``steps``, the one a rollback would go back to now:
         retention keeps it."""
@@ -223,7 +204,7 @@ class Recovery:
         counted on the device, once per rollback)."""
         self._skip_open = False
         last = self.state.rollbacks[-1]
-        self.progress.tokens_seen += self.meter.take_tokens()
+        self.progress.settle_tokens()
         last.samples_skipped = self.progress.samples_seen - last.samples_at_checkpoint
         last.tokens_skipped = self.progress.tokens_seen - last.tokens_at_checkpoint
 
@@ -250,7 +231,7 @@ class Recovery:
             else f"the training loss spiked to {loss:.4g} at step {step} (over {self.spike.FACTOR:g}x the mean of "
             f"the {self.spike.WINDOW} records before, {self.spike.CONSECUTIVE} record(s) in a row)"
         )
-        kept = self.checkpoints.writer.current
+        kept = self.checkpoints.newest
         where = (
             f"the last good checkpoint, {kept}, stays the resume point"
             if kept

@@ -1,14 +1,41 @@
-"""``Trainer``: the training loop on ``accelerate.Accelerator``, read top to bottom (docs/design.md §2).
+"""``Trainer``: the training loop on ``accelerate.Accelerator``, read top to bottom (docs/design.md).
 
 Accelerate owns devices, mixed precision, all-reduce and process control; the task (``tasks/``)
-owns everything that depends on what is trained; the trainer owns *when* things happen, and asks
-the resolved plan (``OpsSchedule``) every time. The LR is set from the global step before each
-optimizer step; no LR scheduler is prepared (Accelerate would step it once per process).
+owns everything that depends on what is trained; the trainer owns *when* things happen. Time was
+resolved into steps once (``schedule.resolve_plan``); each component answers "is it my step?"
+itself, from ints. ``build.build_run`` makes the parts once. The loop, every hook and decision in
+the order it runs (``k``: ``progress.global_step``)::
 
-``build.build_run`` makes the parts once; the loop asks them: ``OptimizerStep`` (one step),
-``TrainLog`` (metrics and the console), ``Recovery`` (loss spikes and rollbacks), ``CallbackList``,
-``Boundaries`` (checkpoints and validation at an epoch's end and at mid-epoch points),
-``CheckpointManager`` (what a checkpoint holds; resuming from one), ``RunEnd``.
+    fit(resume_from)
+      _start()
+        claim the run directory (the main process decides, every process hears)
+            a finished run: return its summary; another config on it: ConfigError
+        checkpoints.open(...)        the directory's layout, stale staging, the bucket's catch-up
+        checkpoints.resume(...)      the newest usable checkpoint; each registered part its state
+        the assets, the start-up summary, trackers
+      callbacks.start(k)
+      with preemption:               SIGTERM/SIGUSR1/Ctrl-C ask for a clean stop from here
+        stop = boundary_work.finish_interrupted()     the passes a checkpoint at a boundary left
+        for each epoch until a stop or boundary_work.final_done:
+          for window in train_batches.windows():      TRAIN.ACCUMULATION_STEPS micro-batches
+            recovery.should_skip(k)? step.skip(window) : step.run(window)
+                                     LR(k) set, forward/backward, clip, optimizer.step
+            progress.complete_step(...)               global_step, samples_seen
+            k >= callbacks.next_due? callbacks.step_end(k)
+            epoch_ends = ops.should_end_epoch(epoch, k) or train_batches.pass_ended
+            _after_optimizer_step:
+              stop = ops.max_steps_stop(k)            TRAIN.EARLY_STOP.MAX_STEPS
+              train_log.after_step(epoch)             a record at METRICS.STEP_INTERVAL; NaN/spike
+              recovery.due? recovery.roll_back(k)     back to a checkpoint, skip the bad data
+              preemption.should_stop(k)? checkpoints.save(); stop = PREEMPTED
+              else not epoch_ends? stop = boundary_work.mid_epoch(epoch, k)
+            stop or epoch_ends? leave the epoch
+          _epoch_boundary: boundary_work.epoch_boundary(epoch, final)
+                                     checkpoint, validation passes, early stopping
+      end.finish(stop)               last checkpoint committed, final/, summary.json
+      callbacks.fit_end(summary)
+
+Nothing in a step reads the device except a record (``train_log``) and a checkpoint.
 """
 
 from __future__ import annotations
@@ -24,7 +51,6 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from ..callbacks import Callback
-from ..checkpoint.bucket.from_bucket import complete_from_bucket
 from ..checkpoint.init_from import check_overwrite
 from ..checkpoint.resume.finished import finished_problem
 from ..checkpoint.state.registry import Stateful
@@ -33,9 +59,9 @@ from ..process.failures import RunFailed
 from ..process.faults import fault_point
 from ..run_directory.outputs import claim_output_dir
 from ..run_directory.run_info import model_line, run_info
-from ..run_directory.shared_storage import check_shared_output
 from ..run_directory.trackers import init_trackers
 from ..schedule import StopDecision, StopReason
+from ..schedule.report.settings import report_settings
 from ..schedule.report.summary import summary_text
 from ..tasks import Task
 from .build import RunParts, build_run, run_context
@@ -79,7 +105,7 @@ class Trainer:
             config, model, train_data, val_data, task=task, optimizer=optimizer, collate_fn=collate_fn,
             accelerator=accelerator, remote=remote, callbacks=callbacks,
         )  # fmt: skip
-        self.allow_config_change = False
+        self.allow_config_change = self.unsafe_load_pickles = False
         self.parts.callbacks.setup(
             run_context(self.parts, self)
         )  # before a checkpoint loads: they may register state
@@ -124,7 +150,7 @@ class Trainer:
         by prefix, at the latest boundary, filled as they finish), ``last`` (the latest boundary's
         metrics, as logged), ``best_metric``, ``early_stopping``'s state, and ``train_window``:
         this process's open training-loss window (read from the device: not for every step)."""
-        return self.parts.boundaries.metrics_state()
+        return self.parts.boundary_work.metrics_state()
 
     # -- the run ---------------------------------------------------------------------------------
     def fit(
@@ -142,12 +168,12 @@ class Trainer:
         (``summary.json`` then says ``status: failed``)."""
         run = self.parts
         self.allow_config_change = allow_config_change
-        run.checkpoints.reader.allow_pickles = unsafe_load_pickles
+        self.unsafe_load_pickles = unsafe_load_pickles
         # Accelerate would pickle what was registered with register_for_checkpointing: saved as ours.
         for i, obj in enumerate(run.accelerator._custom_objects):
             self.register_state(f"accelerate_custom_{i}", obj)
         run.accelerator._custom_objects.clear()
-        check_overwrite(run.config, run.init_from, overwrite)  # its source gone, and no resume left
+        check_overwrite(run.config.MODEL, run.init_from, overwrite)  # its source gone, and no resume left
         run.state.check_savable()  # before the output directory is claimed: nothing is written
         try:
             finished = self._start(resume_from, overwrite)
@@ -180,9 +206,9 @@ class Trainer:
 
     def _run(self) -> StopDecision | None:
         """Epoch after epoch until the run's last boundary, or a stop inside an epoch."""
-        stop = self.parts.boundaries.finish_interrupted()
+        stop = self.parts.boundary_work.finish_interrupted()
         epoch = self.parts.progress.current_epoch
-        while stop is None and not self.parts.boundaries.final_done:
+        while stop is None and not self.parts.boundary_work.final_done:
             stop, at_boundary = self._train_epoch(epoch)
             if not at_boundary:
                 return stop  # inside the epoch: preempted (checkpointed), or a mid-epoch validation's stop
@@ -230,7 +256,7 @@ class Trainer:
         run = self.parts
         step = run.progress.global_step
         fault_point("optimizer_step")
-        stop = run.early_stopping.reached_max_steps(step)
+        stop = run.ops.max_steps_stop(step)
         run.train_log.after_step(epoch, last=stop is not None)
         if run.recovery.due is not None:  # the record found the window NaN or spiking
             run.recovery.roll_back(step)
@@ -240,7 +266,7 @@ class Trainer:
                 run.checkpoints.save(boundary=None)
             stop = StopDecision(StopReason.PREEMPTED, f"{run.preemption.reason}: checkpointed step {step}")
         elif stop is None and not epoch_ends:
-            stop = run.boundaries.mid_epoch(epoch, step)
+            stop = run.boundary_work.mid_epoch(epoch, step)
         return stop
 
     def _epoch_boundary(self, epoch: int, stop: StopDecision | None) -> StopDecision | None:
@@ -259,7 +285,7 @@ class Trainer:
         final = (stop is not None and not preempted) or reached_end
         # Preempted on the epoch's last step: its checkpoint is this boundary's, taken with the
         # validation passes still due (the flag is still up), so a rerun runs them and goes on.
-        stop = self.parts.boundaries.epoch_boundary(epoch, final=final, preempted=preempted) or stop
+        stop = self.parts.boundary_work.epoch_boundary(epoch, final=final, preempted=preempted) or stop
         if cut:
             progress.end_epoch()  # trained, as far as this run goes
         return stop
@@ -283,27 +309,27 @@ class Trainer:
         # Decided on the main process and shared, so that every process stops with the same error
         # instead of waiting at a barrier for a process that has exited.
         main, total = acc.is_main_process, run.plan.total_steps  # a finished run asked for more trains on
-        committed = run.checkpoints.writer.store.is_committed
-        claim = claim_output_dir(config, run.lock, resume_from, overwrite, total, committed) if main else None
+        committed = run.checkpoints.is_committed
+        claim = (
+            claim_output_dir(
+                config.output_dir, config.TRAIN, run.lock, resume_from, overwrite, total, committed
+            )
+            if main
+            else None
+        )
         if claim is not None and claim[1] is not None:  # finished: unless this config trains another run
-            refused = finished_problem(config, claim[1], acc.unwrap_model(run.model))
+            refused = finished_problem(
+                config.output_dir, config.model_dump(mode="json"), claim[1], acc.unwrap_model(run.model)
+            )
             claim = (refused, None) if refused is not None else claim
         problem, finished = broadcast_object_list([claim or (None, None)], from_process=0)[0]
         if problem is not None:
             raise ConfigError([problem])
         if finished is not None:
             return finished  # type: ignore[no-any-return]
-        writer = run.checkpoints.writer
         # Every machine sees the directory, or each keeps its own and the bucket joins them, or all stop.
-        writer.layout = layout = check_shared_output(acc, config.output_dir, bucket=writer.remote is not None)
-        writer.attempt = layout.attempt
-        if layout.node_local and run.recovery.rolls_back:
-            raise ConfigError([run.recovery.node_local_problem()])
-        run.checkpoints.verify_explicit(resume_from)  # a refusal writes nothing
-        if writer.commits_here:
-            writer.store.remove_stale_staging()
-        if layout.node_local and resume_from is None and config.TRAIN.AUTO_RESUME:
-            complete_from_bucket(acc, writer.store, writer.remote)  # before the newest one is looked for
+        refuse = run.recovery.node_local_problem() if run.recovery.rolls_back else None
+        run.checkpoints.open(resume_from, allow_pickles=self.unsafe_load_pickles, refuse_node_local=refuse)
         out.open()
         if acc.is_main_process:
             init = run.init_from.info() if run.init_from is not None else None
@@ -311,13 +337,19 @@ class Trainer:
             out.write_json("assets/run_info.json", run.end.run_info)
         data_problem = lambda seen: run.train_batches.resume_problem(run.data.resumed, seen)  # noqa: E731
         run.checkpoints.resume(resume_from, out, data_problem, self.allow_config_change)
-        if not layout.node_local:  # (a node-local run's parts come together only as it saves them)
-            writer.catch_up()  # what an outage kept from the bucket goes up first, in the background
-        text = summary_text(config, run.plan, run.optimizer_given)
-        out.write_assets(config, text, run.plan)
+        settings = report_settings(config)  # what the summary, plan.json and the plot read of the config
+        text = summary_text(settings, run.plan, run.optimizer_given)
+        out.write_assets(config.model_dump(mode="json"), text, run.plan, settings)
         trains = [model_line(run.end.run_info), run.optimizer_line]  # what trains, and how
         out.say("\n".join(filter(None, [text, *trains])))
-        init_trackers(acc, config, run.checkpoints.wandb_run_id, run.progress.global_step)
+        init_trackers(
+            acc,
+            config.EXPERIMENT,
+            config.output_dir,
+            config.model_dump(mode="json"),
+            run.checkpoints.wandb_run_id,
+            run.progress.global_step,
+        )
         out.start_progress(run.progress.global_step, run.progress.current_epoch)  # after the summary
         run.model.train()
         return None

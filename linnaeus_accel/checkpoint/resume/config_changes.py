@@ -105,17 +105,19 @@ def past_schedule_change(before: ResolvedPlan, after: ResolvedPlan, done: int) -
 def review_changes(
     saved_config: Mapping[str, Any] | None,
     saved_plan: Mapping[str, int] | None,
-    config: Config,
+    run_config: Mapping[str, Any],
     plan: ResolvedPlan,
     done: int,
     allow: bool,
 ) -> list[str]:
     """The changes this resumed run applies, one line each; ``ConfigError`` for changes that
-    rewrite the ``done`` steps already trained (unless ``allow``). A checkpoint written before
-    configs were stored in it (``saved_config`` None) is not reviewed."""
+    rewrite the ``done`` steps already trained (unless ``allow``). ``run_config``: this run's
+    config as JSON data (``Config.model_dump(mode="json")``), compared key by key with the
+    checkpoint's ``saved_config``; a checkpoint written before configs were stored in it
+    (``saved_config`` None) is not reviewed."""
     if saved_config is None:
         return []
-    changed = differing_keys(saved_config, config.model_dump(mode="json"))
+    changed = differing_keys(saved_config, run_config)
     if not changed:
         return []
     lines = [

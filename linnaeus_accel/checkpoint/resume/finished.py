@@ -11,13 +11,13 @@ differ: a rerun on another machine still has nothing to do. The run's length is 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 from torch import nn
 
-from ...config import Config
 from .config_changes import differing_keys
 
 # Keys (or prefixes ending in ".") a rerun of a finished run may change: none of them changes what
@@ -44,15 +44,16 @@ def _operational(key: str) -> bool:
     return any(key == p or (p.endswith(".") and key.startswith(p)) for p in OPERATIONAL)
 
 
-def changed_keys(out: Path, config: Config) -> dict[str, tuple[Any, Any]]:
-    """key -> (the finished run's value, this config's) for each key that would train another run."""
+def changed_keys(out: Path, run_config: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """key -> (the finished run's value, this config's) for each key that would train another run.
+    ``run_config``: this run's config as JSON data (``Config.model_dump(mode="json")``)."""
     try:
         saved = yaml.safe_load((out / "assets" / "config.yaml").read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError):
         return {}  # a run from before configs were kept, or an unreadable one: not judged
     if not isinstance(saved, dict):
         return {}
-    changed = differing_keys(saved, config.model_dump(mode="json"))
+    changed = differing_keys(saved, run_config)
     return {key: values for key, values in changed.items() if not _operational(key)}
 
 
@@ -81,11 +82,13 @@ def model_difference(out: Path, model: nn.Module) -> str | None:
     return f"the model given has weights of shapes the finished run's final/ does not ({shown})"
 
 
-def finished_problem(config: Config, finished: dict[str, Any], model: nn.Module) -> tuple[str, str] | None:
-    """Main process, a finished run in ``config.output_dir``: the refusal (key, sentence) when this
-    config or model would train another run, else None ("nothing to do" follows)."""
-    out = config.output_dir
-    changed = changed_keys(out, config)
+def finished_problem(
+    out: Path, run_config: Mapping[str, Any], finished: dict[str, Any], model: nn.Module
+) -> tuple[str, str] | None:
+    """Main process, a finished run in ``out`` (the run directory): the refusal (key, sentence) when
+    this config (``run_config``: as JSON data, ``Config.model_dump(mode="json")``) or model would
+    train another run, else None ("nothing to do" follows)."""
+    changed = changed_keys(out, run_config)
     differences = [f"{key}: {old!r} -> {new!r}" for key, (old, new) in list(changed.items())[:_SHOWN]]
     if len(changed) > _SHOWN:
         differences.append(f"and {len(changed) - _SHOWN} more")

@@ -20,7 +20,6 @@ from typing import Any
 
 import torch
 
-from ...config import Config
 from ...json_files import flatten
 
 # OPTIMIZER setting -> the parameter-group keys it decides (OPTIONS.<key>: the group key <key>).
@@ -35,11 +34,14 @@ _OPTIONS = "OPTIMIZER.OPTIONS."
 _NOT_SETTINGS = ("params", "lr", "initial_lr")  # the parameters; the LR schedule's values
 
 
-def regrouping_problems(saved_config: Mapping[str, Any] | None, config: Config) -> list[tuple[str, str]]:
-    """(key, problem) for each change since the checkpoint that regroups the parameters."""
+def regrouping_problems(
+    saved_config: Mapping[str, Any] | None, run_config: Mapping[str, Any]
+) -> list[tuple[str, str]]:
+    """(key, problem) for each change since the checkpoint that regroups the parameters
+    (``run_config``: this run's config as JSON data, ``Config.model_dump(mode="json")``)."""
     if saved_config is None:
         return []
-    old, new = flatten(saved_config), flatten(config.model_dump(mode="json"))
+    old, new = flatten(saved_config), flatten(run_config)
     fix = (
         "the checkpoint's optimizer state is kept per parameter group, in order, and cannot follow; "
         "resume with the checkpoint's value, or start a new run (EXPERIMENT.NAME or --overwrite)"
@@ -58,11 +60,12 @@ def regrouping_problems(saved_config: Mapping[str, Any] | None, config: Config) 
     return found
 
 
-def changed_group_keys(saved_config: Mapping[str, Any] | None, config: Config) -> list[str]:
-    """The parameter-group keys that the OPTIMIZER settings changed since the checkpoint decide."""
+def changed_group_keys(saved_config: Mapping[str, Any] | None, run_config: Mapping[str, Any]) -> list[str]:
+    """The parameter-group keys that the OPTIMIZER settings changed since the checkpoint decide
+    (``run_config``: this run's config as JSON data, ``Config.model_dump(mode="json")``)."""
     if saved_config is None:
         return []
-    old, new = flatten(saved_config), flatten(config.model_dump(mode="json"))
+    old, new = flatten(saved_config), flatten(run_config)
     keys: list[str] = []
     for key in sorted(k for k in old.keys() | new.keys() if k.startswith("OPTIMIZER.")):
         if old.get(key) != new.get(key):

@@ -9,19 +9,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...config import Config
 from ...schedule import ResolvedPlan
 from ..state.files import STATE_FILE, checkpoint_store, read_json
 from .config_changes import resume_notes
 
 
-def resume_preview(config: Config, plan: ResolvedPlan, explicit: str | Path | None) -> list[str]:
-    """Lines for ``plan``: where this config's run resumes and what a new run length changes there
-    (empty: it starts from step 0, or resumes on the plan it was trained on)."""
+def resume_preview(output_dir: Path, plan: ResolvedPlan, explicit: str | Path | None) -> list[str]:
+    """Lines for ``plan``: where this config's run (in ``output_dir``) resumes and what a new run
+    length changes there (empty: it starts from step 0, or resumes on the plan it was trained on)."""
     if explicit is not None:
         path: Path | None = Path(explicit)
     else:
-        store = checkpoint_store(config.output_dir / "checkpoints")
+        store = checkpoint_store(output_dir / "checkpoints")
         steps = store.complete_steps()
         path = store.final_path(steps[-1]) if steps else None
     if path is None:

@@ -17,7 +17,8 @@ from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list
 from safetensors.torch import load_file
 
-from ...config import Config, ConfigError
+from ...config import ConfigError
+from ...config.sections import TrainConfig
 from ..directory import CheckpointStore
 from ..state import tensor_state
 from ..state.content import TENSORS_FILE, CheckpointLoadError, first_line, rng_problem
@@ -30,14 +31,16 @@ class CheckpointReader:
     def __init__(
         self,
         accelerator: Accelerator,
-        config: Config,
+        train: TrainConfig,
+        output_dir: Path,
         store: CheckpointStore | None = None,
         remote: Any = None,
     ) -> None:
-        """``store``: the run's checkpoints (default: those of its output directory); ``remote``: the
-        bucket a fresh machine downloads the newest one from (``RemoteCheckpoints``, main process)."""
-        self.accelerator, self.config = accelerator, config
-        self.store = store if store is not None else checkpoint_store(config.output_dir / "checkpoints")
+        """``train``: the TRAIN section (AUTO_RESUME); ``store``: the run's checkpoints (default: those
+        of its output directory, ``output_dir``); ``remote``: the bucket a fresh machine downloads the
+        newest one from (``RemoteCheckpoints``, main process)."""
+        self.accelerator, self.train = accelerator, train
+        self.store = store if store is not None else checkpoint_store(output_dir / "checkpoints")
         self.remote = remote
         self.journals = ValidationJournals(self.store.rejected_root)
         self.load_options: dict[str, Any] = {}  # for load_state (strict=False: frozen weights)
@@ -59,7 +62,7 @@ class CheckpointReader:
 
     def find(self, explicit: str | Path | None) -> tuple[Path | None, list[str]]:
         """The checkpoint to resume from and what was skipped on the way (main process)."""
-        auto = self.config.TRAIN.AUTO_RESUME
+        auto = self.train.AUTO_RESUME
         return find_checkpoint(self.store, self.remote, auto, explicit, self.allow_pickles)
 
     def discard_after(self, step: int) -> list[int]:

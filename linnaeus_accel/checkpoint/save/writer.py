@@ -42,7 +42,9 @@ from typing import Any
 from accelerate import Accelerator
 from safetensors.torch import save_file
 
-from ...config import Config, ConfigError
+from ...config import ConfigError
+from ...config.run import EnvConfig, ExperimentConfig
+from ...config.schedule import ScheduleConfig
 from ...process.failures import OutputWriteError, attempt_write
 from ...process.faults import fault_point
 from ...run_directory.shared_storage import SHARED
@@ -72,14 +74,26 @@ class CheckpointWriter:
     them back."""
 
     def __init__(
-        self, accelerator: Accelerator, config: Config, remote: Any = None, mode: Mode | None = None
+        self,
+        accelerator: Accelerator,
+        env: EnvConfig,
+        experiment: ExperimentConfig,
+        schedule: ScheduleConfig,
+        ranking_metric: str,
+        output_dir: Path,
+        remote: Any = None,
+        mode: Mode | None = None,
     ) -> None:
-        """``remote``: a ``RemoteCheckpoints`` to sync with (default: from ENV.OUTPUT.BUCKET and the
-        B2 credentials in the environment when the bucket is enabled). ``mode``: whether the
-        ranking metric is better lower or higher (the task says; default: by its name)."""
+        """``env``, ``experiment``, ``schedule``: the run's ENV (the bucket, the timeouts), EXPERIMENT
+        (its NAME: the run's place in the bucket) and SCHEDULE (CHECKPOINT: retention, ASYNC)
+        sections; ``ranking_metric``: the metric that ranks checkpoints (``Config.ranking_metric``);
+        ``output_dir``: the run directory, whose ``checkpoints/`` it writes. ``remote``: a
+        ``RemoteCheckpoints`` to sync with (default: from ENV.OUTPUT.BUCKET and the B2 credentials in
+        the environment when the bucket is enabled). ``mode``: whether the ranking metric is better
+        lower or higher (the task says; default: by its name)."""
         self.accelerator = accelerator
-        self.config = config
-        self.store = checkpoint_store(config.output_dir / "checkpoints")
+        self.env, self.experiment, self.schedule = env, experiment, schedule
+        self.store = checkpoint_store(output_dir / "checkpoints")
         self.remote: Any = None  # RemoteCheckpoints and its BackgroundUploader (b2sdk is optional)
         self.uploader: Any = None
         # Where this machine stands (set at start, ``check_shared_output``): in node-local mode its
@@ -88,10 +102,10 @@ class CheckpointWriter:
         self.giving_up = threading.Event()  # the run failed: stop waiting for other machines' parts
         self.attempt = ""  # this start, as every process agreed on it (node_parts)
         # Whether the run has a bucket (the same on every process; only local main processes reach it).
-        self.bucket_on = remote is not None or config.ENV.OUTPUT.BUCKET.target_url is not None
+        self.bucket_on = remote is not None or env.OUTPUT.BUCKET.target_url is not None
         if accelerator.is_local_main_process:  # every machine reaches the bucket, or the run stops
             self.remote, self.uploader = self._remote(remote)
-        self.ranking_metric = config.ranking_metric
+        self.ranking_metric = ranking_metric
         self.mode: Mode = mode or ("min" if "loss" in self.ranking_metric else "max")
         # Ranking metric of each checkpoint, for retention; read and changed by the background
         # commit too, hence the lock.
@@ -106,7 +120,7 @@ class CheckpointWriter:
         self.journals = ValidationJournals(self.store.rejected_root)
         # The main process writes (ASYNC) and commits in the background, one checkpoint at a time.
         self.worker = SerialWorker("linnaeus-accel checkpoint")
-        asynchronous = config.SCHEDULE.CHECKPOINT.ASYNC and accelerator.is_main_process
+        asynchronous = schedule.CHECKPOINT.ASYNC and accelerator.is_main_process
         self.snapshot = HostSnapshot(accelerator) if asynchronous else None
         self.blocked_s = 0.0  # the loop's time in the last save, waiting for the previous one excluded
         self.waited_s = 0.0  # the last save's wait for the previous one's background work
@@ -116,7 +130,7 @@ class CheckpointWriter:
         self.committed_at = 0.0
 
     def _remote(self, remote: Any) -> tuple[Any, Any]:
-        bucket = self.config.ENV.OUTPUT.BUCKET
+        bucket = self.env.OUTPUT.BUCKET
         url = bucket.target_url  # URL, or b2://BUCKET/PREFIX from the older keys; None: no bucket
         if remote is None and url is None:
             return None, None
@@ -128,7 +142,7 @@ class CheckpointWriter:
                 # One listing at start: a missing bucket or a refused key stops the run here, in
                 # one sentence, instead of failing every upload in the background.
                 remote = RemoteCheckpoints.from_url(
-                    url or "", self.config.EXPERIMENT.NAME, timeout_s=bucket.TIMEOUT_S
+                    url or "", self.experiment.NAME, timeout_s=bucket.TIMEOUT_S
                 )
             except RemoteSyncError as exc:
                 key = "ENV.OUTPUT.BUCKET.URL" if bucket.URL is not None else "ENV.OUTPUT.BUCKET"
@@ -146,7 +160,7 @@ class CheckpointWriter:
         self.worker.wait(timeout)
         if self.uploader is None:
             return []
-        wait_s = min(timeout, float(self.config.ENV.OUTPUT.BUCKET.WAIT_S))
+        wait_s = min(timeout, float(self.env.OUTPUT.BUCKET.WAIT_S))
         deadline = time.monotonic() + wait_s
         if self.uploader.drain(wait_s) and not failing and self.commits_here and self.worker.idle:
             # What local retention kept for an upload in flight is in the bucket now (the background
@@ -365,7 +379,7 @@ class CheckpointWriter:
                 uploader.submit(final)
             return
         node, nodes, attempt = self.layout.node, self.layout.nodes, self.attempt
-        timeout = float(self.config.ENV.DIST_TIMEOUT_S)
+        timeout = float(self.env.DIST_TIMEOUT_S)
 
         def part() -> bool:
             if not (final / MARKER).is_file():  # removed by retention while it waited
@@ -419,7 +433,7 @@ class CheckpointWriter:
         """Background, main process (the one writer of the checkpoint directory); in node-local mode
         the other machines keep as many of their parts as the main process keeps checkpoints, the
         newest (the bucket holds every checkpoint retention keeps, whole)."""
-        ck = self.config.SCHEDULE.CHECKPOINT
+        ck = self.schedule.CHECKPOINT
         # The checkpoint being uploaded stays until it is in the bucket (a link slower than the
         # checkpoint interval would otherwise never get one there).
         uploading = self.uploader.in_flight() if self.uploader is not None else set()

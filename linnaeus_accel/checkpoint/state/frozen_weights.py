@@ -22,7 +22,8 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType
 from safetensors import safe_open
 
-from ...config import Config, ConfigError
+from ...config import ConfigError
+from ...config.sections import ModelConfig
 from ...models.lora import LoraRun, frozen_digest, is_peft_model
 from .files import STATE_FILE, read_json
 
@@ -105,18 +106,20 @@ def base_changed(what: str, recorded: Any, found: str, source: str, fix: str) ->
     )
 
 
-def base_source(config: Config) -> str:
-    """Where ``config``'s LoRA base comes from, for messages."""
-    pretrained = config.MODEL.OPTIONS.get("pretrained")
+def base_source(model_config: ModelConfig, seed: int) -> str:
+    """Where the LoRA base of the MODEL section ``model_config`` comes from, for messages (``seed``:
+    EXPERIMENT.SEED, which builds a base that is not pretrained)."""
+    pretrained = model_config.OPTIONS.get("pretrained")
     if pretrained:
         return f"the pretrained directory {pretrained}"
-    return f"the base model built from the config and seed {config.EXPERIMENT.SEED}"
+    return f"the base model built from the config and seed {seed}"
 
 
 def frozen_weights_for(
-    accelerator: Accelerator, config: Config, load_options: dict[str, Any]
+    accelerator: Accelerator, model_config: ModelConfig, seed: int, load_options: dict[str, Any]
 ) -> FrozenWeights | None:
-    """The run's ``FrozenWeights`` when its model is a LoRA model (``models.lora``), else None."""
+    """The run's ``FrozenWeights`` when its model is a LoRA model (``models.lora``), else None
+    (``model_config``, ``seed``: the MODEL section and EXPERIMENT.SEED, see ``base_source``)."""
     model = accelerator.unwrap_model(accelerator._models[0]) if accelerator._models else None
     lora = getattr(model, "linnaeus_lora", None)
     if lora is None and model is not None and is_peft_model(model):  # a PeftModel given in Python
@@ -133,4 +136,4 @@ def frozen_weights_for(
                 )
             ]
         )
-    return FrozenWeights(accelerator, model, lora.digest, base_source(config), load_options)
+    return FrozenWeights(accelerator, model, lora.digest, base_source(model_config, seed), load_options)

@@ -308,14 +308,16 @@ def packed_documents(
 
 
 def packed_stream(
-    documents: Any, options: HFOptions, spec: TokenizerSpec, split: Split, config: Config
+    documents: Any, options: HFOptions, spec: TokenizerSpec, split: Split, fraction: float, seed: int
 ) -> HFPackedStream:
+    """``fraction``: DATA.DATASET.VAL_FRACTION, the share of files held out without val_files;
+    ``seed``: EXPERIMENT.SEED, which keys the shuffle buffer."""
     shards = None
     if options.val_files is None:
         count = documents.n_shards
         if count < 2:
             raise too_few("1 file", ", as streaming holds out whole files")
-        cut = count - held_out(count, config.DATA.DATASET.VAL_FRACTION)
+        cut = count - held_out(count, fraction)
         shards = range(cut, count) if split == "val" else range(cut)
     return HFPackedStream(
         documents,
@@ -326,7 +328,7 @@ def packed_stream(
         vocab_size=spec.vocab_size,
         shards=shards,
         shuffle_buffer=options.shuffle_buffer if split == "train" else None,
-        seed=config.EXPERIMENT.SEED,
+        seed=seed,
     )
 
 
@@ -341,7 +343,9 @@ def build_hf_dataset(config: Config, split: Split) -> HFPackedDocuments | HFPack
     documents = load_documents(datasets, options, files[key], key)
     check_field(documents, options, key)
     if options.streaming:
-        dataset: HFPackedDocuments | HFPackedStream = packed_stream(documents, options, spec, split, config)
+        dataset: HFPackedDocuments | HFPackedStream = packed_stream(
+            documents, options, spec, split, config.DATA.DATASET.VAL_FRACTION, config.EXPERIMENT.SEED
+        )
     else:
         tokenized = tokenize_documents(datasets, documents, options, spec)
         dataset = packed_documents(tokenized, options, spec, split, config.DATA.DATASET.VAL_FRACTION)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import re
-from collections.abc import Iterator, Sequence, Sized
+from collections.abc import Callable, Iterator, Sequence, Sized
 from typing import Any
 
 import numpy as np
@@ -233,12 +233,6 @@ class MixtureSampler(EpochOrderSampler):
 
 
 # -- the built-in dataset ``mixture`` (its sources' entries: ``mixture_sources``) ------------------
-def _source_config(config: Config, entry: SourceEntry) -> Config:
-    """``config`` with the source's dataset in place of the mixture (the config is frozen)."""
-    dataset = config.DATA.DATASET.model_copy(update={"NAME": entry.name, "OPTIONS": entry.options})
-    return config.model_copy(update={"DATA": config.DATA.model_copy(update={"DATASET": dataset})})
-
-
 def _rekeyed(text: str, index: int) -> str:
     """A source builder's key or message, its dataset keys moved under the source's entry."""
     prefix = f"{OPTIONS_KEY}.sources.{index}"
@@ -246,10 +240,13 @@ def _rekeyed(text: str, index: int) -> str:
     return re.sub(r"\bDATA\.DATASET\.NAME\b", f"{prefix}.name", text)
 
 
-def _build_source(config: Config, split: Split, entry: SourceEntry, problems: list[tuple[str, str]]) -> Any:
-    """The source's dataset for ``split``, or None after recording why it cannot be one."""
+def _build_source(
+    build: Callable[[], Any], split: Split, entry: SourceEntry, problems: list[tuple[str, str]]
+) -> Any:
+    """The source's dataset for ``split`` (``build()``), or None after recording why it cannot be one:
+    the builder's config errors under the source's own keys, or a dataset a mixture cannot draw from."""
     try:
-        dataset = get_dataset_builder(entry.name)(_source_config(config, entry), split)
+        dataset = build()
     except ConfigError as exc:
         problems += [
             (_rekeyed(key, entry.index), _rekeyed(message, entry.index)) for key, message in exc.problems
@@ -320,7 +317,15 @@ def build_mixture(config: Config, split: Split) -> Mixture:
     options = DatasetOptions("mixture", config.DATA.DATASET.OPTIONS, OPTIONS_KEY)
     samples_per_epoch = options.integer("samples_per_epoch", None, minimum=1)
     entries = parse_sources(options)
-    datasets = [_build_source(config, split, entry, options.problems) for entry in entries]
+
+    def builder(entry: SourceEntry) -> Callable[[], Any]:
+        # Any registered builder may build a source, and a builder is handed a whole Config, free to
+        # read any section: this one, with the source's dataset in place of the mixture.
+        dataset = config.DATA.DATASET.model_copy(update={"NAME": entry.name, "OPTIONS": entry.options})
+        own = config.model_copy(update={"DATA": config.DATA.model_copy(update={"DATASET": dataset})})
+        return lambda: get_dataset_builder(entry.name)(own, split)
+
+    datasets = [_build_source(builder(entry), split, entry, options.problems) for entry in entries]
     _check_lengths(entries, datasets, options)
     options.finish()
     sources = [

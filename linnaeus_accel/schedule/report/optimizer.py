@@ -8,8 +8,7 @@ from __future__ import annotations
 import numbers
 from typing import Any, Protocol
 
-from ...config import Config
-from ...config.optimizer import BUILTIN_OPTIMIZERS
+from ...config.optimizer import BUILTIN_OPTIMIZERS, OptimizerConfig
 from ...registry import is_registered
 
 
@@ -26,10 +25,10 @@ _NOT_SETTINGS = {"params", "lr", "initial_lr", "foreach", "fused", "capturable",
 _NOT_SETTINGS |= {"decoupled_weight_decay", "weight_decay"}
 
 
-def optimizer_lines(config: Config) -> list[str]:
+def optimizer_lines(optimizer: OptimizerConfig) -> list[str]:
     """E.g. 'Optimizer: adamw, betas (0.9, 0.95), eps 1e-08, fused kernels; weight decay 0.1, none on
     bias, norm, embedding parameters (groups of their own, at their LR group's LR)'."""
-    o = config.OPTIMIZER
+    o = optimizer
     if o.NAME in BUILTIN_OPTIMIZERS:
         parts = [o.NAME]
     elif is_registered("optimizer", o.NAME):

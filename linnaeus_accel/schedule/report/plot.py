@@ -18,9 +18,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ...config import Config, ConfigError
+from ...config import ConfigError
 from ..resolved import ResolvedPlan
 from .boundary_steps import event_steps
+from .settings import ReportSettings
 from .timeline import drawn, drawn_ramps
 
 if TYPE_CHECKING:
@@ -103,7 +104,7 @@ def _kinks(plan: ResolvedPlan, limit: int) -> set[int]:
     return out
 
 
-def schedule_figure(config: Config, plan: ResolvedPlan) -> Figure:
+def schedule_figure(settings: ReportSettings, plan: ResolvedPlan) -> Figure:
     """The schedule of ``plan`` as a matplotlib Figure (not yet drawn to a file).
 
     Artists carry a ``gid`` for whoever reads the figure back: ``lr:<group label>``,
@@ -153,7 +154,7 @@ def schedule_figure(config: Config, plan: ResolvedPlan) -> Figure:
     # matplotlib's default ticks, whole steps only: a short run's axis read 0, 0, 0, 1, 1, 1, 2.
     event_ax.xaxis.set_major_locator(MaxNLocator(nbins="auto", steps=[1, 2, 2.5, 5, 10], integer=True))
     _epoch_axis(lr_ax, below, plan)
-    fig.suptitle(_title(config, plan), fontsize=10)
+    fig.suptitle(_title(settings, plan), fontsize=10)
     return fig
 
 
@@ -236,7 +237,7 @@ def _wrapped(text: str, width: int) -> str:
     )
 
 
-def _title(config: Config, plan: ResolvedPlan) -> str:
+def _title(settings: ReportSettings, plan: ResolvedPlan) -> str:
     ope, epochs = plan.optimizer_steps_per_epoch, plan.epochs
     if ope is None or epochs is None:
         per_epoch = "epochs of unknown length: a stream without __len__"
@@ -244,15 +245,14 @@ def _title(config: Config, plan: ResolvedPlan) -> str:
         per_epoch = f"{ope:,} per epoch; {epochs:,} epoch{'s' if epochs > 1 else ''}"
         if plan.last_epoch_steps < ope:
             per_epoch += f", the last of {plan.last_epoch_steps:,} steps"
-    lrc = config.LR_SCHEDULER
     scale = (
-        f"LR scale {plan.lr_scale:g} (= {plan.effective_batch_size} / {lrc.REFERENCE_BS})"
-        if lrc.REFERENCE_BS
+        f"LR scale {plan.lr_scale:g} (= {plan.effective_batch_size} / {settings.reference_bs})"
+        if settings.reference_bs
         else "LR scaling off"
     )
     tokens = f"; {plan.tokens_per_step:,} tokens per step" if plan.tokens_per_step else ""
     return (
-        f"{config.EXPERIMENT.NAME}: {plan.total_steps:,} optimizer steps ({per_epoch})\n"
+        f"{settings.experiment}: {plan.total_steps:,} optimizer steps ({per_epoch})\n"
         f"effective batch {plan.effective_batch_size:,}{tokens}; {scale}"
     )
 
@@ -264,20 +264,20 @@ def save_schedule_figure(fig: Figure, path: str | Path) -> Path:
     return path
 
 
-def write_schedule_plot(path: str | Path, config: Config, plan: ResolvedPlan) -> Path | None:
+def write_schedule_plot(path: str | Path, settings: ReportSettings, plan: ResolvedPlan) -> Path | None:
     """Draw and save the plot; None, writing nothing, when matplotlib is not installed (the
     run's ``assets/schedule.png`` is optional)."""
     if matplotlib_problem() is not None:
         return None
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    return save_schedule_figure(schedule_figure(config, plan), path)
+    return save_schedule_figure(schedule_figure(settings, plan), path)
 
 
-def plot_for_cli(path: str, config: Config, plan: ResolvedPlan) -> Path:
+def plot_for_cli(path: str, settings: ReportSettings, plan: ResolvedPlan) -> Path:
     """``plan --plot FILE``: a file that cannot be written is an error naming the argument."""
     try:
-        return save_schedule_figure(schedule_figure(config, plan), path)
+        return save_schedule_figure(schedule_figure(settings, plan), path)
     except (OSError, ValueError) as exc:  # ValueError: a suffix matplotlib has no format for
         raise ConfigError([("--plot", f"cannot write {path}: {exc}")], source="arguments") from None
 

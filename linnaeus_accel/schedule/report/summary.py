@@ -9,13 +9,13 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from ...config import Config
 from ..lr import LRCurve
 from ..ops import EventEpochs, OpsSchedule
 from ..resolved import ResolvedPlan
 from ..rollback import rollback_lines
 from .boundary_steps import EVENT_KINDS, event_steps, forced_at_end, interval_of, mid_epoch_multiples
 from .optimizer import Optimizer, built_optimizer_lines, optimizer_lines
+from .settings import ReportSettings
 from .timeline import timeline
 from .validation_budget import validation_budget, validation_budget_line
 
@@ -64,7 +64,7 @@ def _epochs_text(epochs: EventEpochs) -> str:
     return f"after epoch{'s' if len(first) > 1 else ''} {shown}"
 
 
-def summary_text(config: Config, plan: ResolvedPlan, optimizer: Optimizer | None = None) -> str:
+def summary_text(settings: ReportSettings, plan: ResolvedPlan, optimizer: Optimizer | None = None) -> str:
     """``optimizer``: the one given to the Trainer (a factory's or built), described as it is built
     instead of what OPTIMIZER says, which it does not read."""
     lines = ["Schedule summary", "================"]
@@ -81,8 +81,8 @@ def summary_text(config: Config, plan: ResolvedPlan, optimizer: Optimizer | None
         *_tokens_lines(plan),
         f"Batch:    effective batch size {plan.effective_batch_size}; LR scale {plan.lr_scale:g}"
         + (
-            f" (= {plan.effective_batch_size} / {config.LR_SCHEDULER.REFERENCE_BS})"
-            if config.LR_SCHEDULER.REFERENCE_BS
+            f" (= {plan.effective_batch_size} / {settings.reference_bs})"
+            if settings.reference_bs
             else " (scaling off)"
         ),
         "",
@@ -93,10 +93,10 @@ def summary_text(config: Config, plan: ResolvedPlan, optimizer: Optimizer | None
             head += f" (params matching {', '.join(plan.group_patterns[i - 1])})"
         lines.append(f"{head}: peak {curve.base_lr:.4g}, min {curve.min_lr:.4g}")
         lines.append("  " + describe_lr(curve))
-    lines += optimizer_lines(config) if optimizer is None else built_optimizer_lines(optimizer)
+    lines += optimizer_lines(settings.optimizer) if optimizer is None else built_optimizer_lines(optimizer)
     lines.append("")
     lines.append(f"Validation:            {_event_text(plan, 'validation')}")
-    lines += validation_budget_line(config, plan)
+    lines += validation_budget_line(settings.schedule.VALIDATION, settings.val_batch_size, plan)
     lines.append(f"Mask-meta validation:  {_event_text(plan, 'mask_meta_validation')}")
     combos = "; ".join("+".join(c) for c in plan.partial_validation_whitelist)
     partial = _event_text(plan, "partial_mask_meta_validation")
@@ -106,19 +106,19 @@ def summary_text(config: Config, plan: ResolvedPlan, optimizer: Optimizer | None
             f"Exhaustive validation: {len(plan.exhaustive_combinations)} passes at the final epoch: "
             + ", ".join("+".join(c) for c in plan.exhaustive_combinations)
         )
-    ck = config.SCHEDULE.CHECKPOINT
+    ck = settings.schedule.CHECKPOINT
     keep = (
         "all"
         if ck.KEEP_TOP_N == 0 and ck.KEEP_LAST_N == 0
         else f"best {ck.KEEP_TOP_N} + last {ck.KEEP_LAST_N}"
     )
     lines.append(f"Checkpoints:           {_event_text(plan, 'checkpoint')}; keep {keep}")
-    lines += rollback_lines(config, plan)
+    lines += rollback_lines(settings.train, plan)
     for timing in plan.callbacks:
         lines.append(f"Callback {timing.label}: on_step_end {timing.describe()}")
     lines.append("")
-    lines += _ramp_lines(config, plan)
-    lines += _logging_lines(config, plan)
+    lines += _ramp_lines(settings, plan)
+    lines += _logging_lines(settings, plan)
     if plan.max_steps is not None:
         lines.append(f"MAX_STEPS: training stops after step {plan.max_steps} of {plan.total_steps}")
     lines += ["", *timeline(plan)]
@@ -151,9 +151,9 @@ def _event_text(plan: ResolvedPlan, kind: str) -> str:
     return ", and ".join(parts) or "never"
 
 
-def _logging_lines(config: Config, plan: ResolvedPlan) -> list[str]:
+def _logging_lines(settings: ReportSettings, plan: ResolvedPlan) -> list[str]:
     """What every SCHEDULE.METRICS interval resolves to, with the rounding said where it happened."""
-    metrics = config.SCHEDULE.METRICS
+    metrics = settings.schedule.METRICS
     every = plan.metrics_interval
 
     def steps(n: int) -> str:
@@ -164,7 +164,7 @@ def _logging_lines(config: Config, plan: ResolvedPlan) -> list[str]:
             return steps(resolved)
         return f"{steps(resolved)} ({key} {asked} rounded up to a multiple of {every})"
 
-    trackers = ", ".join(config.EXPERIMENT.trackers) or "none"
+    trackers = ", ".join(settings.trackers) or "none"
     return [
         f"Logging:  metrics.jsonl {steps(every)} and at the last step; "
         f"console {rounded('CONSOLE_INTERVAL', metrics.CONSOLE_INTERVAL, plan.console_interval)}",
@@ -230,7 +230,7 @@ def _tokens_lines(plan: ResolvedPlan) -> list[str]:
     return [f"{head}; {plan.total_tokens} tokens in the whole run"]
 
 
-def _ramp_lines(config: Config, plan: ResolvedPlan) -> list[str]:
+def _ramp_lines(settings: ReportSettings, plan: ResolvedPlan) -> list[str]:
     out = []
     t = plan.total_steps
     m = plan.meta_mask
@@ -255,7 +255,7 @@ def _ramp_lines(config: Config, plan: ResolvedPlan) -> list[str]:
         if x.enabled
         else "Mixup:           off"
     )
-    if config.TASK.DOCUMENT_MASKING:  # causal_lm only (the config refuses it for other tasks)
+    if settings.document_masking:  # causal_lm only (the config refuses it for other tasks)
         out.append(
             "Document masking: on: attention within each document, positions restart after each end-of-document id"
         )
@@ -263,12 +263,12 @@ def _ramp_lines(config: Config, plan: ResolvedPlan) -> list[str]:
         out.append(
             f"GradNorm:        every {plan.gradnorm_interval} steps from step {plan.gradnorm_warmup_steps}"
         )
-    if config.TASK.LOSS_CHUNK_TOKENS:
+    if settings.loss_chunk_tokens:
         out.append(
-            f"Chunked loss:    output projection and cross-entropy {config.TASK.LOSS_CHUNK_TOKENS} tokens at a "
+            f"Chunked loss:    output projection and cross-entropy {settings.loss_chunk_tokens} tokens at a "
             "time (TASK.LOSS_CHUNK_TOKENS)"
         )
-    es = config.TRAIN.EARLY_STOP
+    es = settings.train.EARLY_STOP
     if es.ACTIVE:
         out.append(
             f"Early stopping:  {es.METRIC} ({es.mode}), patience {es.PATIENCE_STEPS} steps, min delta {es.MIN_DELTA:g}"
@@ -283,11 +283,11 @@ def series_steps(total_steps: int) -> list[int]:
     return [round(i * (total_steps - 1) / (n - 1)) for i in range(n)]
 
 
-def plan_json(config: Config, plan: ResolvedPlan, with_series: bool = True) -> dict[str, Any]:
+def plan_json(settings: ReportSettings, plan: ResolvedPlan, with_series: bool = True) -> dict[str, Any]:
     events = OpsSchedule(plan).event_epochs() if plan.known_epochs else None
     out: dict[str, Any] = {
-        "experiment": config.EXPERIMENT.NAME,
-        "output_dir": str(config.output_dir),
+        "experiment": settings.experiment,
+        "output_dir": str(settings.output_dir),
         "dataset_size": plan.dataset_size,
         "world_size": plan.world_size,
         "batch_size": plan.batch_size,
@@ -330,9 +330,10 @@ def plan_json(config: Config, plan: ResolvedPlan, with_series: bool = True) -> d
             "console_interval": plan.console_interval,
             "tracker_interval": plan.tracker_interval,
             "lr_interval": plan.lr_interval,
-            "trackers": list(config.EXPERIMENT.trackers),
+            "trackers": list(settings.trackers),
         },
-        "validation_budget": validation_budget(config, plan),  # null: every pass reads the whole split
+        # null: every pass reads the whole split
+        "validation_budget": validation_budget(settings.schedule.VALIDATION, settings.val_batch_size, plan),
         "warnings": list(plan.warnings),
     }
     if with_series:

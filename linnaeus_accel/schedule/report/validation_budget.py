@@ -8,27 +8,28 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...config import Config
+from ...config.schedule import ValidationSchedule
 from ..resolved import ResolvedPlan
 
 
-def validation_budget(config: Config, plan: ResolvedPlan) -> dict[str, Any] | None:
-    """The budget of a validation pass, or None when every pass reads the whole split."""
-    settings = config.SCHEDULE.VALIDATION
-    if settings.MAX_BATCHES is None:
+def validation_budget(
+    validation: ValidationSchedule, batch: int, plan: ResolvedPlan
+) -> dict[str, Any] | None:
+    """The budget of a validation pass (``SCHEDULE.VALIDATION``, in batches of ``batch`` samples per
+    process: ``DATA.BATCH_SIZE_VAL or DATA.BATCH_SIZE``), or None when every pass reads the whole split."""
+    if validation.MAX_BATCHES is None:
         return None
-    batch = config.DATA.BATCH_SIZE_VAL or config.DATA.BATCH_SIZE
     return {
-        "max_batches_per_process": settings.MAX_BATCHES,
+        "max_batches_per_process": validation.MAX_BATCHES,
         "batch_size": batch,
-        "max_samples": settings.MAX_BATCHES * batch * plan.world_size,
-        "final_whole_split": settings.FINAL_EPOCH.WHOLE_SPLIT,
+        "max_samples": validation.MAX_BATCHES * batch * plan.world_size,
+        "final_whole_split": validation.FINAL_EPOCH.WHOLE_SPLIT,
     }
 
 
-def validation_budget_line(config: Config, plan: ResolvedPlan) -> list[str]:
+def validation_budget_line(validation: ValidationSchedule, batch: int, plan: ResolvedPlan) -> list[str]:
     """The summary's line on it: none when every pass reads the whole split."""
-    budget = validation_budget(config, plan)
+    budget = validation_budget(validation, batch, plan)
     if budget is None:
         return []
     procs = f"{plan.world_size} process{'es' if plan.world_size > 1 else ''}"

@@ -18,9 +18,9 @@ from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list
 from torch import nn
 
+from ...checkpoint.manager import CheckpointManager
 from ...checkpoint.save.failures import agree_on_output, resume_clause
 from ...checkpoint.save.nonfinite import NonFiniteGuard
-from ...checkpoint.save.writer import CheckpointWriter
 from ...data.tokens.format import TokenOutOfVocab
 from ...process.failures import (
     OutputWriteError,
@@ -46,9 +46,8 @@ class RunEnd:
         plan: ResolvedPlan,
         model: nn.Module,
         progress: TrainingProgress,
-        writer: CheckpointWriter,
+        checkpoints: CheckpointManager,
         nonfinite: NonFiniteGuard,
-        take_tokens: Callable[[], int],
         out: RunOutputs,
         train_data: Any = None,
         last_validation: Callable[[], dict[str, float]] = dict,
@@ -57,12 +56,7 @@ class RunEnd:
     ) -> None:
         self.accelerator, self.plan, self.model = accelerator, plan, model
         self.output_dir, self.dist_timeout_s = output_dir, dist_timeout_s  # ENV.DIST_TIMEOUT_S
-        self.progress, self.writer, self.nonfinite, self.take_tokens = (
-            progress,
-            writer,
-            nonfinite,
-            take_tokens,
-        )
+        self.progress, self.checkpoints, self.nonfinite = progress, checkpoints, nonfinite
         self.out = out
         self.run_info: dict[str, Any] = {}  # what the run ran on (main process)
         self.last_validation = last_validation  # the latest validation's metrics, for summary.json
@@ -95,11 +89,11 @@ class RunEnd:
         hear of it), ``final/`` written (collective), ``summary.json``."""
         progress = self.progress
         preempted = stop is not None and stop.reason is StopReason.PREEMPTED
-        progress.tokens_seen += self.take_tokens()
-        self.writer.settle()  # the last checkpoint is committed, or every process stops here
+        progress.settle_tokens()
+        self.checkpoints.settle()  # the last checkpoint is committed, or every process stops here
         before_summary()
         if not preempted:  # a preempted run's weights are in its last checkpoint
-            self.nonfinite.check(progress.global_step, "the final weights", self.writer.current)
+            self.nonfinite.check(progress.global_step, "the final weights", self.checkpoints.newest)
             self._save_final()
         status = (
             ("interrupted" if self.interrupted() else "preempted")
@@ -107,9 +101,8 @@ class RunEnd:
             else ("early_stopped" if stop is not None else "completed")
         )
         summary = self.summary(status, stop)
-        summary["remote_sync_errors"] = self.writer.close()
-        summary["checkpoint_blocked_s"] = round(self.writer.total_blocked_s, 3)
-        summary["checkpoint_wait_s"] = round(self.writer.total_waited_s, 3)
+        summary["remote_sync_errors"] = self.checkpoints.close()
+        summary.update(self.checkpoints.totals())
         self.out.write_json("summary.json", summary)
         return summary
 
@@ -121,8 +114,8 @@ class RunEnd:
         if failure is not None and acc.is_main_process:
             shutil.rmtree(final, ignore_errors=True)
         removed = f"removed {final} (not written whole)"
-        agree_on_output(acc, "the final weights", failure, removed, self.writer.resume_point)
-        if self.writer.layout.node_local and acc.is_local_main_process and not acc.is_main_process:
+        agree_on_output(acc, "the final weights", failure, removed, self.checkpoints.resume_point)
+        if self.checkpoints.node_local and acc.is_local_main_process and not acc.is_main_process:
             # Accelerate makes the directory on every process: on another machine's own disk it
             # stays empty (final/ is the main machine's), so it goes, if empty.
             with contextlib.suppress(OSError):
@@ -159,13 +152,12 @@ class RunEnd:
         """Collective: the main process uploads what the bucket lacks of the finished run (bounded
         by ``ENV.OUTPUT.BUCKET.WAIT_S``) and rewrites ``summary.json``; every process gets what the
         bucket still lacks (None: no bucket)."""
-        if not self.writer.bucket_on:
+        if not self.checkpoints.bucket_on:
             return None
         errors: list[str] | None = None
         if self.accelerator.is_main_process:
             before = list(finished.get("remote_sync_errors") or [])
-            self.writer.catch_up()
-            errors = self.writer.close()
+            errors = self.checkpoints.catch_up_finished()
             if errors != before:
                 with contextlib.suppress(OutputWriteError):  # the summary is not worth a failure
                     self.out.write_json("summary.json", {**finished, "remote_sync_errors": errors})
@@ -182,10 +174,10 @@ class RunEnd:
         if not self.out.opened:  # refused before the run started: nothing to record
             return message
         with contextlib.suppress(Exception):
-            if lost := self.writer.abandon(timeout=60.0):
+            if lost := self.checkpoints.abandon(timeout=60.0):
                 message = f"{message}; {lost}"
         with contextlib.suppress(Exception):
-            self.writer.close(timeout=60.0, failing=True)
+            self.checkpoints.close(timeout=60.0, failing=True)
         try:
             self.out.write_json("summary.json", self.summary("failed", error=message))
         except OutputWriteError as exc:
@@ -233,6 +225,6 @@ class RunEnd:
         if not self.accelerator.is_main_process:
             return words
         with contextlib.suppress(Exception):
-            if lost := self.writer.abandon(timeout=60.0):
+            if lost := self.checkpoints.abandon(timeout=60.0):
                 words = f"{words}; {lost}"
-        return f"{words}; {resume_clause(self.writer.resume_point)}"
+        return f"{words}; {resume_clause(self.checkpoints.resume_point)}"

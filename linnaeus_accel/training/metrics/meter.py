@@ -18,7 +18,7 @@ from accelerate import Accelerator
 from torch import nn
 
 from ...checkpoint.state.schemas import MeterState
-from ...config import Config
+from ...config.sections import TaskConfig
 from ...tasks import Task
 from ..start.backends import scaler_skips_steps
 
@@ -44,14 +44,11 @@ def peak_flops(accelerator: Accelerator) -> float | None:
 
 class NonFiniteLoss(ArithmeticError):
     """A step's training loss (or, ``what``, its gradient norm) was NaN or infinite: the
-    ``steps_ago``-th optimizer step before the last one of the window (0: the last one).
-    ``tokens_seen``: the run's count, the window's tokens included (read before the window was)."""
+    ``steps_ago``-th optimizer step before the last one of the window (0: the last one)."""
 
-    def __init__(
-        self, steps_ago: int, value: float, what: str = "training loss", tokens_seen: int = 0
-    ) -> None:
+    def __init__(self, steps_ago: int, value: float, what: str = "training loss") -> None:
         super().__init__(f"{what} {value} {steps_ago} steps before the last one")
-        self.steps_ago, self.value, self.what, self.tokens_seen = steps_ago, value, what, tokens_seen
+        self.steps_ago, self.value, self.what = steps_ago, value, what
 
 
 class TrainMeter:
@@ -231,10 +228,9 @@ class TrainMeter:
     ) -> dict[str, float]:
         """Averages over the window's steps, shares added over processes (one collective; the
         window read on the host). ``data_wait``: seconds spent waiting for batches in the window.
-        ``tokens_seen``: before the tokens still pending here; the total is returned as
-        ``tokens_seen`` when the task counts tokens. Raises ``NonFiniteLoss`` (on every process
+        ``tokens_seen``: the run's count, this window's tokens included; returned as ``tokens_seen``
+        when the task counts tokens. Raises ``NonFiniteLoss`` (on every process
         alike: the rows are added over processes first) naming the window's first bad step."""
-        tokens_seen += self.take_tokens()
         window, norms = self._read()
         if self.accelerator.num_processes > 1:
             # The norms ride along in the same collective (as a last column), so every process
@@ -246,9 +242,9 @@ class TrainMeter:
         totals, *rows = window
         for offset, (row, norm) in enumerate(zip(rows, norms, strict=True)):
             if not math.isfinite(row[0]):
-                raise NonFiniteLoss(len(rows) - 1 - offset, row[0], tokens_seen=tokens_seen)
+                raise NonFiniteLoss(len(rows) - 1 - offset, row[0])
             if not math.isfinite(norm):
-                raise NonFiniteLoss(len(rows) - 1 - offset, norm, "gradient norm", tokens_seen)
+                raise NonFiniteLoss(len(rows) - 1 - offset, norm, "gradient norm")
         steps = max(1, self._steps)
         now = time.perf_counter()
         elapsed = max(1e-9, now - self._since)
@@ -297,10 +293,16 @@ class TrainMeter:
 
 
 def meter_for(
-    accelerator: Accelerator, config: Config, task: Task, model: nn.Module, metrics_interval: int
+    accelerator: Accelerator,
+    task_config: TaskConfig,
+    peak_flops: float | None,
+    task: Task,
+    model: nn.Module,
+    metrics_interval: int,
 ) -> TrainMeter:
-    """The run's meter: MFU from TASK.FLOPS_PER_TOKEN / FLOPS_PER_SAMPLE, else the task's estimate."""
-    cfg = config.TASK
+    """The run's meter: MFU from TASK.FLOPS_PER_TOKEN / FLOPS_PER_SAMPLE (of the TASK section
+    ``task_config``), else the task's estimate; ``peak_flops``: ENV.PEAK_FLOPS."""
+    cfg = task_config
     if cfg.FLOPS_PER_TOKEN is not None or cfg.FLOPS_PER_SAMPLE is not None:
         flops, per_token = cfg.FLOPS_PER_TOKEN or cfg.FLOPS_PER_SAMPLE, cfg.FLOPS_PER_TOKEN is not None
     else:
@@ -311,7 +313,7 @@ def meter_for(
         counts_tokens=task.counts_tokens,
         flops_per_unit=flops,
         mfu_per_token=per_token,
-        peak=config.ENV.PEAK_FLOPS,
+        peak=peak_flops,
         window=metrics_interval,
         counts_skipped_steps=scaler_skips_steps(accelerator),
     )

@@ -10,8 +10,8 @@ TRAIN.NONFINITE: rollback, makes a rollback due; each finite record goes to the 
 
 from __future__ import annotations
 
+from ...checkpoint.manager import CheckpointManager
 from ...checkpoint.save.nonfinite import NonFiniteGuard
-from ...checkpoint.save.writer import CheckpointWriter
 from ...progress import TrainingProgress
 from ...run_directory.outputs import RunOutputs
 from ...schedule import OpsSchedule
@@ -27,13 +27,13 @@ class TrainLog:
         progress: TrainingProgress,
         meter: TrainMeter,
         batches: BatchSource,
-        writer: CheckpointWriter,
+        checkpoints: CheckpointManager,
         nonfinite: NonFiniteGuard,
         recovery: Recovery,
         out: RunOutputs,
     ) -> None:
         self.ops, self.plan, self.progress, self.meter = ops, ops.plan, progress, meter
-        self.batches, self.writer, self.nonfinite, self.out = batches, writer, nonfinite, out
+        self.batches, self.checkpoints, self.nonfinite, self.out = batches, checkpoints, nonfinite, out
         self.recovery = recovery
 
     def after_step(self, epoch: int, last: bool) -> None:
@@ -46,20 +46,19 @@ class TrainLog:
         lrs = self.lrs(step) if last or ops.should_log_lr(step) else {}
         wait = self.batches.take_data_wait()
         try:
-            metrics = self.meter.flush(self.progress.samples_seen, self.progress.tokens_seen, lrs, wait)
+            metrics = self.meter.flush(self.progress.samples_seen, self.progress.settle_tokens(), lrs, wait)
         except NonFiniteLoss as bad:
             if self.recovery.nonfinite(step, bad):
                 out.advance(1, epoch)
                 return
             what = f"the {bad.what} was {bad.value} at step {step - bad.steps_ago}"
-            raise self.nonfinite.failure(what, self.writer.current) from None
-        self.progress.tokens_seen = int(metrics.get("tokens_seen", self.progress.tokens_seen))
+            raise self.nonfinite.failure(what, self.checkpoints.newest) from None
         # May make a rollback due, or stop; a window that trained no step has no loss to judge.
         self.recovery.record(step, metrics["train/loss"] if self.meter.trained_in_last_window else None)
         if rollbacks := len(self.recovery.state.rollbacks):
             metrics["train/rollbacks"] = int(rollbacks)
         metrics.update(self.source_metrics())
-        metrics.update(self.writer.take_timings())
+        metrics.update(self.checkpoints.take_timings())
         # SCHEDULE.METRICS.TRACKER_INTERVAL: the other records send the trackers their LR alone.
         to_trackers = last or ops.should_log_to_trackers(step)
         out.log(metrics, step, metrics if to_trackers else {f"lr/{label}": lr for label, lr in lrs.items()})

@@ -21,7 +21,9 @@ from typing import Any
 from accelerate import Accelerator
 from accelerate.utils import DistributedType
 
-from ...config import Config, ConfigError
+from ...config import ConfigError
+from ...config.schedule import ScheduleConfig
+from ...config.sections import DataConfig, LossConfig, TrainConfig
 
 Problem = tuple[str, str]
 DS = "the DeepSpeed config"  # how messages name the other side (an accelerate config or a JSON)
@@ -36,14 +38,17 @@ _COLLECTIVE_SAVES = (
 )
 
 
-def check_backend(accelerator: Accelerator, config: Config) -> None:
-    """Raise one ``ConfigError`` listing every problem (the same on every process: no collective).
-    Fills DeepSpeed's "auto" clipping with TRAIN.CLIP_GRAD, so that "auto" means ours, not 1.0."""
+def check_backend(
+    accelerator: Accelerator, data: DataConfig, loss: LossConfig, train: TrainConfig, schedule: ScheduleConfig
+) -> None:
+    """Raise one ``ConfigError`` listing every problem (the same on every process: no collective)
+    with the config's DATA, LOSS, TRAIN and SCHEDULE sections. Fills DeepSpeed's "auto" clipping with
+    TRAIN.CLIP_GRAD, so that "auto" means ours, not 1.0."""
     kind = accelerator.distributed_type
     ds = accelerator.state.deepspeed_plugin.deepspeed_config if kind == DistributedType.DEEPSPEED else None
-    problems = backend_problems(kind, ds, config)
+    problems = backend_problems(kind, ds, data, loss, train, schedule)
     device = accelerator.device.type
-    if config.SCHEDULE.CHECKPOINT.ASYNC and device not in ("cpu", "cuda"):
+    if schedule.CHECKPOINT.ASYNC and device not in ("cpu", "cuda"):
         problems.append(
             (
                 "SCHEDULE.CHECKPOINT.ASYNC",
@@ -54,15 +59,23 @@ def check_backend(accelerator: Accelerator, config: Config) -> None:
     if problems:
         raise ConfigError(problems)
     if ds is not None:
-        fill_deepspeed_auto(ds, config)
+        fill_deepspeed_auto(ds, data, train)
 
 
-def backend_problems(kind: DistributedType, ds: Mapping[str, Any] | None, config: Config) -> list[Problem]:
-    """What in ``config`` the backend ``kind`` cannot run (``ds``: DeepSpeed's config dict)."""
+def backend_problems(
+    kind: DistributedType,
+    ds: Mapping[str, Any] | None,
+    data: DataConfig,
+    loss: LossConfig,
+    train: TrainConfig,
+    schedule: ScheduleConfig,
+) -> list[Problem]:
+    """What in the config's DATA, LOSS, TRAIN and SCHEDULE sections the backend ``kind`` cannot run
+    (``ds``: DeepSpeed's config dict)."""
     problems: list[Problem] = []
     if (
         kind in (DistributedType.FSDP, DistributedType.DEEPSPEED)
-        and config.LOSS.GRAD_WEIGHTING.TASK.GRADNORM_ENABLED
+        and loss.GRAD_WEIGHTING.TASK.GRADNORM_ENABLED
     ):
         problems.append(
             (
@@ -73,7 +86,7 @@ def backend_problems(kind: DistributedType, ds: Mapping[str, Any] | None, config
                 "(accelerate_configs/multi_gpu.yaml)",
             )
         )
-    if config.SCHEDULE.CHECKPOINT.ASYNC and kind in _COLLECTIVE_SAVES:
+    if schedule.CHECKPOINT.ASYNC and kind in _COLLECTIVE_SAVES:
         problems.append(
             (
                 "SCHEDULE.CHECKPOINT.ASYNC",
@@ -83,15 +96,15 @@ def backend_problems(kind: DistributedType, ds: Mapping[str, Any] | None, config
             )
         )
     if ds is not None:
-        problems += deepspeed_problems(ds, config)
+        problems += deepspeed_problems(ds, data, train)
     return problems
 
 
-def deepspeed_problems(ds: Mapping[str, Any], config: Config) -> list[Problem]:
+def deepspeed_problems(ds: Mapping[str, Any], data: DataConfig, train: TrainConfig) -> list[Problem]:
     """What in the DeepSpeed config ``ds`` (the plugin's dict, "auto" values still unfilled)
-    contradicts ``config``."""
+    contradicts the config's DATA and TRAIN sections."""
     problems: list[Problem] = []
-    accumulation = config.TRAIN.accumulation
+    accumulation = train.accumulation
     gas = ds.get("gradient_accumulation_steps", "auto")
     if gas != "auto" and gas != accumulation:
         problems.append(
@@ -102,22 +115,22 @@ def deepspeed_problems(ds: Mapping[str, Any], config: Config) -> list[Problem]:
                 f"{accumulation} there (or leave it out of an accelerate config file)",
             )
         )
-    clip = config.TRAIN.CLIP_GRAD or 0.0
+    clip = train.CLIP_GRAD or 0.0
     theirs = ds.get("gradient_clipping", "auto")
     if theirs != "auto" and float(theirs) != clip:
         problems.append(
             (
                 "TRAIN.CLIP_GRAD",
-                f"is {config.TRAIN.CLIP_GRAD} but DeepSpeed clips gradients itself at gradient_clipping "
+                f"is {train.CLIP_GRAD} but DeepSpeed clips gradients itself at gradient_clipping "
                 f"{theirs} ({DS}): set gradient_clipping to {clip} there, or TRAIN.CLIP_GRAD to {theirs}",
             )
         )
     micro = ds.get("train_micro_batch_size_per_gpu", "auto")
-    if micro != "auto" and micro != config.DATA.BATCH_SIZE:
+    if micro != "auto" and micro != data.BATCH_SIZE:
         problems.append(
             (
                 "DATA.BATCH_SIZE",
-                f"is {config.DATA.BATCH_SIZE} but {DS} has train_micro_batch_size_per_gpu {micro}: "
+                f"is {data.BATCH_SIZE} but {DS} has train_micro_batch_size_per_gpu {micro}: "
                 f'set it to "auto" there',
             )
         )
@@ -140,7 +153,7 @@ def deepspeed_problems(ds: Mapping[str, Any], config: Config) -> list[Problem]:
                 "gather its final weights into final/model.safetensors at the end",
             )
         )
-    if config.TRAIN.NONFINITE == "skip":
+    if train.NONFINITE == "skip":
         problems.append(
             (
                 "TRAIN.NONFINITE",
@@ -151,14 +164,14 @@ def deepspeed_problems(ds: Mapping[str, Any], config: Config) -> list[Problem]:
     return problems
 
 
-def fill_deepspeed_auto(ds: dict[str, Any], config: Config) -> None:
+def fill_deepspeed_auto(ds: dict[str, Any], data: DataConfig, train: TrainConfig) -> None:
     """DeepSpeed's "auto" clipping becomes TRAIN.CLIP_GRAD (Accelerate would fill 1.0), its "auto"
     micro-batch DATA.BATCH_SIZE (Accelerate reads it from a prepared DataLoader, which a stream,
     sharded by us, is not)."""
     if ds.get("gradient_clipping", "auto") == "auto":
-        ds["gradient_clipping"] = config.TRAIN.CLIP_GRAD or 0.0
+        ds["gradient_clipping"] = train.CLIP_GRAD or 0.0
     if ds.get("train_micro_batch_size_per_gpu", "auto") == "auto":
-        ds["train_micro_batch_size_per_gpu"] = config.DATA.BATCH_SIZE
+        ds["train_micro_batch_size_per_gpu"] = data.BATCH_SIZE
 
 
 def scaler_skips_steps(accelerator: Accelerator) -> bool:

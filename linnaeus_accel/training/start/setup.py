@@ -8,6 +8,7 @@ import os
 from collections.abc import Callable
 from datetime import timedelta
 from fnmatch import fnmatch
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
@@ -16,8 +17,12 @@ from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from ...callbacks import Callback, callback_entries
 from ...config import Config, ConfigError
+from ...config.lr import LRSchedulerConfig
+from ...config.optimizer import OptimizerConfig
+from ...config.run import EnvConfig, ExperimentConfig
+from ...config.schedule import ScheduleConfig
+from ...config.sections import DataConfig, LossConfig, ModelConfig, TrainConfig
 from ...data.sampling import make_dataloader
 from ...data.streams.reader import StreamError
 from ...data.streams.streaming import StreamShard, stream_loader
@@ -29,7 +34,6 @@ from ...optim.checks import check_first_step
 from ...optim.groups import parameter_kinds, unused_settings
 from ...process.launcher import follow_launcher, startup_deadline
 from ...run_directory.trackers import check_log_with, log_with
-from ...schedule import ResolvedPlan, resolve_plan
 from ...schedule.steps import batches_per_process
 from ...tasks.causal_lm import VOCAB_KEY, vocabulary_shortfall
 from ..step.batches import BatchSource
@@ -42,18 +46,31 @@ from .backends import check_backend
 OptimizerFactory = Callable[[list[dict[str, Any]]], torch.optim.Optimizer]
 
 
-def make_accelerator(config: Config, given: Accelerator | None) -> Accelerator:
+def make_accelerator(
+    given: Accelerator | None,
+    *,
+    experiment: ExperimentConfig,
+    env: EnvConfig,
+    data: DataConfig,
+    loss: LossConfig,
+    train: TrainConfig,
+    schedule: ScheduleConfig,
+    output_dir: Path,
+) -> Accelerator:
     """The run's Accelerator (``given``, or one built from the config), checked against the config
-    and the launch before anything is prepared."""
-    accum = config.TRAIN.accumulation
+    and the launch before anything is prepared. The config's sections: ``experiment`` (trackers,
+    seed), ``env`` (determinism, timeouts), ``train`` (accumulation), and what the backend asks of
+    ``data``, ``loss``, ``train`` and ``schedule`` (``check_backend``); ``output_dir``: the run
+    directory."""
+    accum = train.accumulation
     launched = int(os.environ.get("WORLD_SIZE", "1"))
-    if config.ENV.DETERMINISTIC:  # before the first cuBLAS call creates its workspace
+    if env.DETERMINISTIC:  # before the first cuBLAS call creates its workspace
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True, warn_only=True)
     follow_launcher()  # a worker whose launcher was killed must not train on (and hold the lock)
-    joining = startup_deadline(config.ENV.DIST_TIMEOUT_S, "joining the other processes")
+    joining = startup_deadline(env.DIST_TIMEOUT_S, "joining the other processes")
     with joining if launched > 1 and given is None else contextlib.nullcontext():
-        acc = given or _accelerator(config, launched, accum)
+        acc = given or _accelerator(experiment, env, output_dir, launched, accum)
     if acc.num_processes != launched:
         raise RuntimeError(
             f"{launched} processes were launched but Accelerate joined {acc.num_processes}: "
@@ -68,18 +85,21 @@ def make_accelerator(config: Config, given: Accelerator | None) -> Accelerator:
                 )
             ]
         )
-    check_log_with(acc, config)
-    check_backend(acc, config)  # before prepare: DeepSpeed reads its config there
+    check_log_with(acc, experiment)
+    check_backend(acc, data, loss, train, schedule)  # before prepare: DeepSpeed reads its config there
     return acc
 
 
-def _accelerator(config: Config, launched: int, accum: int) -> Accelerator:
+def _accelerator(
+    experiment: ExperimentConfig, env: EnvConfig, output_dir: Path, launched: int, accum: int
+) -> Accelerator:
     return Accelerator(
         # Under torchrun on a machine without CUDA, Accelerate needs cpu=True to form the gloo group.
         cpu=launched > 1 and not torch.cuda.is_available(),
         gradient_accumulation_steps=accum,
-        log_with=log_with(config),  # a tracker whose package is missing: a ConfigError
-        project_dir=str(config.output_dir),
+        # A tracker whose package is missing: a ConfigError.
+        log_with=log_with(experiment, output_dir),
+        project_dir=str(output_dir),
         step_scheduler_with_optimizer=False,
         # A DataLoader given with shuffle=True gets a sampler seeded by (seed, epoch), so a resumed
         # run draws the epoch's order again instead of a new one (our own sampler already does).
@@ -87,24 +107,27 @@ def _accelerator(config: Config, launched: int, accum: int) -> Accelerator:
         # host sync every micro-batch: the host could not run ahead of the device); our loaders
         # pin their batches on a GPU, as an asynchronous copy needs.
         dataloader_config=DataLoaderConfiguration(
-            use_seedable_sampler=True, data_seed=config.EXPERIMENT.SEED, non_blocking=True
+            use_seedable_sampler=True, data_seed=experiment.SEED, non_blocking=True
         ),
         # A process that stops answering must not hold the others for torch's 30 minutes.
-        kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=config.ENV.DIST_TIMEOUT_S))],
+        kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=env.DIST_TIMEOUT_S))],
     )
 
 
-def default_optimizer(
-    param_groups: list[dict[str, Any]], config: Config | None = None
-) -> torch.optim.Optimizer:
+def default_optimizer(param_groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
     """The Trainer's default: the optimizer OPTIMIZER names (AdamW, weight decay 0, torch's betas
-    and eps unless the config says otherwise), over ``param_groups`` (see ``parameter_groups``)."""
-    return build_from_config(param_groups, config if config is not None else Config())
+    and eps unless the config says otherwise), over ``param_groups`` (see ``parameter_groups``).
+    Called alone, it builds the default config's; the Trainer builds the run's config's
+    (``build_optimizer``)."""
+    return build_from_config(param_groups, Config())
 
 
-def parameter_groups(model: nn.Module, config: Config) -> list[dict[str, Any]]:
-    """The optimizer's parameter groups, in an order fixed by the model and the config (so that a
-    resumed run's optimizer state fits them). Each is a dict with keys:
+def parameter_groups(
+    model: nn.Module, optimizer_config: OptimizerConfig, lr_scheduler: LRSchedulerConfig
+) -> list[dict[str, Any]]:
+    """The optimizer's parameter groups, in an order fixed by the model and the config's OPTIMIZER
+    (``optimizer_config``) and LR_SCHEDULER (``lr_scheduler``) sections (so that a resumed run's
+    optimizer state fits them). Each is a dict with keys:
 
     - ``params``: its trained parameters (frozen ones, as a LoRA base's, are in no group), in
       ``model.named_parameters()`` order;
@@ -119,8 +142,8 @@ def parameter_groups(model: nn.Module, config: Config) -> list[dict[str, Any]]:
     Groups 0..N are the N+1 LR groups (as before OPTIMIZER existed); with OPTIMIZER.NO_DECAY, each
     LR group's parameters of those kinds follow as a group of their own, in LR-group order (an LR
     group without any forms none)."""
-    groups = config.LR_SCHEDULER.PARAMETER_GROUPS
-    rule = set(config.OPTIMIZER.NO_DECAY)
+    groups = lr_scheduler.PARAMETER_GROUPS
+    rule = set(optimizer_config.NO_DECAY)
     kinds = parameter_kinds(model) if rule else {}
     members: list[list[nn.Parameter]] = [[] for _ in range(len(groups) + 1)]
     exempt: list[list[nn.Parameter]] = [[] for _ in range(len(groups) + 1)]
@@ -136,7 +159,7 @@ def parameter_groups(model: nn.Module, config: Config) -> list[dict[str, Any]]:
             [("LR_SCHEDULER.PARAMETER_GROUPS", f"no parameter matches group(s) {', '.join(empty)}")]
         )
     labels = ["default", *(g.LABEL for g in groups)]
-    decay = config.OPTIMIZER.WEIGHT_DECAY
+    decay = optimizer_config.WEIGHT_DECAY
     rate = {"weight_decay": decay} if decay else {}
     out = [
         {"params": params, "name": label, "lr_group": i, **rate}
@@ -153,22 +176,27 @@ def parameter_groups(model: nn.Module, config: Config) -> list[dict[str, Any]]:
 def build_optimizer(
     optimizer: OptimizerFactory | torch.optim.Optimizer,
     model: nn.Module,
-    config: Config,
+    optimizer_config: OptimizerConfig,
+    lr_scheduler: LRSchedulerConfig,
     device: torch.device | None = None,
+    *,
+    from_config: OptimizerFactory = default_optimizer,
 ) -> torch.optim.Optimizer:
     """The run's optimizer: built from OPTIMIZER (the Trainer's default, ``default_optimizer``), by
     the factory given from ``parameter_groups``, or the optimizer given. OPTIMIZER settings that
     the one given would not read are ConfigErrors (``optim.groups.unused_settings``); so are
     settings of a built-in optimizer that would fail its first step on ``device``, the one the run
-    trains on (default: Accelerate's device for this process, the Accelerator's once it exists)."""
+    trains on (default: Accelerate's device for this process, the Accelerator's once it exists).
+    ``from_config``: how the default is built (the Trainer's: the optimizer registry handed the
+    run's whole config, since a registered builder may read any section)."""
     if optimizer is default_optimizer:
-        built = default_optimizer(parameter_groups(model, config), config)
-        check_first_step(built, config, device)
+        built = from_config(parameter_groups(model, optimizer_config, lr_scheduler))
+        check_first_step(built, optimizer_config, device)
         return built
     given = isinstance(optimizer, torch.optim.Optimizer)
-    if unused := unused_settings(config, built=given):
+    if unused := unused_settings(optimizer_config, built=given):
         raise ConfigError(unused)
-    expected = 1 + len(config.LR_SCHEDULER.PARAMETER_GROUPS)
+    expected = 1 + len(lr_scheduler.PARAMETER_GROUPS)
     if isinstance(optimizer, torch.optim.Optimizer):
         if len(optimizer.param_groups) != expected:
             raise ConfigError(
@@ -180,11 +208,12 @@ def build_optimizer(
                 ]
             )
         return optimizer
-    return optimizer(parameter_groups(model, config))
+    return optimizer(parameter_groups(model, optimizer_config, lr_scheduler))
 
 
 def as_loader(
-    config: Config,
+    data_config: DataConfig,
+    seed: int,
     data: Dataset[Any] | DataLoader[Any],
     train: bool,
     rank: int,
@@ -196,9 +225,10 @@ def as_loader(
     over one) is sharded across processes and workers by ``StreamShard``; a DataLoader over a
     map-style dataset is used as given, once its batch size is checked against the config.
     ``pin_memory`` (on a GPU): the loaders built here put batches in page-locked memory, so that
-    copying them to the device neither waits for the device nor stops the host from running ahead."""
+    copying them to the device neither waits for the device nor stops the host from running ahead.
+    ``data_config``: the config's DATA section; ``seed``: EXPERIMENT.SEED (the order data is read in)."""
     key = "DATA.BATCH_SIZE" if train else "DATA.BATCH_SIZE_VAL"
-    expected = config.DATA.BATCH_SIZE if train else (config.DATA.BATCH_SIZE_VAL or config.DATA.BATCH_SIZE)
+    expected = data_config.BATCH_SIZE if train else (data_config.BATCH_SIZE_VAL or data_config.BATCH_SIZE)
     if isinstance(data, DataLoader) and data.batch_size != expected:
         raise ConfigError(
             [
@@ -211,20 +241,20 @@ def as_loader(
     dataset = data.dataset if isinstance(data, DataLoader) else data
     if isinstance(dataset, IterableDataset):
         given = data if isinstance(data, DataLoader) else None
-        drop_last = config.DATA.DROP_LAST if train else False
+        drop_last = data_config.DROP_LAST if train else False
         try:
             loader = stream_loader(
                 dataset,
                 batch_size=expected,
                 world_size=world_size,
                 rank=rank,
-                num_workers=given.num_workers if given is not None else config.DATA.NUM_WORKERS,
+                num_workers=given.num_workers if given is not None else data_config.NUM_WORKERS,
                 drop_last=drop_last,
                 collate_fn=given.collate_fn if given is not None else collate_fn,
                 pin_memory=pin_memory,
-                seed=config.EXPERIMENT.SEED,
+                seed=seed,
                 shuffle=train
-                and config.DATA.SHUFFLE,  # a sharded stream's shard order; validation: as listed
+                and data_config.SHUFFLE,  # a sharded stream's shard order; validation: as listed
             )
         except StreamError as exc:
             raise ConfigError([("DATA", f"{'training' if train else 'validation'} data: {exc}")]) from None
@@ -235,7 +265,7 @@ def as_loader(
         return Loader(loader, dataset, loader.shard.collate_fn, size, expected, batches, stream=True)
     sampler = None
     if not isinstance(data, DataLoader):
-        data = make_dataloader(config, data, train, collate_fn, pin_memory=pin_memory)
+        data = make_dataloader(data_config, seed, data, train, collate_fn, pin_memory=pin_memory)
         sampler = data.sampler
     elif data.generator is None:
         # Else creating its iterator would draw from the global RNG and shift a resumed run's dropout.
@@ -281,12 +311,13 @@ def model_vocabulary(model: nn.Module) -> tuple[int, str] | None:
     return min(found) if found else None
 
 
-def check_token_ids(config: Config, model: nn.Module, train: Loader, val: Loader | None) -> None:
+def check_token_ids(model_config: ModelConfig, model: nn.Module, train: Loader, val: Loader | None) -> None:
     """Token datasets (``TokenFiles``, alone or in a mixture) refuse, from now on, every window
     holding an id the model has no row for (``TokenOutOfVocab``: the run stops on it). Refused here,
     as ConfigErrors before anything runs: a model smaller than what the data declares (its
     ``vocab_size``, its sidecars' ``max_token_id``), and an id outside the vocabulary in the first
-    training windows, which the task's checks read next."""
+    training windows, which the task's checks read next. ``model_config``: the config's MODEL section
+    (whether its OPTIONS set the vocabulary size)."""
     known = model_vocabulary(model)
     size, words = known if known is not None else (NO_LIMIT, "")
     tokens_in_train = False
@@ -297,7 +328,7 @@ def check_token_ids(config: Config, model: nn.Module, train: Loader, val: Loader
         if known is not None and (found := vocabulary_shortfall(size, loader.dataset)) is not None:
             least, why = found
             why = why.replace("the training data", f"the {data}")
-            if config.MODEL.OPTIONS.get("vocab_size") == size:  # as the task's check words it
+            if model_config.OPTIONS.get("vocab_size") == size:  # as the task's check words it
                 raise ConfigError([(VOCAB_KEY, f"is {size}, but {why}; set it to at least {least}")])
             fix = f"give it at least {least} ({VOCAB_KEY} for hf_causal_lm)"
             raise ConfigError([("MODEL", f"{words} are {size}, but {why}; {fix}")])
@@ -320,16 +351,20 @@ class Prepared(NamedTuple):
 
 def prepare_run(
     acc: Accelerator,
-    config: Config,
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     train: Loader,
     val: Loader | None,
+    *,
+    seed: int,
+    data: DataConfig,
+    model_config: ModelConfig,
+    schedule: ScheduleConfig,
 ) -> Prepared:
     """The model, optimizer and map-style loaders through ``accelerator.prepare``; a stream loader
-    shards itself, so Accelerate must not shard it again."""
-    check_token_ids(config, model, train, val)  # the model as given: its embedding is whole
-    seed = config.EXPERIMENT.SEED
+    shards itself, so Accelerate must not shard it again. ``seed``: EXPERIMENT.SEED; ``data``,
+    ``model_config``, ``schedule``: the config's DATA, MODEL and SCHEDULE sections."""
+    check_token_ids(model_config, model, train, val)  # the model as given: its embedding is whole
     if train.stream:
         model, optimizer = acc.prepare(model, optimizer)
         train_loader, per_epoch = train.loader, train.batches_per_epoch
@@ -338,29 +373,18 @@ def prepare_run(
         per_epoch = len(train_loader)
     train_batches = BatchSource(
         acc, train_loader, train.size, train.batch_size, stream=train.stream, seed=seed,
-        sampler=train.sampler, drop_last=config.DATA.DROP_LAST,
+        sampler=train.sampler, drop_last=data.DROP_LAST,
     )  # fmt: skip
     # SCHEDULE.VALIDATION.MAX_BATCHES: a fixed budget of the validation split (validation_data)
-    val_batches = None if val is None else validation_batches(acc, config, val)
+    val_batches = None if val is None else validation_batches(acc, schedule.VALIDATION, seed, val)
     return Prepared(model, optimizer, train_batches, val_batches, per_epoch)
 
 
-def resolve_run_plan(
-    config: Config,
-    callbacks: list[Callback],
-    names: list[str],
-    train: Loader,
-    batches_per_epoch: int | None,
-    world: int,
-) -> ResolvedPlan:
-    """The run's plan, with when each callback runs (the config's and the Python API's)."""
-    timed = config.model_copy(update={"CALLBACKS": callback_entries(callbacks, names)})
-    describe = getattr(train.dataset, "describe", None)
-    return resolve_plan(
-        timed,
-        batches_per_epoch,
-        world,
-        train.size,
-        tokens_per_sample=getattr(train.dataset, "tokens_per_sample", None),
-        sources=describe() if callable(describe) else (),
-    )
+def data_facts(dataset: Any) -> dict[str, Any]:
+    """What the plan needs to know of the training data beyond its size (``resolve_plan``'s
+    ``tokens_per_sample`` and ``sources``), as the dataset declares it."""
+    describe = getattr(dataset, "describe", None)
+    return {
+        "tokens_per_sample": getattr(dataset, "tokens_per_sample", None),
+        "sources": describe() if callable(describe) else (),
+    }

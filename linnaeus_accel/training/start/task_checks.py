@@ -16,7 +16,9 @@ from accelerate.utils import send_to_device
 from torch import nn
 from torch.utils.data import IterableDataset, default_collate
 
-from ...config import Config, ConfigError
+from ...config import ConfigError
+from ...config.schedule import ScheduleConfig
+from ...config.sections import LossConfig, TaskConfig, TrainConfig
 from ...schedule import OpsSchedule, ResolvedPlan
 from ...schedule.boundaries import Boundary
 from ...tasks import Task
@@ -26,19 +28,28 @@ Mode = Literal["min", "max"]
 
 
 def check_task(
-    config: Config,
     task: Task,
     plan: ResolvedPlan,
     model: nn.Module,
     batch: Any,
     device: torch.device,
     ops: OpsSchedule | None = None,
+    *,
+    config_problems: list[Problem],
+    task_config: TaskConfig,
+    loss: LossConfig,
+    train: TrainConfig,
+    schedule: ScheduleConfig,
 ) -> tuple[Mode, Mode]:
     """Every problem at once as one ConfigError; else whether the early-stopping metric and the
-    checkpoint-ranking metric are better lower or higher. ``ops``: the run's (default: one of ``plan``)."""
-    early = config.TRAIN.EARLY_STOP
-    ranking = config.SCHEDULE.CHECKPOINT.METRIC
-    problems = task_problems(config, task, plan)
+    checkpoint-ranking metric are better lower or higher. ``ops``: the run's (default: one of ``plan``).
+    ``config_problems``: what the task's own ``Task.config_problems`` found in the whole config;
+    ``task_config``, ``loss``, ``train``, ``schedule``: the config's TASK, LOSS, TRAIN and SCHEDULE."""
+    early = train.EARLY_STOP
+    ranking = schedule.CHECKPOINT.METRIC
+    problems = task_problems(
+        task, plan, config_problems=config_problems, task_config=task_config, loss=loss, train=train
+    )
     passes = validation_prefixes(task, plan, ops)
     mode, problem = metric_mode(task, early.METRIC, "TRAIN.EARLY_STOP.METRIC", early.MODE, passes)
     # A metric matters when it stops the run or ranks the checkpoints (by default, the early-stop one).
@@ -76,13 +87,23 @@ def validation_prefixes(task: Task, plan: ResolvedPlan, ops: OpsSchedule | None 
     return prefixes
 
 
-def task_problems(config: Config, task: Task, plan: ResolvedPlan) -> list[Problem]:
-    problems = list(task.config_problems(config))
+def task_problems(
+    task: Task,
+    plan: ResolvedPlan,
+    *,
+    config_problems: list[Problem],
+    task_config: TaskConfig,
+    loss: LossConfig,
+    train: TrainConfig,
+) -> list[Problem]:
+    """``config_problems`` (the task's own, see ``check_task``), then what the task, its data and
+    the config's TASK, LOSS and TRAIN sections ask of each other."""
+    problems = list(config_problems)
     dataset = task.dataset_problem()
     if dataset is not None:
         problems.append(("TASK.NAME", dataset))
     n = len(task.components)
-    weights = config.LOSS.TASK_WEIGHTS
+    weights = loss.TASK_WEIGHTS
     if weights is not None and len(weights) != n:
         problems.append(
             (
@@ -91,18 +112,18 @@ def task_problems(config: Config, task: Task, plan: ResolvedPlan) -> list[Proble
                 f"({', '.join(task.components)})",
             )
         )
-    if config.LOSS.GRAD_WEIGHTING.TASK.GRADNORM_ENABLED and n < 2:
+    if loss.GRAD_WEIGHTING.TASK.GRADNORM_ENABLED and n < 2:
         problems.append(
             (
                 "LOSS.GRAD_WEIGHTING.TASK.GRADNORM_ENABLED",
                 f"GradNorm balances several loss components; the {task.name} task has one: turn it off",
             )
         )
-    if config.TRAIN.TARGET_TOKENS is not None and not task.counts_tokens:
+    if train.TARGET_TOKENS is not None and not task.counts_tokens:
         problems.append(
             ("TRAIN.TARGET_TOKENS", f"the {task.name} task does not count tokens: use TRAIN.EPOCHS")
         )
-    if config.TASK.FLOPS_PER_TOKEN is not None and not task.counts_tokens:
+    if task_config.FLOPS_PER_TOKEN is not None and not task.counts_tokens:
         problems.append(
             ("TASK.FLOPS_PER_TOKEN", f"the {task.name} task does not count tokens: use TASK.FLOPS_PER_SAMPLE")
         )

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from ...checkpoint.state.schemas import GradNormState
-from ...config import Config
+from ...config.sections import LossConfig
 
 _STATE_VERSION = 1
 
@@ -201,9 +201,10 @@ class GradNorm:
         self.exp_avg_sq = v if v is not None and self.step else torch.zeros(n, device=device)
 
 
-def gradnorm_for(config: Config, components: int) -> GradNorm | None:
-    """LOSS.GRAD_WEIGHTING.TASK's GradNorm over the task's loss components, if enabled."""
-    balance = config.LOSS.GRAD_WEIGHTING.TASK
+def gradnorm_for(loss: LossConfig, components: int) -> GradNorm | None:
+    """LOSS.GRAD_WEIGHTING.TASK's GradNorm (``loss``: the LOSS section) over the task's loss
+    components, if enabled."""
+    balance = loss.GRAD_WEIGHTING.TASK
     if not balance.GRADNORM_ENABLED:
         return None
-    return GradNorm(components, alpha=balance.ALPHA, initial_weights=config.LOSS.TASK_WEIGHTS)
+    return GradNorm(components, alpha=balance.ALPHA, initial_weights=loss.TASK_WEIGHTS)

@@ -11,7 +11,7 @@ a fixed budget of batches per process.
   has no random access; validation reads it in its listed order).
 
 The validation at the run's last boundary reads the whole split when
-``SCHEDULE.VALIDATION.FINAL_EPOCH.WHOLE_SPLIT`` (the default): ``Boundaries`` says which point the
+``SCHEDULE.VALIDATION.FINAL_EPOCH.WHOLE_SPLIT`` (the default): ``BoundaryWork`` says which point the
 passes belong to (``select``). Outside the run's own validations (``evaluate``, which measures a
 checkpoint with the final boundary's passes) the final validation's data is read.
 
@@ -27,7 +27,7 @@ from typing import Any
 
 from accelerate import Accelerator
 
-from ...config import Config
+from ...config.schedule import ValidationSchedule
 from ...data.sampling import EpochOrderSampler, subset_dataloader
 from ..step.batches import BatchSource
 from ..step.loader import Loader
@@ -82,10 +82,10 @@ class ValidationBatches(BatchSource):
         return batches if self.limit is None else itertools.islice(batches, self.limit)
 
 
-def validation_batches(acc: Accelerator, config: Config, val: Loader) -> BatchSource:
-    """The validation data's BatchSource, within ``SCHEDULE.VALIDATION.MAX_BATCHES`` (see the
-    module docstring); a plain BatchSource over the whole split when there is no budget."""
-    seed, settings = config.EXPERIMENT.SEED, config.SCHEDULE.VALIDATION
+def validation_batches(acc: Accelerator, settings: ValidationSchedule, seed: int, val: Loader) -> BatchSource:
+    """The validation data's BatchSource, within ``SCHEDULE.VALIDATION.MAX_BATCHES`` (``settings``:
+    SCHEDULE.VALIDATION; ``seed``: EXPERIMENT.SEED; see the module docstring); a plain BatchSource
+    over the whole split when there is no budget."""
     budget = settings.MAX_BATCHES
     final_whole = settings.FINAL_EPOCH.WHOLE_SPLIT
     loader = val.loader if val.stream else acc.prepare(val.loader)

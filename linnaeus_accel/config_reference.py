@@ -3,7 +3,7 @@
 Every key is listed with its full dotted name, the values it accepts, its default and its
 ``Field(description=...)``, section by section. Regenerate after changing a model::
 
-    python -m linnaeus_accel.config.reference > docs/config.md
+    python -m linnaeus_accel.config_reference > docs/config.md
 
 (``tests/test_config_reference.py`` fails while the file is stale or a key has no description.)
 """
@@ -22,10 +22,10 @@ import yaml
 from pydantic import AfterValidator, AliasChoices, BaseModel
 from pydantic.fields import FieldInfo
 
-from .base import RULE_NAMES, timed_parameters
-from .root import Config
+from .config.base import RULE_NAMES, timed_parameters
+from .config.root import Config
 
-COMMAND = "python -m linnaeus_accel.config.reference > docs/config.md"
+COMMAND = "python -m linnaeus_accel.config_reference > docs/config.md"
 
 
 @dataclass(frozen=True)
@@ -156,7 +156,7 @@ def render() -> str:
 
 def _builtin_callbacks() -> list[str]:
     """The OPTIONS of each built-in callback of ``CALLBACKS``."""
-    from .callbacks import BUILTIN_OPTIONS
+    from .config.callbacks import BUILTIN_OPTIONS
 
     out = [
         "",
