@@ -248,3 +248,71 @@ def test_the_rank_is_asked_only_where_listed() -> None:
         "a new module asks for the rank: use run_outputs, or list it here"
     )
     assert set(RANK_AWARE) - asking == set(), "these no longer ask for the rank: remove them from RANK_AWARE"
+
+
+# -- what a component is handed ------------------------------------------------------------------
+
+# The functions handed the whole ``Config`` (docs/design.md, rule 3): where a run is built, and the
+# documented extension points (a registered builder or a task's hook may read any section). Every
+# other part takes the sections it reads.
+WHOLE_CONFIG = {
+    # where a run, a plan or an evaluation is built
+    "training/trainer.py:__init__",
+    "training/build.py:build_run",
+    "schedule/plan.py:resolve_plan",
+    "schedule/report/settings.py:report_settings",
+    "evaluate.py:evaluate",
+    "cli.py:plan_for",
+    # the public dispatchers and the registered builders
+    "data/registry.py:build_dataset",
+    "models/registry.py:build_model",
+    "optim/registry.py:build_from_config",
+    "data/digits.py:build_digits",
+    "data/digits.py:build_digits_images",
+    "data/hf/dataset.py:build_hf_dataset",
+    "data/mixtures/mixture.py:build_mixture",
+    "data/text.py:build_python_docs",
+    "data/tokens/files.py:build_token_files",
+    "models/digits.py:build_digits_mlp",
+    "models/digits.py:build_digits_convnet",
+    "models/hf.py:build_hf_causal_lm",
+    "models/hf.py:build_hf_sequence_classification",
+    "optim/builtin.py:adamw",
+    "optim/builtin.py:sgd",
+    # a task's hook
+    "tasks/base.py:config_problems",
+    "tasks/causal_lm.py:config_problems",
+    "tasks/classification.py:config_problems",
+    "tasks/hierarchical.py:config_problems",
+}
+
+
+def _functions(path: Path) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+
+
+def test_the_whole_config_only_where_a_run_is_built_or_extended() -> None:
+    handed = set()
+    for path in sources():
+        for function in _functions(path):
+            arguments = function.args
+            for argument in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]:
+                written = ast.unparse(argument.annotation).strip("'\"") if argument.annotation else ""
+                if written in ("Config", "Config | None"):
+                    handed.add(f"{path.relative_to(PACKAGE)}:{function.name}")
+    assert handed - WHOLE_CONFIG == set(), "hand these the sections they read, not the whole Config"
+    assert WHOLE_CONFIG - handed == set(), "these no longer take the whole Config: remove them from WHOLE_CONFIG"
+
+
+def test_each_counter_has_one_writer() -> None:
+    """``global_step``, ``samples_seen`` and ``tokens_seen`` are written in ``progress.py`` only."""
+    counters = {"global_step", "samples_seen", "tokens_seen"}
+    writers = set()
+    for path in sources():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+                for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                    if isinstance(target, ast.Attribute) and target.attr in counters:
+                        writers.add(f"{path.relative_to(PACKAGE)}:{target.attr}")
+    assert writers <= {f"progress.py:{name}" for name in counters}, writers

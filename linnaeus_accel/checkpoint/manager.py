@@ -32,13 +32,14 @@ from .directory import Mode
 from .resume.config_changes import resume_notes, review_changes
 from .resume.elastic import check_resume, compatible_position, own_rank_state, plan_identity
 from .resume.find import ResumeRefused
+from .resume.load import load_state
 from .resume.optimizer import changed_group_keys, group_settings, put_back, regrouping_problems
 from .resume.reader import CheckpointReader
 from .save.nonfinite import NonFiniteGuard
 from .save.writer import CheckpointWriter
 from .signing import agree_on_key, unchecked_signature
 from .state import tensor_state
-from .state.content import LAYOUT, LAYOUT_KEY, CheckpointLoadError, legacy_pickles
+from .state.content import LAYOUT, LAYOUT_KEY, CheckpointLoadError
 from .state.frozen_weights import STATE_KEY as FROZEN_KEY
 from .state.frozen_weights import frozen_weights_for
 from .state.registry import REGISTERED, StateRegistry
@@ -393,55 +394,17 @@ class CheckpointManager:
         changes = review_changes(
             saved.get("config"), saved.get("plan"), self.run_config, self.plan, done, allow_config_change
         )
-        pickles = legacy_pickles(path)  # allowed (--unsafe-load-pickles): find refuses them otherwise
-        names = self._pickled_state_names(path, len(pickles))
-        collected = [_Collected() for _ in pickles]
-        acc._custom_objects[:] = collected  # Accelerate loads them, as it wrote them (weights_only=False)
-        try:
-            state = reader.load(path)
-        except CheckpointLoadError as exc:
-            return str(exc)
-        finally:
-            acc._custom_objects.clear()
+        registered = [name for name in self.registry.names(per_rank=False) if name.startswith(REGISTERED)]
+        state = load_state(acc, reader, path, registered)
+        if isinstance(state, str):
+            return state
         # load_state_dict took the groups' settings from the checkpoint: the changed ones are this run's.
         put_back(self.optimizer, self.built_groups, changed_group_keys(saved.get("config"), self.run_config))
-        state = {**state, **{name: c.state for name, c in zip(names, collected, strict=True)}}
         changes += [
             f"{RESUME_NOTE}{line}"
             for line in resume_notes(saved.get("config"), saved.get("plan"), self.plan, done)
         ]
         return state, changes, batches_seen
-
-    def _pickled_state_names(self, path: Path, count: int) -> list[str]:
-        """A previous layout's checkpoint: its ``custom_checkpoint_<i>.pkl`` were the registered
-        parts holding tensors, in the order they registered; their names here."""
-        names = [name for name in self.registry.names(per_rank=False) if name.startswith(REGISTERED)]
-        if count and count != len(names):
-            raise ConfigError(
-                [
-                    (
-                        "CALLBACKS",
-                        f"the checkpoint {path.name} holds {count} pickled state(s) (custom_checkpoint_*.pkl) and this "
-                        f"run registers {len(names)} ({', '.join(names) or 'none'}): list the CALLBACKS the "
-                        "checkpoint's run had",
-                    )
-                ],
-                source="resume",
-            )
-        return names[:count]
-
-
-class _Collected:
-    """Takes what Accelerate loads from a previous layout's ``custom_checkpoint_<i>.pkl``."""
-
-    def __init__(self) -> None:
-        self.state: Any = None
-
-    def state_dict(self) -> Any:
-        return self.state
-
-    def load_state_dict(self, state: Any) -> None:
-        self.state = state
 
 
 def wandb_run_id(accelerator: Accelerator) -> str | None:
