@@ -1,0 +1,154 @@
+"""Species photos as training samples for the ``hierarchical`` task: a row source (linnaeus'
+``labels.h5``, ``labels.LabelsFile``, or a table of observations, ``table.ObservationTable``), the
+rows of one split, the taxonomy, and the photos in a folder.
+
+A sample is ``{"index", "image", "meta", "labels"}``: ``labels`` holds one class index per rank,
+coarse to fine, as the task takes them (the row source and the taxonomy list ranks finest first, as
+linnaeus' ``TASK_KEYS_H5`` does), a null rank as ``-1`` so that its loss and accuracy skip it;
+``meta`` holds each metadata component, zeros where the row has no value (a missing value carries
+no information, as a masked one: it is never a real point, date or height, whose encodings have
+norm 1 per pair). With partial levels the class indices keep linnaeus' layout (index 0 is the null
+class at every rank), so heads sized by ``num_classes`` match linnaeus'.
+
+The training transforms are keyed by ``(seed, epoch, sample)``: the dataset's sampler hands each
+index over with its epoch (``KeyedEpochSampler``), so a DataLoader worker draws the same crop and
+flip for a sample whichever worker or process reads it, and a resumed run draws what the
+uninterrupted one drew.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from torch.utils.data import Dataset
+
+from ...config import ConfigError
+from ..sampling import EpochSeededSampler
+from .images import ImageTransforms, load_image
+from .labels import ComponentSpec, LabelRow
+from .taxonomy import Taxonomy
+
+IMAGES_KEY = "DATA.HYBRID.IMAGES_DIR"
+
+
+class RowSource(Protocol):
+    """What a dataset reads its rows from: ``labels.LabelsFile`` or ``table.ObservationTable``."""
+
+    task_keys: list[str]
+    components: tuple[ComponentSpec, ...]
+    component_slices: dict[str, slice]
+
+    def __len__(self) -> int: ...
+
+    def row(self, index: int) -> LabelRow: ...
+
+
+class KeyedEpochSampler(EpochSeededSampler):
+    """The Trainer's epoch order, each index handed over as ``(epoch, index)``: the key of the
+    sample's random transforms travels with it into whichever DataLoader worker reads it (the
+    workers persist across epochs, so they cannot learn the epoch otherwise)."""
+
+    def __iter__(self) -> Iterator[Any]:
+        epoch = self.epoch
+        return ((epoch, index) for index in super().__iter__())
+
+
+class SpeciesDataset(Dataset[dict[str, Any]]):
+    """``rows`` of the split (indices into ``source``), photos at ``images_dir / identifier``
+    (``extension`` appended when the identifier has none, as linnaeus' ``FILE_EXTENSION``).
+    ``seed``: EXPERIMENT.SEED, which keys the training transforms."""
+
+    def __init__(
+        self,
+        source: RowSource,
+        rows: npt.NDArray[np.int64] | Sequence[int],
+        taxonomy: Taxonomy,
+        images_dir: str | Path,
+        transforms: ImageTransforms,
+        *,
+        seed: int,
+        extension: str = "",
+    ) -> None:
+        if list(taxonomy.rank_names) != list(source.task_keys):
+            raise ValueError(
+                f"the taxonomy's ranks {taxonomy.rank_names} are not the source's {source.task_keys}"
+            )
+        self.source, self.taxonomy, self.transforms, self.seed = source, taxonomy, transforms, seed
+        self.rows = np.asarray(rows, dtype=np.int64)
+        self.images_dir, self.extension = Path(images_dir), extension
+        # The task's order: coarse to fine.
+        self.levels = tuple(reversed(taxonomy.rank_names))
+        self.num_classes = tuple(reversed(taxonomy.num_classes))
+        self.meta_components = tuple(c.name for c in source.components)
+
+    def __len__(self) -> int:
+        return int(self.rows.size)
+
+    def epoch_sampler(self, seed: int, shuffle: bool) -> KeyedEpochSampler:
+        """The Trainer's sampler for this dataset (``data.sampling.epoch_sampler``)."""
+        return KeyedEpochSampler(self, seed, shuffle=shuffle)
+
+    def image_path(self, identifier: str) -> Path:
+        name = identifier if Path(identifier).suffix or not self.extension else identifier + self.extension
+        return self.images_dir / name
+
+    def missing_images(self, most: int = 5) -> list[tuple[int, Path]]:
+        """Up to ``most`` (row, path) of this split whose photo is not in the folder: one listing of
+        each folder the identifiers name, not one stat per photo (a split holds millions)."""
+        listed: dict[Path, set[str]] = {}
+        missing: list[tuple[int, Path]] = []
+        for row in self.rows.tolist():
+            path = self.image_path(self.source.row(row).identifier)
+            names = listed.get(path.parent)
+            if names is None:
+                names = listed[path.parent] = set(os.listdir(path.parent)) if path.parent.is_dir() else set()
+            if path.name not in names:
+                missing.append((row, path))
+                if len(missing) >= most:
+                    break
+        return missing
+
+    def check_images(self) -> None:
+        """Before training: every photo of the split is in the folder, or one ``ConfigError``
+        naming the first missing ones (file and row)."""
+        missing = self.missing_images()
+        if missing:
+            first = ", ".join(f"{path} (row {row})" for row, path in missing)
+            raise ConfigError(
+                [
+                    (
+                        IMAGES_KEY,
+                        f"{len(missing)}{'+' if len(missing) >= 5 else ''} photo(s) of the labels are not in "
+                        f"{self.images_dir}: {first}; put them there, or point {IMAGES_KEY} at the folder "
+                        "that holds them",
+                    )
+                ]
+            )
+
+    def labels_of(self, row: LabelRow) -> torch.Tensor:
+        """The row's class index per rank, coarse to fine; -1 where the rank is null."""
+        out = []
+        for r, key in enumerate(self.taxonomy.rank_names):
+            taxon = int(row.taxa[key])
+            if taxon == 0:
+                out.append(-1)
+            else:
+                out.append(int(self.taxonomy.encode(r, np.array([taxon], dtype=np.uint32))[0]))
+        return torch.tensor(out[::-1], dtype=torch.int64)
+
+    def __getitem__(self, key: int | tuple[int, int]) -> dict[str, Any]:
+        # (epoch, index) from the training sampler; a bare index elsewhere (validation, a subset).
+        epoch, index = key if isinstance(key, tuple) else (0, key)
+        row = self.source.row(int(self.rows[index]))
+        image = self.transforms(
+            load_image(self.image_path(row.identifier), self.transforms.size), self.seed, epoch, index
+        )
+        values = torch.from_numpy(np.ascontiguousarray(row.meta, dtype=np.float32))
+        meta = {c.name: values[self.source.component_slices[c.name]] for c in self.source.components}
+        return {"index": index, "image": image, "meta": meta, "labels": self.labels_of(row)}
