@@ -13,7 +13,7 @@ from typing import NoReturn
 
 from . import __version__
 from .config import Config, ConfigError, load_config, output_dir_problem
-from .config.opts_arguments import OPTS_FLAG, parse_arguments
+from .cli_arguments import OPTS_FLAG, parse_arguments
 from .process.failures import RunFailed
 from .process.launcher import REPORT_GRACE_S, follow_launcher, report_refusal
 from .schedule import ResolvedPlan, batches_per_process, resolve_plan

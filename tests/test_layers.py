@@ -41,6 +41,7 @@ LAYERS: dict[str, float] = {
     "callbacks": 5.2,  # the loop asks them; they are handed the trainer
     "evaluate": 6,
     "cli": 6,
+    "cli_arguments": 6,  # --opts taken out of a command line before argparse reads it
     "cli_reference": 6,  # docs/reference/cli.md, from cli's parser
     "config_reference": 6,  # docs/config.md, from the config's models
     "__main__": 6,
@@ -273,6 +274,8 @@ WHOLE_CONFIG = {
     "data/mixtures/mixture.py:build_mixture",
     "data/text.py:build_python_docs",
     "data/tokens/files.py:build_token_files",
+    "data/species/build.py:build_linnaeus_h5",
+    "data/species/build.py:build_image_table",
     "models/digits.py:build_digits_mlp",
     "models/digits.py:build_digits_convnet",
     "models/hf.py:build_hf_causal_lm",

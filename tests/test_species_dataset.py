@@ -9,49 +9,23 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from PIL import Image
+from helpers.species import ROWS, species_files
 from torch.utils.data import DataLoader
 
 from linnaeus_accel.config import ConfigError
 from linnaeus_accel.data.species.dataset import KeyedEpochSampler, SpeciesDataset
 from linnaeus_accel.data.species.images import ImageTransforms
-from linnaeus_accel.data.species.labels import ComponentSpec, LabelsFile, write_labels_h5
+from linnaeus_accel.data.species.labels import ComponentSpec, LabelsFile
 from linnaeus_accel.data.species.taxonomy import Taxonomy
 
 TASKS = ["taxa_L10", "taxa_L20", "taxa_L30"]  # species, genus, family: finest first, as linnaeus
 SPATIAL = ComponentSpec("SPATIAL", "spatial", dim=3, idx=0)
 TEMPORAL = ComponentSpec("TEMPORAL", "temporal", dim=2, idx=1)
-ROWS = 12
-
-
-def _species_files(root: Path) -> tuple[Path, Path]:
-    images = root / "images"
-    images.mkdir(parents=True)
-    rng = np.random.default_rng(0)
-    names = []
-    for i in range(ROWS):
-        name = f"obs_{i}.jpg"
-        pixels = rng.integers(0, 255, (40, 56, 3), dtype=np.uint8)
-        Image.fromarray(pixels).save(images / name, quality=90)
-        names.append(name)
-    species = [11, 12, 13, 14] * 3
-    species[5] = 0  # identified to genus only
-    taxa = {
-        "taxa_L10": species,
-        "taxa_L20": [21, 21, 22, 22] * 3,
-        "taxa_L30": [31] * ROWS,
-    }
-    spatial = rng.normal(size=(ROWS, 3))
-    spatial /= np.linalg.norm(spatial, axis=1, keepdims=True)
-    spatial[7] = 0.0  # no coordinates
-    temporal = np.stack([np.sin(np.arange(ROWS)), np.cos(np.arange(ROWS))], axis=1)
-    labels = write_labels_h5(root / "labels.h5", names, taxa, {"spatial": spatial, "temporal": temporal})
-    return labels, images
 
 
 @pytest.fixture
 def dataset(tmp_path: Path) -> SpeciesDataset:
-    labels, images = _species_files(tmp_path)
+    labels, images = species_files(tmp_path)
     source = LabelsFile(labels, TASKS, [SPATIAL, TEMPORAL])
     taxonomy = Taxonomy(list(source.taxa_columns().values()), TASKS, partial_levels=True)
     transforms = ImageTransforms(size=24, train=True)

@@ -66,11 +66,26 @@ def _rollback_needs_checkpoints(s: Mapping[str, Any]) -> list[Problem]:
     ]
 
 
+def _image_sizes_agree(s: Mapping[str, Any]) -> list[Problem]:
+    """linnaeus gives the input side twice (the data's and the model's): they must be one number."""
+    model, data = s["MODEL"].IMG_SIZE, s["DATA"].IMG_SIZE
+    if model is None or model == data:
+        return []
+    return [
+        Problem(
+            ("MODEL.IMG_SIZE", "DATA.IMG_SIZE"),
+            f"{{0}} ({model}) and {{1}} ({data}) differ: the photos are cropped to {{1}} and the model sees "
+            "them so; set both to one size, or unset {0}",
+        )
+    ]
+
+
 # (sections a rule reads, the rule). The loader runs a rule whenever those sections are valid, even
 # if others are not, so that one run reports every problem of a config together.
 CROSS_SECTION_RULES: list[tuple[tuple[str, ...], Callable[[Mapping[str, Any]], list[Problem]]]] = [
     (("LOSS", "TRAIN"), _gradnorm_vs_accumulation),
     (("TRAIN", "SCHEDULE"), _rollback_needs_checkpoints),
+    (("MODEL", "DATA"), _image_sizes_agree),
 ]
 
 

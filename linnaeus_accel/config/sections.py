@@ -21,6 +21,7 @@ from .base import (
     canonical_metric_name,
 )
 from .recovery import LossSpikeConfig, RollbackConfig
+from .species import H5Config, HybridConfig, MetaConfig, PartialConfig
 
 MAX_BATCH_SIZE = 2**20
 MAX_ACCUMULATION_STEPS = 2**16
@@ -222,12 +223,56 @@ class DataConfig(Section):
         0, description="DataLoader worker processes (per training process; 0: load in the main process)."
     )
     DATASET: DatasetConfig = Field(default_factory=DatasetConfig)
+    # linnaeus' species data (config/species.py): read when H5.LABELS_PATH is set.
+    TASK_KEYS_H5: list[str] = Field(
+        default_factory=lambda: ["taxa_L10", "taxa_L20", "taxa_L30", "taxa_L40"],
+        description="The ranks trained on, as labels.h5 names them, finest first (species, genus, family, "
+        "order): one head and one loss per rank.",
+    )
+    PARTIAL: PartialConfig = Field(default_factory=PartialConfig)
+    IMG_SIZE: PositiveInt = Field(
+        224, description="The photos' square side in pixels, as the model sees them."
+    )
+    META: MetaConfig = Field(default_factory=MetaConfig)
+    H5: H5Config = Field(default_factory=H5Config)
+    HYBRID: HybridConfig = Field(default_factory=HybridConfig)
+
+    def problems(self) -> list[Problem]:
+        if self.H5.LABELS_PATH is None:
+            return []
+        problems = []
+        if self.DATASET.NAME not in ("digits", "linnaeus_h5"):
+            problems.append(
+                Problem(
+                    ("H5.LABELS_PATH", "DATASET.NAME"),
+                    "{0} selects linnaeus' species data and {1} names another dataset: keep one",
+                )
+            )
+        if not (self.HYBRID.USE_HYBRID and self.HYBRID.IMAGES_DIR):
+            problems.append(
+                Problem(
+                    ("HYBRID.USE_HYBRID", "HYBRID.IMAGES_DIR"),
+                    "the photos of H5.LABELS_PATH are read from a folder: set {0} true and {1} to it",
+                )
+            )
+        if not self.TASK_KEYS_H5:
+            problems.append(Problem(("TASK_KEYS_H5",), "{0} is empty: list the ranks to train, finest first"))
+        return problems
 
 
 class ModelConfig(Section):
     """The model to build, when the Trainer is not handed one."""
 
     TYPE: str = Field("digits_mlp", description="A registered model (see linnaeus_accel.models.registry).")
+    NAME: str | None = Field(
+        None,
+        description="linnaeus' model name, kept as a label; linnaeus' own architectures (mFormerV0, "
+        "mFormerV1...) are not built here: TYPE hf_vision takes a transformers backbone instead.",
+    )
+    IMG_SIZE: PositiveInt | None = Field(
+        None,
+        description="linnaeus' model input side; if set, it must equal DATA.IMG_SIZE (the photos' side).",
+    )
     OPTIONS: dict[str, Any] = Field(
         default_factory=dict, description="Extra keyword arguments for the model builder."
     )
@@ -248,6 +293,15 @@ class ModelConfig(Section):
 
     def problems(self) -> list[Problem]:
         problems: list[Problem] = []
+        if self.NAME is not None and "mformer" in self.NAME.lower():
+            problems.append(
+                Problem(
+                    ("NAME", "TYPE"),
+                    "{0} names one of linnaeus' own architectures, which are not built here: set {1} to "
+                    "hf_vision with OPTIONS.config (e.g. {{model_type: convnext, ...}}) or OPTIONS.pretrained "
+                    "(a save_pretrained directory of a ConvNeXt, ViT or DINOv2), and unset {0}",
+                )
+            )
         if self.INIT_FROM is not None and self.OPTIONS.get("pretrained") is not None:
             problems.append(
                 Problem(

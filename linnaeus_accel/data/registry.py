@@ -36,6 +36,8 @@ DATASETS: Registry[DatasetBuilder] = Registry(
         "mixture": "linnaeus_accel.data.mixtures.mixture",
         "python_docs": "linnaeus_accel.data.text",
         "token_files": "linnaeus_accel.data.tokens.files",
+        "linnaeus_h5": "linnaeus_accel.data.species.build",
+        "image_table": "linnaeus_accel.data.species.build",
     },
 )
 register_dataset = DATASETS.register
@@ -43,7 +45,9 @@ get_dataset_builder = DATASETS.get
 
 
 def build_dataset(config: Config, split: Split) -> Any:
-    return get_dataset_builder(config.DATA.DATASET.NAME)(config, split)
+    """The dataset DATA.DATASET.NAME names; linnaeus' ``labels.h5`` when DATA.H5.LABELS_PATH is set."""
+    name = "linnaeus_h5" if config.DATA.H5.LABELS_PATH is not None else config.DATA.DATASET.NAME
+    return get_dataset_builder(name)(config, split)
 
 
 def dataset_problems(schedule: ScheduleConfig, dataset: Any) -> list[tuple[str, str]]:

@@ -48,6 +48,8 @@ class RowSource(Protocol):
 
     def row(self, index: int) -> LabelRow: ...
 
+    def taxa_columns(self) -> dict[str, npt.NDArray[np.uint32]]: ...
+
 
 class KeyedEpochSampler(EpochSeededSampler):
     """The Trainer's epoch order, each index handed over as ``(epoch, index)``: the key of the
