@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence, Sized
 from typing import NoReturn
 
 from . import __version__
-from .config import Config, ConfigError, load_config, output_dir_problem
 from .cli_arguments import OPTS_FLAG, parse_arguments
+from .config import Config, ConfigError, load_config, output_dir_problem
 from .process.failures import RunFailed
 from .process.launcher import REPORT_GRACE_S, follow_launcher, report_refusal
 from .schedule import ResolvedPlan, batches_per_process, resolve_plan

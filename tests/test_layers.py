@@ -280,6 +280,7 @@ WHOLE_CONFIG = {
     "models/digits.py:build_digits_convnet",
     "models/hf.py:build_hf_causal_lm",
     "models/hf.py:build_hf_sequence_classification",
+    "models/vision.py:build_hf_vision",
     "optim/builtin.py:adamw",
     "optim/builtin.py:sgd",
     # a task's hook
@@ -305,7 +306,9 @@ def test_the_whole_config_only_where_a_run_is_built_or_extended() -> None:
                 if written in ("Config", "Config | None"):
                     handed.add(f"{path.relative_to(PACKAGE)}:{function.name}")
     assert handed - WHOLE_CONFIG == set(), "hand these the sections they read, not the whole Config"
-    assert WHOLE_CONFIG - handed == set(), "these no longer take the whole Config: remove them from WHOLE_CONFIG"
+    assert WHOLE_CONFIG - handed == set(), (
+        "these no longer take the whole Config: remove them from WHOLE_CONFIG"
+    )
 
 
 def test_each_counter_has_one_writer() -> None:

@@ -36,6 +36,7 @@ MODELS: Registry[ModelBuilder] = Registry(
         "digits_convnet": "linnaeus_accel.models.digits",
         "hf_causal_lm": "linnaeus_accel.models.hf",
         "hf_sequence_classification": "linnaeus_accel.models.hf",
+        "hf_vision": "linnaeus_accel.models.vision",
     },
 )
 register_model = MODELS.register
