@@ -1,0 +1,65 @@
+"""A linnaeus config trains on its own files: labels.h5 and a folder of JPEGs, a transformers
+ConvNeXt with the metadata branch, per-rank and chain metrics; killed with SIGKILL mid-epoch (two
+DataLoader workers, RandAugment and random erasing on), the same command ends with the same bytes
+in final/ as the run that was never interrupted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from helpers.runs import KILLED, TrainRun, assert_same_run, read_metrics, read_summary
+from helpers.species import species_files
+
+CONVNEXT = {
+    "model_type": "convnext",
+    "num_channels": 3,
+    "depths": [1, 1],
+    "hidden_sizes": [8, 16],
+    "num_stages": 2,
+    "image_size": 32,
+}
+
+
+def species_config(root: Path) -> str:
+    """linnaeus' DATA keys, MODEL.TYPE hf_vision, a checkpoint every 2 of the 6 steps."""
+    labels, images = species_files(root / "data")
+    config = {
+        "DATA": {
+            "BATCH_SIZE": 4,
+            "NUM_WORKERS": 2,
+            "TASK_KEYS_H5": ["taxa_L10", "taxa_L20", "taxa_L30"],
+            "PARTIAL": {"LEVELS": True},
+            "IMG_SIZE": 32,
+            "H5": {"LABELS_PATH": str(labels), "TRAIN_VAL_SPLIT_RATIO": 0.75},
+            "HYBRID": {"USE_HYBRID": True, "IMAGES_DIR": str(images)},
+            "DATASET": {"OPTIONS": {"augment": "randaugment", "erasing": 0.5}},
+        },
+        "MODEL": {"TYPE": "hf_vision", "OPTIONS": {"config": CONVNEXT, "heads": "conditioned"}},
+        "TASK": {"NAME": "hierarchical"},
+        "TRAIN": {"EPOCHS": 2},
+        "LR_SCHEDULER": {"REFERENCE_BS": None},
+        "SCHEDULE": {"VALIDATION": {"INTERVAL_EPOCHS": 1}, "CHECKPOINT": {"INTERVAL_STEPS": 2}},
+    }
+    path = root / "species.yaml"
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    return str(path)
+
+
+@pytest.mark.slow
+def test_killed_mid_epoch_with_workers_resumes_to_the_same_final_weights(tmp_path: Path) -> None:
+    cfg = species_config(tmp_path)
+    (tmp_path / "reference").mkdir()
+    reference = TrainRun(tmp_path / "reference", [], cfg=cfg).run().check_ok()
+    summary = read_summary(reference.dir)
+    assert (summary["status"], summary["global_step"]) == ("completed", 6)
+    validated = [r for r in read_metrics(reference.dir) if "val/loss" in r]
+    assert len(validated) == 2
+    assert {"val/chain_acc", "val/acc_taxa_L30", "val/acc_taxa_L20", "val/acc_taxa_L10"} <= set(validated[-1])
+
+    (tmp_path / "killed").mkdir()
+    run = TrainRun(tmp_path / "killed", [], cfg=cfg)
+    killed = run.run(kill_at="optimizer_step:5")  # inside epoch 2, after the checkpoint of step 4
+    assert killed.returncode == KILLED, killed.tail()
+    assert_same_run(run.run(), reference)
