@@ -5,12 +5,15 @@ in final/ as the run that was never interrupted."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import yaml
 from helpers.runs import KILLED, TrainRun, assert_same_run, read_metrics, read_summary
 from helpers.species import species_files
+
+from linnaeus_accel.data.species.taxonomy import Taxonomy
 
 CONVNEXT = {
     "model_type": "convnext",
@@ -57,6 +60,16 @@ def test_killed_mid_epoch_with_workers_resumes_to_the_same_final_weights(tmp_pat
     validated = [r for r in read_metrics(reference.dir) if "val/loss" in r]
     assert len(validated) == 2
     assert {"val/chain_acc", "val/acc_taxa_L30", "val/acc_taxa_L20", "val/acc_taxa_L10"} <= set(validated[-1])
+    # Beside the weights: the taxonomy (predictions can be named) and the preprocessing to serve with.
+    taxonomy = Taxonomy.load(reference.dir / "final" / "taxonomy.json")
+    assert taxonomy.num_classes == (5, 3, 2)  # finest first, as TASK_KEYS_H5: species, genus, family
+    preprocessing = json.loads((reference.dir / "final" / "preprocessing.json").read_text())
+    assert [c["name"] for c in preprocessing["metadata"]] == ["TEMPORAL", "SPATIAL"]  # by IDX
+    assert preprocessing["image"]["size"] == 32
+    assert preprocessing["levels"] == ["taxa_L30", "taxa_L20", "taxa_L10"]  # the heads, coarse to fine
+    assert (reference.dir / "assets" / "taxonomy.json").read_bytes() == (
+        reference.dir / "final" / "taxonomy.json"
+    ).read_bytes()
 
     (tmp_path / "killed").mkdir()
     run = TrainRun(tmp_path / "killed", [], cfg=cfg)

@@ -65,6 +65,7 @@ from ..schedule.report.settings import report_settings
 from ..schedule.report.summary import summary_text
 from ..tasks import Task
 from .build import RunParts, build_run, run_context
+from .end.final_weights import data_records
 from .start.setup import OptimizerFactory, default_optimizer
 
 
@@ -340,6 +341,8 @@ class Trainer:
         settings = report_settings(config)  # what the summary, plan.json and the plot read of the config
         text = summary_text(settings, run.plan, run.optimizer_given)
         out.write_assets(config.model_dump(mode="json"), text, run.plan, settings)
+        for name, data in data_records(run.train_batches.dataset).items():  # a taxonomy, the preprocessing
+            out.write_json(f"assets/{name}", data)
         trains = [model_line(run.end.run_info), run.optimizer_line]  # what trains, and how
         out.say("\n".join(filter(None, [text, *trains])))
         init_trackers(

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -132,6 +133,29 @@ class SpeciesDataset(Dataset[dict[str, Any]]):
                     )
                 ]
             )
+
+    def run_records(self) -> dict[str, dict[str, Any]]:
+        """Kept by the run in ``assets/`` and beside its weights in ``final/``: the taxonomy (class
+        index -> taxon id per rank, and names where the source has them), and the preprocessing a
+        photo and its metadata need to be served as trained (the evaluation transform, the
+        components in the order the model concatenates them, the ranks in the order of its heads)."""
+        taxonomy = self.taxonomy.to_json()
+        names = getattr(self.source, "names", None)
+        if callable(names):
+            taxonomy["names"] = {
+                key: {str(i): n for i, n in names(key).items()} for key in self.source.task_keys
+            }
+        evaluation = replace(self.transforms, train=False).describe()
+        components = [
+            {"name": c.name, "source": c.source, "dim": c.dim, "idx": c.idx} for c in self.source.components
+        ]
+        preprocessing = {
+            "version": 1,
+            "image": evaluation,
+            "metadata": components,
+            "levels": list(self.levels),
+        }
+        return {"taxonomy.json": taxonomy, "preprocessing.json": preprocessing}
 
     def labels_of(self, row: LabelRow) -> torch.Tensor:
         """The row's class index per rank, coarse to fine; -1 where the rank is null."""

@@ -63,6 +63,14 @@ def is_transformers_model(model: nn.Module) -> bool:
     return transformers is not None and isinstance(model, transformers.PreTrainedModel)
 
 
+def data_records(dataset: Any) -> dict[str, dict[str, Any]]:
+    """What the training dataset asks the run to keep beside its weights, by file name (JSON
+    data): a species dataset's taxonomy, so that predictions can be named, and its preprocessing,
+    so that serving cannot disagree with training. A dataset declares them with ``run_records()``."""
+    records = getattr(dataset, "run_records", None)
+    return dict(records()) if callable(records) else {}
+
+
 def save_final(
     accelerator: Accelerator, model: nn.Module, directory: Path, tokenizer: RunTokenizer | None = None
 ) -> None:

@@ -18,6 +18,7 @@ from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list
 from torch import nn
 
+from ... import json_files
 from ...checkpoint.manager import CheckpointManager
 from ...checkpoint.save.failures import agree_on_output, resume_clause
 from ...checkpoint.save.nonfinite import NonFiniteGuard
@@ -34,7 +35,7 @@ from ...process.launcher import stop_if_launcher_gone
 from ...progress import TrainingProgress
 from ...run_directory.outputs import RunOutputs
 from ...schedule import ResolvedPlan, StopDecision, StopReason
-from .final_weights import run_tokenizer, save_final
+from .final_weights import data_records, run_tokenizer, save_final
 
 
 class RunEnd:
@@ -63,6 +64,7 @@ class RunEnd:
         self.rollbacks = rollbacks  # each rollback the run took (``recovery``), for summary.json
         self.interrupted = interrupted  # a preemption asked for by Ctrl-C: status interrupted
         self.tokenizer = run_tokenizer(train_data)  # the run's, shipped in final/
+        self.records = data_records(train_data)  # a taxonomy, the preprocessing: beside the weights
 
     def summary(
         self, status: str, stop: StopDecision | None = None, error: str | None = None
@@ -110,7 +112,7 @@ class RunEnd:
         """``final/`` (collective); one that could not be written whole is removed, and every
         process stops together."""
         acc, final = self.accelerator, self.output_dir / "final"
-        failure = attempt_write(lambda: save_final(acc, self.model, final, self.tokenizer), final)
+        failure = attempt_write(lambda: self._write_final(final), final)
         if failure is not None and acc.is_main_process:
             shutil.rmtree(final, ignore_errors=True)
         removed = f"removed {final} (not written whole)"
@@ -120,6 +122,13 @@ class RunEnd:
             # stays empty (final/ is the main machine's), so it goes, if empty.
             with contextlib.suppress(OSError):
                 final.rmdir()
+
+    def _write_final(self, final: Path) -> None:
+        """The weights (collective), then the dataset's records beside them (main process)."""
+        save_final(self.accelerator, self.model, final, self.tokenizer)
+        if self.accelerator.is_main_process:
+            for name, data in self.records.items():
+                json_files.write_json(final / name, data)
 
     def tear_down(self) -> None:
         """Every process tears the process group down together (PyTorch's advice for
