@@ -37,9 +37,11 @@ from .checkpoint.state.frozen_weights import WRAPPER_PREFIXES, base_changed, bas
 from .config import Config, ConfigError
 from .config.run import EnvConfig
 from .models.lora import BASE_RECORD, recorded_base
+from .training.end.final_weights import data_records
 from .training.validation.passes import run_pass
 
 KEY = "--checkpoint"
+TAXONOMY = "taxonomy.json"  # a species run's class indices per rank (data/species)
 FINAL_DIR = "final"
 EVAL_DIR = "eval"
 WEIGHTS = "model.safetensors"  # Accelerate's name for the first model's weights (save_state, save_model)
@@ -241,6 +243,8 @@ def evaluate(config: Config, checkpoint: str | Path, out: str | Path | None = No
     problems = dataset_problems(config.SCHEDULE, train_data)
     if problems:
         raise ConfigError(problems)
+    if (problem := records_problem(weights, data_records(train_data))) is not None:
+        raise _refused(problem)
     set_seed(config.EXPERIMENT.SEED)
     offline = config.model_copy(update={"ENV": _without_bucket(config.ENV)})
     trainer = Trainer(offline, build_model(config, train_data), train_data, val_data)
@@ -285,6 +289,32 @@ def evaluate(config: Config, checkpoint: str | Path, out: str | Path | None = No
     acc.wait_for_everyone()
     acc.end_training()
     return result
+
+
+def records_problem(weights: Weights, records: dict[str, dict[str, Any]]) -> str | None:
+    """Why the data's records (a species dataset's ``taxonomy.json``) contradict those the weights
+    were trained with, kept beside them in ``final/`` or in the run's ``assets/``: class indices
+    that mean other taxa make every metric wrong. None when they agree or none was kept."""
+    for name in sorted(records):
+        if name != TAXONOMY:
+            continue  # the preprocessing may change on purpose (another crop to compare)
+        kept = next(
+            (p for p in (weights.path / name, weights.run_dir / "assets" / name) if p.is_file()), None
+        )
+        if kept is None:
+            continue
+        trained = json.loads(kept.read_text(encoding="utf-8"))
+        for then, now in zip(trained.get("ranks", []), records[name].get("ranks", []), strict=False):
+            if then.get("ids") != now.get("ids"):
+                gone = sorted(set(then.get("ids", [])) - set(now.get("ids", [])))[:3]
+                new = sorted(set(now.get("ids", [])) - set(then.get("ids", [])))[:3]
+                return (
+                    f"{weights.path} was trained with another taxonomy ({kept}): at {then.get('name')} it "
+                    f"has taxa this config's labels lack ({', '.join(map(str, gone)) or 'none'}) or lacks taxa "
+                    f"they have ({', '.join(map(str, new)) or 'none'}), so its class indices mean other taxa; "
+                    "evaluate with the labels the run trained on"
+                )
+    return None
 
 
 def _refused(message: str) -> ConfigError:

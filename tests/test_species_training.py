@@ -8,11 +8,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import h5py
+import numpy as np
 import pytest
 import yaml
+from helpers.in_process import run_cli
 from helpers.runs import KILLED, TrainRun, assert_same_run, read_metrics, read_summary
 from helpers.species import species_files
 
+from linnaeus_accel.data.species.labels import write_labels_h5
 from linnaeus_accel.data.species.taxonomy import Taxonomy
 
 CONVNEXT = {
@@ -50,6 +54,13 @@ def species_config(root: Path) -> str:
     return str(path)
 
 
+def evaluate(cfg: str, weights: Path, *opts: str) -> tuple[int, str, str]:
+    """``linnaeus-accel evaluate`` on ``weights``, in this process."""
+    return run_cli(
+        "evaluate", "--cfg", cfg, "--checkpoint", str(weights), *(("--opts", *opts) if opts else ())
+    )
+
+
 @pytest.mark.slow
 def test_killed_mid_epoch_with_workers_resumes_to_the_same_final_weights(tmp_path: Path) -> None:
     cfg = species_config(tmp_path)
@@ -70,6 +81,21 @@ def test_killed_mid_epoch_with_workers_resumes_to_the_same_final_weights(tmp_pat
     assert (reference.dir / "assets" / "taxonomy.json").read_bytes() == (
         reference.dir / "final" / "taxonomy.json"
     ).read_bytes()
+
+    evaluated = evaluate(cfg, reference.dir / "final")
+    assert evaluated[0] == 0, evaluated[2]
+    # Labels of another taxonomy: the run's class indices would mean other taxa.
+    labels = Path(yaml.safe_load(Path(cfg).read_text())["DATA"]["H5"]["LABELS_PATH"])
+    other = labels.with_name("other.h5")
+    with h5py.File(labels) as src:
+        taxa = {k: src[k][()] for k in ("taxa_L10", "taxa_L20", "taxa_L30")}
+        taxa["taxa_L10"] = np.where(taxa["taxa_L10"] == 11, 15, taxa["taxa_L10"])  # a species renumbered
+        meta = {k: src[k][()] for k in ("spatial", "temporal")}
+        write_labels_h5(other, [s.decode() for s in src["img_identifiers"][()]], taxa, meta)
+    rc, _, err = evaluate(cfg, reference.dir / "final", "DATA.H5.LABELS_PATH", str(other))
+    assert rc == 2
+    assert "was trained with another taxonomy" in err, err
+    assert "at taxa_L10 it has taxa this config's labels lack (11) or lacks taxa they have (15)" in err, err
 
     (tmp_path / "killed").mkdir()
     run = TrainRun(tmp_path / "killed", [], cfg=cfg)
