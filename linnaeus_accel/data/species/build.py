@@ -9,7 +9,17 @@ transforms are ``DATA.IMG_SIZE`` and these ``DATA.DATASET.OPTIONS`` (both datase
 - ``augment``: ``randaugment`` (default: a light RandAugment, N=2, M=9) or ``none``;
 - ``erasing``: random erasing's probability (default 0.25, linnaeus' ``AUG.RANDOM_ERASE.PROB``);
 - ``hflip``: a horizontal flip's probability (default 0.5);
-- ``crop_scale``: the random resized crop's area range (default ``[0.08, 1.0]``).
+- ``crop_scale``: the random resized crop's area range (default ``[0.08, 1.0]``);
+- ``skip_unreadable``: ``true`` trains on past a photo that cannot be decoded (truncated, not an
+  image) instead of stopping the run (default ``false``: the run stops with one sentence naming the
+  file, its row and its identifier). Its sample is then an image of zeros with every rank null, the
+  same in every epoch and after a resume: no training loss, gradient or per-rank accuracy counts
+  it. A validation sample counts as any sample with no labelled rank does: in the sample count
+  that ``val/loss`` and ``val/chain_acc`` divide by, and as right in ``val/chain_acc`` (it has no rank
+  to get wrong); ``val/partial_chain_acc`` leaves it out. Each process (each DataLoader worker is
+  one) warns once per file it skips, through the ``logging`` logger
+  ``linnaeus_accel.data.species.dataset`` (on stderr when nothing configures logging), with how
+  many distinct photos that process has skipped so far; the count is not summed over processes.
 
 ``image_table`` also takes ``table``, ``images_dir``, ``image_column``, ``rank_columns`` (finest
 first), ``latitude_column``, ``longitude_column``, ``date_column``, ``elevation_column`` and
@@ -78,9 +88,19 @@ def _dataset(
     kept: npt.NDArray[np.int64] = np.flatnonzero(taxonomy.keep_rows(ids)).astype(np.int64)
     train, val = split_indices(kept.size, train_share, split_seed)
     transforms = _transforms(options, data.IMG_SIZE, split)
+    skip_unreadable = options.boolean("skip_unreadable", False)
     options.finish()
     rows = kept[train if split == "train" else val]
-    dataset = SpeciesDataset(source, rows, taxonomy, images_dir, transforms, seed=seed, extension=extension)
+    dataset = SpeciesDataset(
+        source,
+        rows,
+        taxonomy,
+        images_dir,
+        transforms,
+        seed=seed,
+        extension=extension,
+        skip_unreadable=skip_unreadable,
+    )
     dataset.check_images()
     return dataset
 

@@ -14,10 +14,15 @@ The training transforms are keyed by ``(seed, epoch, sample)``: the dataset's sa
 index over with its epoch (``KeyedEpochSampler``), so a DataLoader worker draws the same crop and
 flip for a sample whichever worker or process reads it, and a resumed run draws what the
 uninterrupted one drew.
+
+A photo that cannot be decoded (truncated, not an image) stops the run with ``UnreadablePhoto``, one
+sentence naming the file, its row and its identifier; with ``skip_unreadable`` its sample is a
+blank image with every label null instead (``blank_sample``), and a warning names the file.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
@@ -31,11 +36,22 @@ from torch.utils.data import Dataset
 
 from ...config import ConfigError
 from ..sampling import EpochSeededSampler
-from .images import ImageTransforms, load_image
+from .errors import UnreadablePhoto
+from .images import ImageProblem, ImageTransforms, load_image
 from .labels import ComponentSpec, LabelRow
 from .taxonomy import Taxonomy
 
 IMAGES_KEY = "DATA.HYBRID.IMAGES_DIR"
+SKIP_KEY = "DATA.DATASET.OPTIONS.skip_unreadable"
+
+log = logging.getLogger(__name__)
+
+
+def _cause(problem: ImageProblem) -> str:
+    """Why Pillow could not read the photo, from ``ImageProblem``'s sentence."""
+    text = str(problem)
+    _, found, rest = text.partition(" cannot be read: ")
+    return rest.split("; ", 1)[0] if found else text
 
 
 class RowSource(Protocol):
@@ -65,7 +81,9 @@ class KeyedEpochSampler(EpochSeededSampler):
 class SpeciesDataset(Dataset[dict[str, Any]]):
     """``rows`` of the split (indices into ``source``), photos at ``images_dir / identifier``
     (``extension`` appended when the identifier has none, as linnaeus' ``FILE_EXTENSION``).
-    ``seed``: EXPERIMENT.SEED, which keys the training transforms."""
+    ``seed``: EXPERIMENT.SEED, which keys the training transforms. ``skip_unreadable``: a photo that
+    cannot be decoded gives ``blank_sample`` (counted in ``skipped``, per process) instead of
+    raising ``UnreadablePhoto``."""
 
     def __init__(
         self,
@@ -77,6 +95,7 @@ class SpeciesDataset(Dataset[dict[str, Any]]):
         *,
         seed: int,
         extension: str = "",
+        skip_unreadable: bool = False,
     ) -> None:
         if list(taxonomy.rank_names) != list(source.task_keys):
             raise ValueError(
@@ -89,6 +108,10 @@ class SpeciesDataset(Dataset[dict[str, Any]]):
         self.levels = tuple(reversed(taxonomy.rank_names))
         self.num_classes = tuple(reversed(taxonomy.num_classes))
         self.meta_components = tuple(c.name for c in source.components)
+        self.meta_dims = {c.name: c.dim for c in source.components}  # a model need not read a photo for them
+        self.skip_unreadable = skip_unreadable
+        # Of this process (each DataLoader worker has its own copy): what it warned of, once a file.
+        self.skipped: set[Path] = set()
 
     def __len__(self) -> int:
         return int(self.rows.size)
@@ -168,13 +191,46 @@ class SpeciesDataset(Dataset[dict[str, Any]]):
                 out.append(int(self.taxonomy.encode(r, np.array([taxon], dtype=np.uint32))[0]))
         return torch.tensor(out[::-1], dtype=torch.int64)
 
+    def blank_sample(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """What an unreadable photo's sample holds with ``skip_unreadable``: an image of zeros (the
+        mean colour, after normalisation) and every label null, so that no loss, gradient or
+        per-rank accuracy counts it; the same in every epoch, process and resumed run."""
+        size = self.transforms.size
+        return torch.zeros(3, size, size), torch.full((len(self.levels),), -1, dtype=torch.int64)
+
+    def _unreadable(self, problem: ImageProblem, row: int, identifier: str) -> None:
+        """Raise ``UnreadablePhoto``, or, with ``skip_unreadable``, warn of the file the first time
+        this process meets it."""
+        source = getattr(self.source, "path", "the labels")
+        where = f"{problem.path} (row {row} of {source}, identifier {identifier!r})"
+        if not self.skip_unreadable:
+            raise UnreadablePhoto(
+                f"photo {where} cannot be read: {_cause(problem)}; replace the file, drop its row, or set "
+                f"{SKIP_KEY}: true to train on without it"
+            ) from None
+        if problem.path not in self.skipped:
+            self.skipped.add(problem.path)
+            log.warning(
+                "skipping unreadable photo %s: %s; its sample trains as a blank image with no labels "
+                "(%s), %d unreadable photo(s) skipped by this process so far",
+                where,
+                _cause(problem),
+                SKIP_KEY,
+                len(self.skipped),
+            )
+
     def __getitem__(self, key: int | tuple[int, int]) -> dict[str, Any]:
         # (epoch, index) from the training sampler; a bare index elsewhere (validation, a subset).
         epoch, index = key if isinstance(key, tuple) else (0, key)
-        row = self.source.row(int(self.rows[index]))
-        image = self.transforms(
-            load_image(self.image_path(row.identifier), self.transforms.size), self.seed, epoch, index
-        )
+        row_index = int(self.rows[index])
+        row = self.source.row(row_index)
         values = torch.from_numpy(np.ascontiguousarray(row.meta, dtype=np.float32))
         meta = {c.name: values[self.source.component_slices[c.name]] for c in self.source.components}
+        try:
+            photo = load_image(self.image_path(row.identifier), self.transforms.size)
+        except ImageProblem as problem:
+            self._unreadable(problem, row_index, row.identifier)
+            image, labels = self.blank_sample()
+            return {"index": index, "image": image, "meta": meta, "labels": labels}
+        image = self.transforms(photo, self.seed, epoch, index)
         return {"index": index, "image": image, "meta": meta, "labels": self.labels_of(row)}

@@ -22,6 +22,7 @@ from ... import json_files
 from ...checkpoint.manager import CheckpointManager
 from ...checkpoint.save.failures import agree_on_output, resume_clause
 from ...checkpoint.save.nonfinite import NonFiniteGuard
+from ...data.species.errors import UnreadablePhoto
 from ...data.tokens.format import TokenOutOfVocab
 from ...process.failures import (
     OutputWriteError,
@@ -209,7 +210,9 @@ class RunEnd:
         stop_if_launcher_gone()  # a peer's error once the launcher was killed: a kill, not a failure
         timed_out = collective_timeout(exc, self.dist_timeout_s)
         written = self._write_failure(exc)
-        said_in_full = isinstance(exc, TokenOutOfVocab)
+        # Rebuilt from a DataLoader worker's traceback, they keep their class (torch calls it with
+        # the text; each keeps its own message of it): a sentence that names the file and the fix.
+        said_in_full = isinstance(exc, (TokenOutOfVocab, UnreadablePhoto))
         own = timed_out or written or (str(exc) if said_in_full else f"{type(exc).__name__}: {exc}")
         cause = first_failure(exc, own)
         # A peer gone without a word (its machine killed): one sentence, not gloo's traceback.

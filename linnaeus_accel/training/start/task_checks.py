@@ -19,6 +19,8 @@ from torch.utils.data import IterableDataset, default_collate
 from ...config import ConfigError
 from ...config.schedule import ScheduleConfig
 from ...config.sections import LossConfig, TaskConfig, TrainConfig
+from ...data.species.errors import UnreadablePhoto
+from ...data.tokens.format import TokenOutOfVocab
 from ...schedule import OpsSchedule, ResolvedPlan
 from ...schedule.boundaries import Boundary
 from ...tasks import Task
@@ -165,12 +167,21 @@ def metric_mode(
     )
 
 
+# Errors of the data itself, each said in one sentence by its own message.
+DATA_ERRORS = (UnreadablePhoto, TokenOutOfVocab)
+
+
 def first_batch(dataset: Any, collate: Any, rows: int = 2) -> Any:
-    """A batch of the first ``rows`` training samples, collated as training collates them."""
-    if isinstance(dataset, IterableDataset):
-        items = list(islice(iter(dataset), rows))
-    else:
-        items = [dataset[i] for i in range(min(rows, len(dataset)))]
+    """A batch of the first ``rows`` training samples, collated as training collates them. A sample
+    the data cannot give (an unreadable photo, a token out of the vocabulary) is a ``ConfigError``
+    in the data's own sentence: found before training, it is the data to fix, not a bug."""
+    try:
+        if isinstance(dataset, IterableDataset):
+            items = list(islice(iter(dataset), rows))
+        else:
+            items = [dataset[i] for i in range(min(rows, len(dataset)))]
+    except DATA_ERRORS as exc:
+        raise ConfigError([("DATA", str(exc))], source="data") from None
     if not items:
         return None
     return (collate or default_collate)(items)
