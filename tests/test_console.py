@@ -85,8 +85,11 @@ def test_validation_line_shows_every_pass_headline(
     assert list(shown) == [
         "val/loss",
         "val/chain_acc",
+        "val/partial_chain_acc",
         "val/acc_shape",
         "val/acc_digit",
+        "val/acc3_shape",
+        "val/acc3_digit",
         "val_mask_meta/chain_acc",
         "val_mask_ROWS/chain_acc",
         "val_mask_COLS_MOMENTS/chain_acc",

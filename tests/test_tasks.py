@@ -125,7 +125,15 @@ def test_hierarchical_validation_counts_real_samples_once() -> None:
         task.validation_step(model, first4, None, STANDARD_PASS).tolist(), STANDARD_PASS
     )
     assert got == pytest.approx(want)
-    assert set(full) == {"val/loss", "val/chain_acc", "val/acc_shape", "val/acc_digit"}
+    assert set(full) == {
+        "val/loss",
+        "val/chain_acc",
+        "val/partial_chain_acc",
+        "val/acc_shape",
+        "val/acc_digit",
+        "val/acc3_shape",
+        "val/acc3_digit",
+    }
 
 
 def test_hierarchical_dataset_without_levels_is_named() -> None:

@@ -45,7 +45,7 @@ pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 NAME = "digits_default"  # EXPERIMENT.NAME of the default config
 N_TRAIN, N_VAL = 1438, 359
 LEVELS = ("shape", "digit")
-VAL_METRICS = ("loss", "acc_shape", "acc_digit", "chain_acc")
+VAL_METRICS = ("loss", "acc_shape", "acc_digit", "chain_acc", "partial_chain_acc", "acc3_shape", "acc3_digit")
 EXHAUSTIVE = (
     "val_mask_ROWS",
     "val_mask_COLS",
@@ -121,7 +121,7 @@ def evaluate(model: torch.nn.Module, val_dataset: Any, masked: tuple[str, ...] |
     """Validation metrics computed here, independently of the trainer (masking zeroes a component)."""
     model.eval()
     loss_sum, chain, n = 0.0, 0, 0
-    correct = [0, 0]
+    correct, top3 = [0, 0], [0, 0]
     for batch in DataLoader(val_dataset, batch_size=128, shuffle=False):
         meta = {
             c: torch.zeros_like(x) if masked is not None and ("*" in masked or c in masked) else x
@@ -129,6 +129,7 @@ def evaluate(model: torch.nn.Module, val_dataset: Any, masked: tuple[str, ...] |
         }
         logits = model({**batch, "meta": meta})
         labels = batch["labels"]
+        assert bool((labels >= 0).all())  # no null label: partial_chain_acc is chain_acc
         per_level = torch.stack(
             [F.cross_entropy(lg.float(), labels[:, i], reduction="none") for i, lg in enumerate(logits)], 1
         )
@@ -137,6 +138,8 @@ def evaluate(model: torch.nn.Module, val_dataset: Any, masked: tuple[str, ...] |
         chain += int(hits.all(1).sum())
         for i in range(2):
             correct[i] += int(hits[:, i].sum())
+            # the label among the 3 highest logits (the 3 shapes: every one)
+            top3[i] += int((logits[i].argsort(1, descending=True)[:, :3] == labels[:, i, None]).any(1).sum())
         n += labels.shape[0]
     assert n == N_VAL
     return {
@@ -144,6 +147,9 @@ def evaluate(model: torch.nn.Module, val_dataset: Any, masked: tuple[str, ...] |
         "acc_shape": correct[0] / n,
         "acc_digit": correct[1] / n,
         "chain_acc": chain / n,
+        "partial_chain_acc": chain / n,
+        "acc3_shape": top3[0] / n,
+        "acc3_digit": top3[1] / n,
     }
 
 

@@ -5,6 +5,9 @@ schedule's metadata masking and in-group mixup, and validation passes with metad
 Batches are dicts with ``index`` (the sample's index in the dataset: it keys the random draws),
 ``image``, ``meta`` (a dict of component tensors) and ``labels`` ``[B, levels]``; the training
 dataset declares ``levels`` (and ``meta_components`` when it has metadata).
+
+Each validation pass reports ``<prefix>/loss``, ``chain_acc``, ``partial_chain_acc``, and per level
+``acc_<level>`` (top-1) and ``acc3_<level>`` (top-3); ``validation_hit_sums`` says what each counts.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from .base import Direction, Task, TaskContext, ValidationPass, describe_keys, d
 from .transforms import InGroupMixup, MetaMasker
 
 NULL_LABEL = -1
+TOP_K = 3  # acc3_<level>: the label among the level's 3 highest logits (all of them with fewer classes)
 
 
 def passes_at_boundary(ops: OpsSchedule, epoch: int, final: bool) -> list[ValidationPass]:
@@ -54,9 +58,62 @@ def level_loss_sums(logits: Sequence[Tensor], labels: Tensor) -> Tensor:
     )
 
 
+def validation_hit_sums(logits: Sequence[Tensor], labels: Tensor, real: Tensor | None) -> Tensor:
+    """What the accuracies of one validation batch add up (float64, ``3 * levels + 4`` values):
+
+    - ``[0:L]`` top-1 hits and ``[L:2L]`` samples labelled, per level: ``acc_<level>``;
+    - ``[2L:3L]`` top-3 hits per level (k = min(3, the level's classes)): ``acc3_<level>``;
+    - ``[3L]`` chain hits and ``[3L+1]`` samples: ``chain_acc``, the samples whose every labelled level
+      is right, over every sample; a sample with no labelled level has nothing wrong and counts as right;
+    - ``[3L+2]`` partial-chain hits and ``[3L+3]`` samples with a label: ``partial_chain_acc``. A sample
+      is right when, from its finest labelled level up to the coarsest, every labelled level is (a null
+      level in between is skipped). Every labelled level lies at or above the finest labelled one, so
+      this is chain_acc's test of a sample; the one difference is the samples with no labelled level,
+      which chain_acc counts as right (numerator and denominator) and partial_chain_acc leaves out of
+      both. The two are equal when every sample has a label, and partial_chain_acc is the lower
+      otherwise. linnaeus (where null is class 0, a class the model predicts) computes it from the
+      finest rank, null or not, up to the coarsest labelled one; here a null level has no target.
+
+    ``labels``: ``[B, levels]`` class indices, coarse to fine, negative for null; ``real``: the rows
+    that count (None: all), the others (even-batch repeats) count nowhere.
+    """
+    labels = drop_targets(labels, real, NULL_LABEL)
+    known = labels >= 0
+    hit = torch.stack([lg.argmax(dim=1) for lg in logits], dim=1) == labels
+    # Top-3 as top-1 or among the top k: argmax and topk may pick different indices among tied logits,
+    # and a top-3 accuracy below the top-1 accuracy would read as a bug.
+    top = torch.stack(
+        [
+            (lg.topk(min(TOP_K, lg.shape[1]), dim=1).indices == labels[:, i, None]).any(dim=1)
+            for i, lg in enumerate(logits)
+        ],
+        dim=1,
+    )
+    hit, top = hit & known, (top | hit) & known
+    chain = (hit | ~known).all(dim=1)
+    labelled = known.any(dim=1)
+    count = labels.new_tensor(labels.shape[0]) if real is None else real.sum()
+    return torch.cat(
+        [
+            hit.sum(0).double(),
+            known.sum(0).double(),
+            top.sum(0).double(),
+            (chain if real is None else chain & real).sum().double().reshape(1),
+            count.double().reshape(1),
+            (chain & labelled).sum().double().reshape(1),
+            labelled.sum().double().reshape(1),
+        ]
+    )
+
+
 class HierarchicalTask(Task):
     name = "hierarchical"
-    metric_directions: Mapping[str, Direction] = {"loss": "min", "chain_acc": "max"}
+    # chain_acc first among the accuracies: it is the headline of a masked pass on the console.
+    metric_directions: Mapping[str, Direction] = {
+        "loss": "min",
+        "chain_acc": "max",
+        "partial_chain_acc": "max",
+    }
 
     def __init__(self) -> None:
         self.levels: tuple[str, ...] = ()
@@ -69,7 +126,9 @@ class HierarchicalTask(Task):
         self.metric_directions = {
             "loss": "min",
             "chain_acc": "max",
+            "partial_chain_acc": "max",
             **{f"acc_{level}": "max" for level in self.levels},
+            **{f"acc3_{level}": "max" for level in self.levels},
         }
         self.ops = context.schedule
         self.plan = plan
@@ -168,9 +227,8 @@ class HierarchicalTask(Task):
     def validation_step(
         self, model: nn.Module, batch: Any, real: Tensor | None, vpass: ValidationPass
     ) -> Tensor:
-        """[weighted loss, correct per level, labelled per level, chain-correct, samples]: loss with
-        the training loss's level weights; accuracy per level over the samples labelled there;
-        chain accuracy: every labelled level right."""
+        """[weighted loss, then ``validation_hit_sums``]: the loss with the training loss's level
+        weights, summed over the samples labelled at each level."""
         batch = {**batch, "meta": self._masked_meta(batch["meta"], vpass.masked)}
         logits = self.forward(model, batch)
         labels = drop_targets(batch["labels"], real, NULL_LABEL)
@@ -182,28 +240,22 @@ class HierarchicalTask(Task):
             ],
             dim=1,
         )
-        preds = torch.stack([lg.argmax(dim=1) for lg in logits], dim=1)
-        known = labels >= 0
-        hit = (preds == labels) & known
-        chain = hit | ~known
-        if real is not None:
-            chain = chain & real[:, None]
-        count = labels.new_tensor(labels.shape[0]) if real is None else real.sum()
-        return torch.cat(
-            [
-                (per_level * self.level_weights).sum().double().reshape(1),
-                hit.sum(0).double(),
-                known.sum(0).double(),
-                chain.all(dim=1).sum().double().reshape(1),
-                count.double().reshape(1),
-            ]
-        )
+        loss = (per_level * self.level_weights).sum().double().reshape(1)
+        return torch.cat([loss, validation_hit_sums(logits, labels, real)])
 
     def validation_metrics(self, sums: list[float], vpass: ValidationPass) -> dict[str, float]:
-        n_levels = len(self.levels)
-        loss, correct, labelled = sums[0], sums[1 : 1 + n_levels], sums[1 + n_levels : 1 + 2 * n_levels]
-        chain, count = sums[-2], max(1.0, sums[-1])
-        out = {f"{vpass.prefix}/loss": loss / count, f"{vpass.prefix}/chain_acc": chain / count}
+        n = len(self.levels)
+        correct, labelled, top = (sums[1 + k * n : 1 + (k + 1) * n] for k in range(3))
+        loss, (chain, count, partial, partial_count) = sums[0], sums[1 + 3 * n :]
+        count = max(1.0, count)
+        p = vpass.prefix
+        out = {
+            f"{p}/loss": loss / count,
+            f"{p}/chain_acc": chain / count,
+            f"{p}/partial_chain_acc": partial / max(1.0, partial_count),
+        }
         for i, level in enumerate(self.levels):
-            out[f"{vpass.prefix}/acc_{level}"] = correct[i] / max(1.0, labelled[i])
+            out[f"{p}/acc_{level}"] = correct[i] / max(1.0, labelled[i])
+        for i, level in enumerate(self.levels):
+            out[f"{p}/acc3_{level}"] = top[i] / max(1.0, labelled[i])
         return out

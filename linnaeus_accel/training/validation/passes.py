@@ -80,7 +80,8 @@ def validation_line(
     lines, line = [], f"epoch {when}:" if isinstance(when, int) else f"{when}:"
     for i, item in enumerate(shown):
         separator = "," if i else ""
-        if i and len(line) + len(item) + 2 > CONSOLE_WIDTH:
+        # ", " before the item and the "," a wrap puts after it: all within the width.
+        if i and len(line) + len(item) + 3 > CONSOLE_WIDTH:
             lines.append(line + ",")
             line, separator = " ", ""
         line += f"{separator} {item}"
