@@ -19,4 +19,5 @@ MODULES = (
     "data_scale",
     "sharded_streams",
     "resume_data",
+    "species",
 )

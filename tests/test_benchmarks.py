@@ -29,6 +29,7 @@ MODULES = (
     "data_scale",
     "sharded_streams",
     "resume_data",
+    "species",
 )
 
 

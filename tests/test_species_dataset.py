@@ -94,3 +94,15 @@ def test_a_missing_photo_is_named_before_training(dataset: SpeciesDataset) -> No
             "(row 4); put them there, or point DATA.HYBRID.IMAGES_DIR at the folder that holds them",
         )
     ]
+
+
+def test_a_batch_read_together_is_the_samples_read_one_by_one(dataset: SpeciesDataset) -> None:
+    """The DataLoader reads a batch's label rows in one go (``__getitems__``): the same samples."""
+    keys = [(2, 5), (2, 0), (2, 7), (2, 5)]  # out of order, one twice
+    together = dataset.__getitems__(keys)
+    for key, sample in zip(keys, together, strict=True):
+        alone = dataset[key]
+        assert sample["index"] == alone["index"]
+        assert torch.equal(sample["image"], alone["image"])
+        assert torch.equal(sample["labels"], alone["labels"])
+        assert all(torch.equal(sample["meta"][k], alone["meta"][k]) for k in alone["meta"])

@@ -38,7 +38,7 @@ from ...config import ConfigError
 from ..sampling import EpochSeededSampler
 from .errors import UnreadablePhoto
 from .images import ImageProblem, ImageTransforms, load_image
-from .labels import ComponentSpec, LabelRow
+from .labels import ComponentSpec, LabelRow, LabelRows
 from .taxonomy import Taxonomy
 
 IMAGES_KEY = "DATA.HYBRID.IMAGES_DIR"
@@ -64,6 +64,8 @@ class RowSource(Protocol):
     def __len__(self) -> int: ...
 
     def row(self, index: int) -> LabelRow: ...
+
+    def rows(self, indices: Sequence[int]) -> LabelRows: ...
 
     def taxa_columns(self) -> dict[str, npt.NDArray[np.uint32]]: ...
 
@@ -222,8 +224,17 @@ class SpeciesDataset(Dataset[dict[str, Any]]):
     def __getitem__(self, key: int | tuple[int, int]) -> dict[str, Any]:
         # (epoch, index) from the training sampler; a bare index elsewhere (validation, a subset).
         epoch, index = key if isinstance(key, tuple) else (0, key)
-        row_index = int(self.rows[index])
-        row = self.source.row(row_index)
+        return self._sample(epoch, index, self.source.row(int(self.rows[index])))
+
+    def __getitems__(self, keys: Sequence[int | tuple[int, int]]) -> list[dict[str, Any]]:
+        """A batch's samples (torch's DataLoader asks for them together): their rows of the labels
+        read in one go, each file's datasets read once for the batch instead of once a sample."""
+        pairs = [key if isinstance(key, tuple) else (0, key) for key in keys]
+        rows = self.source.rows([int(self.rows[index]) for _, index in pairs])
+        return [self._sample(epoch, index, rows[j]) for j, (epoch, index) in enumerate(pairs)]
+
+    def _sample(self, epoch: int, index: int, row: LabelRow) -> dict[str, Any]:
+        row_index = int(row.index)
         values = torch.from_numpy(np.ascontiguousarray(row.meta, dtype=np.float32))
         meta = {c.name: values[self.source.component_slices[c.name]] for c in self.source.components}
         try:
