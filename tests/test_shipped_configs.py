@@ -1,8 +1,8 @@
 """Every config that ships (configs/*.yaml, examples/*.yaml) resolves its plan without a warning:
 the README's first command must not greet a newcomer with what reads as a misconfigured default.
 ``train`` prints the same warnings as ``plan`` (both are the plan's), so the plan is what is checked,
-in process, on the data each config names (configs/pretrain.yaml's and gpt2_124m.yaml's token files
-made here, small)."""
+in process, on the data each config names (configs/pretrain.yaml's and gpt2_124m.yaml's token files,
+species.yaml's photos and labels, made here, small)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from helpers.configs import REPO
 
 from linnaeus_accel.cli import plan_for
 from linnaeus_accel.config import load_config
+from linnaeus_accel.data.species.synthetic import write_synthetic_species
 from linnaeus_accel.data.tokens.format import TokenSidecar, sidecar_path
 
 SHIPPED = sorted(
@@ -43,5 +44,6 @@ def test_a_shipped_config_plans_without_warnings(
     byte_token_file(
         tmp_path / "data" / "train.bin", 600_000
     )  # configs/gpt2_124m.yaml: 8 x 64 windows of 1,025
+    write_synthetic_species(tmp_path / "data" / "species")  # configs/species.yaml: examples/species.py's
     plan = plan_for(load_config(REPO / name), world_size=1, dataset_size=None)
     assert plan.warnings == (), plan.warnings
