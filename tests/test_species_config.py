@@ -8,7 +8,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
+import yaml
+from helpers.in_process import run_cli
 from helpers.species import ROWS, species_files
+from safetensors.torch import load_file
+from transformers import ConvNextConfig, ConvNextModel
 
 from linnaeus_accel.config import ConfigError, validate_config
 from linnaeus_accel.data import build_dataset
@@ -78,3 +83,33 @@ def test_a_missing_photo_stops_the_build_naming_it(tmp_path: Path) -> None:
     (images / f"obs_{row}.jpg").unlink()
     with pytest.raises(ConfigError, match=rf"obs_{row}\.jpg \(row {row}\)"):
         build_dataset(config, "train")
+
+
+def test_a_frozen_pretrained_backbone_comes_out_of_final_unchanged(tmp_path: Path) -> None:
+    """MODEL.OPTIONS.freeze_backbone with a save_pretrained directory: after a run, final/'s
+    backbone tensors are the directory's, bit for bit; the heads trained."""
+    pretrained = tmp_path / "convnext"
+    ConvNextModel(
+        ConvNextConfig(num_channels=3, depths=[1], hidden_sizes=[8], num_stages=1, image_size=32)
+    ).save_pretrained(pretrained)
+    labels, images = species_files(tmp_path / "data")
+    config = {
+        "EXPERIMENT": {"NAME": "frozen"},
+        "ENV": {"OUTPUT": {"BASE_DIR": str(tmp_path / "out")}},
+        "DATA": {**linnaeus_data(labels, images), "BATCH_SIZE": 4},
+        "MODEL": {"TYPE": "hf_vision", "OPTIONS": {"pretrained": str(pretrained), "freeze_backbone": True}},
+        "TASK": {"NAME": "hierarchical"},
+        "TRAIN": {"EPOCHS": 1},
+        "LR_SCHEDULER": {"REFERENCE_BS": None},
+    }
+    cfg = tmp_path / "frozen.yaml"
+    cfg.write_text(yaml.safe_dump(config), encoding="utf-8")
+    rc, _, err = run_cli("train", "--cfg", str(cfg))
+    assert rc == 0, err
+    trained = load_file(tmp_path / "out" / "frozen" / "final" / "model.safetensors")
+    original = load_file(pretrained / "model.safetensors")
+    backbone = {k.removeprefix("backbone."): v for k, v in trained.items() if k.startswith("backbone.")}
+    assert backbone.keys() == original.keys()
+    assert all(torch.equal(backbone[k], original[k]) for k in original)
+    heads = [k for k in trained if k.startswith("heads.")]
+    assert heads  # the heads are saved beside it
