@@ -772,6 +772,13 @@ def pages(path: Path) -> int:
     return math.ceil(path.stat().st_size / 4096)
 
 
+def last_record_pages(ref: Result) -> int:
+    """The pages metrics.jsonl's last record (the final boundary's validation) adds to it."""
+    text = (ref.dir / "metrics.jsonl").read_bytes()
+    before = len(b"".join(text.splitlines(keepends=True)[:-1]))
+    return math.ceil(len(text) / 4096) - math.ceil(before / 4096)
+
+
 # (fault point, pages left free (from the reference run), the file that finds the disk full,
 # the checkpoints left, whether the run's end finds the space to write summary.json)
 FULL_AT: dict[str, tuple[str, Callable[[Result], int], str, list[str], bool]] = {
@@ -784,10 +791,11 @@ FULL_AT: dict[str, tuple[str, Callable[[Result], int], str, list[str], bool]] = 
     # After the last pass of step 24 is journalled (its metrics line fits metrics.jsonl's page),
     # with 16 pages left: the final weights take them, and give them back to summary.json.
     "final": ("validation_pass:12", lambda ref: 16, "final", [STEP12, STEP24], True),
-    # The same, with room for final/ alone.
+    # The same, with room for final/ alone (and for the pages the boundary's validation record,
+    # written after the last pass, adds to metrics.jsonl).
     "summary.json": (
         "validation_pass:12",
-        lambda ref: pages(ref.dir / "final" / "model.safetensors"),
+        lambda ref: pages(ref.dir / "final" / "model.safetensors") + last_record_pages(ref),
         "summary.json",
         [STEP12, STEP24],
         False,

@@ -12,7 +12,7 @@ import torch
 import yaml
 from helpers.in_process import run_here, run_here_ending_workers
 from helpers.runs import Result, TrainRun, read_summary
-from helpers.species import species_files
+from helpers.species import TINY_CONVNEXT, species_files
 from torch._utils import ExceptionWrapper
 
 from linnaeus_accel.data.species.errors import UnreadablePhoto
@@ -20,14 +20,6 @@ from linnaeus_accel.data.species.errors import UnreadablePhoto
 # The rows of the tiny labels.h5 that train (split seed 42): [0, 2, 3, 4, 5, 6, 7, 9, 11]. Sample 4
 # of the split is row 5: past the first two samples, which the Trainer's checks read before training.
 BAD_ROW = 5
-CONVNEXT = {
-    "model_type": "convnext",
-    "num_channels": 3,
-    "depths": [1],
-    "hidden_sizes": [8],
-    "num_stages": 1,
-    "image_size": 32,
-}
 EXIT_FAILED = 1  # as a token id outside the vocabulary ends a run (TokenOutOfVocab)
 
 
@@ -53,7 +45,7 @@ def bad_photo_run(
             "HYBRID": {"USE_HYBRID": True, "IMAGES_DIR": str(images)},
             "DATASET": {"OPTIONS": options},
         },
-        "MODEL": {"TYPE": "hf_vision", "OPTIONS": {"config": CONVNEXT}},
+        "MODEL": {"TYPE": "hf_vision", "OPTIONS": {"config": TINY_CONVNEXT}},
         "TASK": {"NAME": "hierarchical"},
         "TRAIN": {"EPOCHS": epochs},
         "LR_SCHEDULER": {"REFERENCE_BS": None},

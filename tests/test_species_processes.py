@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 from helpers.processes import accelerate_launch_command
 from helpers.runs import TrainRun, read_summary
-from helpers.species import species_files
+from helpers.species import TINY_CONVNEXT, species_files
 from torch.utils.data import Dataset
 
 from linnaeus_accel.data.sampling import EpochSeededSampler, real_in_batch
@@ -33,14 +33,6 @@ SEEN_ENV = "SPECIES_SEEN_DIR"
 RANKS = {"taxa_L10": "species", "taxa_L20": "genus", "taxa_L30": "family"}  # finest first
 TRAIN_ROWS = 9  # of the tiny data's 12 rows, at VAL_FRACTION 0.25
 BATCH, PROCESSES, EPOCHS, SEED = 2, 2, 2, 5
-CONVNEXT = {
-    "model_type": "convnext",
-    "num_channels": 3,
-    "depths": [1],
-    "hidden_sizes": [8],
-    "num_stages": 1,
-    "image_size": 32,
-}
 
 
 class Recorded(Dataset[dict[str, Any]]):
@@ -114,7 +106,7 @@ def species_config(root: Path) -> str:
             "IMG_SIZE": 32,
             "DATASET": {"NAME": "recorded_species", "VAL_FRACTION": 0.25, "OPTIONS": options},
         },
-        "MODEL": {"TYPE": "hf_vision", "OPTIONS": {"config": CONVNEXT}},
+        "MODEL": {"TYPE": "hf_vision", "OPTIONS": {"config": TINY_CONVNEXT}},
         "TASK": {"NAME": "hierarchical"},
         "TRAIN": {"EPOCHS": EPOCHS},
         "LR_SCHEDULER": {"REFERENCE_BS": None},

@@ -10,6 +10,15 @@ from PIL import Image
 from linnaeus_accel.data.species.labels import write_labels_h5
 
 ROWS = 12
+# A one-stage ConvNeXt of 8 channels (MODEL.OPTIONS.config of hf_vision): the smallest that trains.
+TINY_CONVNEXT = {
+    "model_type": "convnext",
+    "num_channels": 3,
+    "depths": [1],
+    "hidden_sizes": [8],
+    "num_stages": 1,
+    "image_size": 32,
+}
 
 
 def species_files(root: Path) -> tuple[Path, Path]:

@@ -293,12 +293,7 @@ class LabelsFile:
 
     def rows(self, indices: Sequence[int] | npt.NDArray[np.integer[Any]]) -> LabelRows:
         """The rows at ``indices``, in that order (repeats allowed)."""
-        wanted = np.asarray(indices, dtype=np.int64).reshape(-1)
-        outside = wanted[(wanted < 0) | (wanted >= self.n_rows)]
-        if outside.size:
-            raise IndexError(
-                f"row {int(outside[0])} is outside {self.path} ({self.n_rows} rows, 0 to {self.n_rows - 1})"
-            )
+        wanted = row_indices(indices, self.n_rows, str(self.path))
         unique, inverse = np.unique(wanted, return_inverse=True)
         f = self._file() if unique.size else None
 
@@ -337,6 +332,17 @@ class LabelsFile:
             parts.append(values)
         meta = np.concatenate(parts, axis=1) if parts else np.zeros((n, 0), dtype=np.float32)
         return LabelRows(indices=wanted, identifiers=identifiers, taxa=taxa, meta=meta, valid=valid)
+
+
+def row_indices(
+    indices: Sequence[int] | npt.NDArray[np.integer[Any]], n_rows: int, where: str
+) -> npt.NDArray[np.int64]:
+    """``indices`` as int64, each a row of ``where`` (``n_rows`` rows), or an IndexError naming it."""
+    wanted = np.asarray(indices, dtype=np.int64).reshape(-1)
+    outside = wanted[(wanted < 0) | (wanted >= n_rows)]
+    if outside.size:
+        raise IndexError(f"row {int(outside[0])} is outside {where} ({n_rows} rows, 0 to {n_rows - 1})")
+    return wanted
 
 
 def _text(value: Any) -> str:

@@ -29,7 +29,7 @@ import numpy.typing as npt
 
 from ...config import ConfigError
 from ..paths import resolved
-from .labels import ComponentSpec, LabelRow, LabelRows
+from .labels import ComponentSpec, LabelRow, LabelRows, row_indices
 from .metadata import (
     DEFAULT_ELEVATION_SCALES,
     TemporalKind,
@@ -190,12 +190,7 @@ class ObservationTable:
 
     def rows(self, indices: Sequence[int] | npt.NDArray[np.integer[Any]]) -> LabelRows:
         """The rows at ``indices``, in that order (repeats allowed)."""
-        wanted = np.asarray(indices, dtype=np.int64).reshape(-1)
-        outside = wanted[(wanted < 0) | (wanted >= self.n_rows)]
-        if outside.size:
-            raise IndexError(
-                f"row {int(outside[0])} is outside {self._label} ({self.n_rows} rows, 0 to {self.n_rows - 1})"
-            )
+        wanted = row_indices(indices, self.n_rows, self._label)
         bounds = zip(self._offsets[wanted].tolist(), self._offsets[wanted + 1].tolist(), strict=True)
         return LabelRows(
             indices=wanted,
