@@ -127,6 +127,34 @@ def test_metadata_changes_the_logits() -> None:
     assert not torch.equal(model(b)[2], model(masked)[2])
 
 
+def test_a_missing_component_is_flagged_to_the_model_not_read_as_a_value() -> None:
+    """The metadata MLP reads one validity flag per component beside its values: zeroing a
+    component switches its flag off, and the flag's weights alone change the logits then."""
+    model = build({"config": CONVNEXT}).eval()
+    assert model.meta is not None
+    first = model.meta[0]
+    widths = sum(t[0].numel() for t in batch()["meta"].values())
+    assert first.in_features == widths + len(batch()["meta"])  # values, then one flag a component
+    b = batch()
+    name = next(iter(b["meta"]))
+    missing = {**b, "meta": {**b["meta"], name: torch.zeros_like(b["meta"][name])}}
+    before = model(missing)[2]
+    with torch.no_grad():
+        first.weight[:, widths:] = 0.0  # the flags' weights off: a missing value would read as zeros
+    assert not torch.equal(before, model(missing)[2])
+
+
+def test_channels_last_gives_the_same_logits() -> None:
+    plain = build({"config": CONVNEXT}).eval()
+    last = build({"config": CONVNEXT, "channels_last": True}).eval()
+    conv = last.backbone.embeddings.patch_embeddings.weight
+    assert conv.is_contiguous(memory_format=torch.channels_last)
+    assert not conv.is_contiguous()
+    b = batch()
+    for ours, theirs in zip(plain(b), last(b), strict=True):
+        torch.testing.assert_close(ours, theirs)
+
+
 def save_convnext(directory: Path, classifier: bool = False) -> Any:
     torch.manual_seed(5)
     fields = {k: v for k, v in CONVNEXT.items() if k != "model_type"}
@@ -270,7 +298,7 @@ LINNAEUS = (
             [
                 (
                     "MODEL.OPTIONS",
-                    "hf_vision takes config, pretrained, freeze_backbone, meta_hidden, fusion_dim, heads, not dropout",
+                    "hf_vision takes config, pretrained, freeze_backbone, meta_hidden, fusion_dim, heads, channels_last, not dropout",
                 )
             ],
         ),
@@ -287,9 +315,16 @@ LINNAEUS = (
         ),
         # bad values, all reported at once
         (
-            {"config": CONVNEXT, "heads": "gated", "meta_hidden": 0, "freeze_backbone": "yes"},
+            {
+                "config": CONVNEXT,
+                "heads": "gated",
+                "meta_hidden": 0,
+                "freeze_backbone": "yes",
+                "channels_last": 1,
+            },
             [
                 ("MODEL.OPTIONS.freeze_backbone", "must be true or false (got 'yes')"),
+                ("MODEL.OPTIONS.channels_last", "must be true or false (got 1)"),
                 ("MODEL.OPTIONS.meta_hidden", "must be an integer from 1 to 65536 (got 0)"),
                 ("MODEL.OPTIONS.heads", "must be independent or conditioned (got 'gated')"),
             ],

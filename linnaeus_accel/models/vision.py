@@ -15,13 +15,19 @@ the ``hierarchical`` task on species photos. ``forward(batch)`` reads ``batch["i
 - ``fusion_dim`` (default the image features' width): the width the heads read.
 - ``heads``: ``independent`` (default), one linear per rank over the fused features, or
   ``conditioned``: each finer rank's head also reads the softmax of its parent rank's logits.
+- ``channels_last`` (default false): the backbone's 4-D weights and each batch's images in
+  channels-last memory order, which a convolutional backbone (ConvNeXt, ResNet) runs faster in on a
+  GPU in bf16; a ViT gains nothing (its only 4-D weight is the patch embedding).
 
 The image features are the backbone's pooled output where its model has one, else its last
 hidden state pooled as ``CLS_FIRST`` says. The metadata components (the dataset's
 ``meta_components``, in its order) are concatenated and go through a small MLP; the two are fused by
 concatenation followed by a linear layer, GELU and LayerNorm. Concatenation is what linnaeus' own
 metadata adapter did; a gated fusion can come later. A masked or missing component arrives as
-zeros (the dataset and the task's masking write zeros), so the model needs no mask of its own.
+zeros (the dataset and the task's masking write zeros; no real value encodes to zeros), and the
+metadata MLP reads, beside the values, one validity flag per component (1 where any of its values
+is non-zero), as linnaeus' datasets hand a validity mask to its model: a missing place is then never
+read as a place at the origin of the encoding.
 
 Parameter names start with ``backbone.``, ``meta.``, ``fusion.``, ``heads.`` and ``parents.``
 (a conditioned head's parent term), so ``LR_SCHEDULER.PARAMETER_GROUPS`` can give the backbone its
@@ -48,7 +54,7 @@ from .registry import register_model
 
 KEY = "MODEL.OPTIONS"
 CONFIG_KEY = f"{KEY}.config"
-OPTIONS = ("config", "pretrained", "freeze_backbone", "meta_hidden", "fusion_dim", "heads")
+OPTIONS = ("config", "pretrained", "freeze_backbone", "meta_hidden", "fusion_dim", "heads", "channels_last")
 HEADS = ("independent", "conditioned")
 # A width past this is a typo or a value meant for another model.
 MAX_WIDTH = 65536
@@ -72,6 +78,7 @@ class VisionOptions:
     meta_hidden: int
     fusion_dim: int | None
     heads: str
+    channels_last: bool = False
 
 
 def _refusal(key: str, message: str) -> ConfigError:
@@ -131,9 +138,10 @@ def parse_options(options: Mapping[str, Any]) -> VisionOptions:
     # hf.py's builder would take these as its own options, not as config fields.
     where = f"is not a config field (a directory is {KEY}.pretrained; hf_vision takes no gradient_checkpointing or lora)"
     problems += [(f"{CONFIG_KEY}.{name}", where) for name in BUILD_OPTIONS if name in config]
-    freeze = options.get("freeze_backbone", False)
-    if not isinstance(freeze, bool):
-        problems.append((f"{KEY}.freeze_backbone", f"must be true or false (got {freeze!r})"))
+    flags = {name: options.get(name, False) for name in ("freeze_backbone", "channels_last")}
+    for name, flag in flags.items():
+        if not isinstance(flag, bool):
+            problems.append((f"{KEY}.{name}", f"must be true or false (got {flag!r})"))
     meta_hidden, problem = _width(options, "meta_hidden", 64)
     if problem:
         problems.append((f"{KEY}.meta_hidden", problem))
@@ -145,7 +153,15 @@ def parse_options(options: Mapping[str, Any]) -> VisionOptions:
         problems.append((f"{KEY}.heads", f"must be {' or '.join(HEADS)} (got {heads!r})"))
     if problems:
         raise ConfigError(problems)
-    return VisionOptions(config, pretrained, freeze, meta_hidden or 64, fusion_dim, heads)
+    return VisionOptions(
+        config,
+        pretrained,
+        flags["freeze_backbone"],
+        meta_hidden or 64,
+        fusion_dim,
+        heads,
+        flags["channels_last"],
+    )
 
 
 def _under_config(key: str) -> str:
@@ -276,12 +292,14 @@ class HFVisionModel(nn.Module):
         fusion_dim: int | None = None,
         heads: str = "independent",
         freeze_backbone: bool = False,
+        channels_last: bool = False,
     ) -> None:
         super().__init__()
         self.backbone = backbone
         self.pooling = pooling
         self.meta_names = list(meta_dims)
         self.freeze_backbone = freeze_backbone
+        self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         hf_config = getattr(backbone, "config", None)
         self.native_size = _image_size(hf_config)
         # ViT-like models take another image size only when told to interpolate their positions.
@@ -290,7 +308,7 @@ class HFVisionModel(nn.Module):
         self.meta: nn.Module | None = None
         if meta_dims:
             self.meta = nn.Sequential(
-                nn.Linear(sum(meta_dims.values()), meta_hidden),
+                nn.Linear(sum(meta_dims.values()) + len(meta_dims), meta_hidden),  # values, one flag each
                 nn.GELU(),
                 nn.Linear(meta_hidden, meta_hidden),
             )
@@ -307,6 +325,8 @@ class HFVisionModel(nn.Module):
         if freeze_backbone:
             backbone.requires_grad_(False)
             backbone.eval()
+        if channels_last:
+            backbone.to(memory_format=torch.channels_last)
 
     def train(self, mode: bool = True) -> HFVisionModel:
         super().train(mode)
@@ -322,6 +342,7 @@ class HFVisionModel(nn.Module):
         kwargs = {}
         if self.interpolates and tuple(image.shape[-2:]) != self.native_size:
             kwargs["interpolate_pos_encoding"] = True
+        image = image.contiguous(memory_format=self.memory_format)  # a no-op in the default order
         with torch.no_grad() if self.freeze_backbone else contextlib.nullcontext():
             return pool(self.backbone(pixel_values=image, **kwargs), self.pooling)
 
@@ -329,8 +350,10 @@ class HFVisionModel(nn.Module):
         features = self.image_features(batch["image"])
         if self.meta is not None:
             meta = batch["meta"]
-            values = torch.cat([meta[name].reshape(len(features), -1) for name in self.meta_names], dim=1)
-            features = torch.cat([features, self.meta(values.to(features.dtype))], dim=1)
+            parts = [meta[name].reshape(len(features), -1) for name in self.meta_names]
+            valid = [(part != 0).any(dim=1, keepdim=True) for part in parts]
+            values = torch.cat([*parts, *valid], dim=1).to(features.dtype)
+            features = torch.cat([features, self.meta(values)], dim=1)
         fused = self.fusion(features)
         logits = [self.heads[0](fused)]
         for rank in range(1, len(self.heads)):
@@ -397,4 +420,5 @@ def build_hf_vision(config: Config, dataset: Any) -> HFVisionModel:
         fusion_dim=options.fusion_dim,
         heads=options.heads,
         freeze_backbone=options.freeze_backbone,
+        channels_last=options.channels_last,
     )
