@@ -52,11 +52,11 @@ def test_a_linnaeus_data_section_builds_both_splits(tmp_path: Path) -> None:
     [
         # linnaeus' own architectures: one sentence saying what to use instead.
         ({"MODEL": {"NAME": "mFormerV1_sm"}}, "MODEL.NAME", "set MODEL.TYPE to hf_vision"),
-        # pixels in images.h5: not read yet, said by name rather than ignored.
-        ({"DATA": {"H5": {"IMAGES_PATH": "images.h5"}}}, "DATA.H5.IMAGES_PATH", "is not read yet"),
+        # separate train and validation pixel files: not read yet, said by name rather than ignored.
+        ({"DATA": {"H5": {"TRAIN_IMAGES_PATH": "train.h5"}}}, "DATA.H5.TRAIN_IMAGES_PATH", "is not read yet"),
         # the photos' side given twice, differently.
         ({"MODEL": {"IMG_SIZE": 384}}, "MODEL.IMG_SIZE", "(384) and DATA.IMG_SIZE (32) differ"),
-        # a folder of photos is the one way read yet.
+        # no photos at all: neither a folder nor images.h5.
         ({"DATA": {"HYBRID": {"USE_HYBRID": False}}}, "DATA.HYBRID.USE_HYBRID", "are read from a folder"),
         # two components at one place of the metadata vector.
         ({"DATA": {"META": {"COMPONENTS": {"SPATIAL": {"IDX": 0}}}}}, "DATA.META.COMPONENTS", "are both 0"),

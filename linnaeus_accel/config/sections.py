@@ -21,7 +21,7 @@ from .base import (
     canonical_metric_name,
 )
 from .recovery import LossSpikeConfig, RollbackConfig
-from .species import H5Config, HybridConfig, MetaConfig, PartialConfig
+from .species import H5Config, HybridConfig, MetaConfig, PartialConfig, image_source_problems
 
 MAX_BATCH_SIZE = 2**20
 MAX_ACCUMULATION_STEPS = 2**16
@@ -248,13 +248,7 @@ class DataConfig(Section):
                     "{0} selects linnaeus' species data and {1} names another dataset: keep one",
                 )
             )
-        if not (self.HYBRID.USE_HYBRID and self.HYBRID.IMAGES_DIR):
-            problems.append(
-                Problem(
-                    ("HYBRID.USE_HYBRID", "HYBRID.IMAGES_DIR"),
-                    "the photos of H5.LABELS_PATH are read from a folder: set {0} true and {1} to it",
-                )
-            )
+        problems += image_source_problems(self.H5, self.HYBRID)
         if not self.TASK_KEYS_H5:
             problems.append(Problem(("TASK_KEYS_H5",), "{0} is empty: list the ranks to train, finest first"))
         return problems

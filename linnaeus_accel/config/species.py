@@ -1,9 +1,10 @@
 """linnaeus' own DATA keys for species photos: ``DATA.TASK_KEYS_H5``, ``DATA.PARTIAL``,
 ``DATA.IMG_SIZE``, ``DATA.META``, ``DATA.H5`` and ``DATA.HYBRID``, with linnaeus' names and
 defaults, so that a linnaeus config's DATA section reads unchanged. ``DATA.H5.LABELS_PATH`` selects
-the ``linnaeus_h5`` dataset (``data/species/``). What linnaeus offers and this version does not
-read yet (pixels in ``images.h5``, separate train and validation label files, column subsets,
-out-of-region masking) is refused by name rather than ignored."""
+the ``linnaeus_h5`` dataset (``data/species/``), whose photos come from a folder (``DATA.HYBRID``)
+or as pixels from ``images.h5`` (``DATA.H5.IMAGES_PATH``), one or the other (``image_source_problems``).
+What linnaeus offers and this version does not read yet (separate train and validation files,
+column subsets, out-of-region masking) is refused by name rather than ignored."""
 
 from __future__ import annotations
 
@@ -98,16 +99,20 @@ class PartialConfig(Section):
 
 
 class H5Config(Section):
-    """linnaeus' labels.h5 (and images.h5, not read yet)."""
+    """linnaeus' labels.h5, and images.h5 when the photos are stored as pixels."""
 
     LABELS_PATH: str | None = Field(
         None, description="labels.h5: one row per photo; setting it selects the linnaeus_h5 dataset."
     )
     TRAIN_LABELS_PATH: str | None = Field(None, description="Not read yet: one LABELS_PATH is split.")
     VAL_LABELS_PATH: str | None = Field(None, description="Not read yet: one LABELS_PATH is split.")
-    IMAGES_PATH: str | None = Field(None, description="Pixels in images.h5: not read yet (use DATA.HYBRID).")
-    TRAIN_IMAGES_PATH: str | None = Field(None, description="Not read yet (use DATA.HYBRID).")
-    VAL_IMAGES_PATH: str | None = Field(None, description="Not read yet (use DATA.HYBRID).")
+    IMAGES_PATH: str | None = Field(
+        None,
+        description="images.h5: the photos as uint8 pixels (rows, height, width, 3), row i that of LABELS_PATH's "
+        "row i; read when DATA.HYBRID.USE_HYBRID is false (else give null).",
+    )
+    TRAIN_IMAGES_PATH: str | None = Field(None, description="Not read yet: one IMAGES_PATH is split.")
+    VAL_IMAGES_PATH: str | None = Field(None, description="Not read yet: one IMAGES_PATH is split.")
     TRAIN_VAL_SPLIT_RATIO: Fraction = Field(
         0.9, description="Share of the rows trained on; the rest validate."
     )
@@ -125,13 +130,20 @@ class H5Config(Section):
                         "{0} is not read yet: give one LABELS_PATH, split by TRAIN_VAL_SPLIT_RATIO",
                     )
                 )
-        for key in ("IMAGES_PATH", "TRAIN_IMAGES_PATH", "VAL_IMAGES_PATH"):
+        if self.IMAGES_PATH is not None and self.LABELS_PATH is None:
+            problems.append(
+                Problem(
+                    ("IMAGES_PATH", "LABELS_PATH"),
+                    "{0} holds the pixels of the rows of {1}, which is not set: set {1} to its labels.h5",
+                )
+            )
+        for key in ("TRAIN_IMAGES_PATH", "VAL_IMAGES_PATH"):
             if getattr(self, key) is not None:
                 problems.append(
                     Problem(
                         (key,),
-                        "{0} (pixels in images.h5) is not read yet: put the photos in a folder and set "
-                        "DATA.HYBRID.USE_HYBRID true and DATA.HYBRID.IMAGES_DIR",
+                        "{0} is not read yet: give one IMAGES_PATH beside LABELS_PATH, split by "
+                        "TRAIN_VAL_SPLIT_RATIO",
                     )
                 )
         return problems
@@ -140,8 +152,10 @@ class H5Config(Section):
 class HybridConfig(Section):
     """Photos as files in a folder, named by labels.h5's img_identifiers."""
 
-    USE_HYBRID: bool = Field(False, description="Read the photos from IMAGES_DIR (the one way read yet).")
-    IMAGES_DIR: str = Field("", description="The folder of the photos.")
+    USE_HYBRID: bool = Field(
+        False, description="Read the photos from IMAGES_DIR; false: from DATA.H5.IMAGES_PATH's pixels."
+    )
+    IMAGES_DIR: str = Field("", description="The folder of the photos (read with USE_HYBRID true).")
     FILE_EXTENSION: str = Field(".jpg", description="Appended to an identifier that has none.")
     ALLOW_MISSING_IMAGES: bool = Field(
         False, description="Not read yet: every photo must be there (a missing one is named before training)."
@@ -157,3 +171,35 @@ class HybridConfig(Section):
                 )
             ]
         return []
+
+
+def image_source_problems(h5: H5Config, hybrid: HybridConfig) -> list[Problem]:
+    """With ``H5.LABELS_PATH`` set, the photos come from exactly one place: a folder (``USE_HYBRID``
+    true and ``IMAGES_DIR``) or ``images.h5`` (``IMAGES_PATH``, ``USE_HYBRID`` false). The keys are
+    relative to the DATA section, whose validator calls this."""
+    if h5.LABELS_PATH is None:
+        return []
+    if hybrid.USE_HYBRID and h5.IMAGES_PATH is not None:
+        return [
+            Problem(
+                ("HYBRID.USE_HYBRID", "H5.IMAGES_PATH"),
+                "{0} true reads the photos from a folder and {1} names their pixels in images.h5: keep one "
+                "(set {0} false to read {1}, or {1} to null to read the folder)",
+            )
+        ]
+    if hybrid.USE_HYBRID and not hybrid.IMAGES_DIR:
+        return [
+            Problem(
+                ("HYBRID.USE_HYBRID", "HYBRID.IMAGES_DIR"),
+                "{0} true reads the photos from a folder and {1} is empty: set {1} to the folder of the photos",
+            )
+        ]
+    if not hybrid.USE_HYBRID and h5.IMAGES_PATH is None:
+        return [
+            Problem(
+                ("HYBRID.USE_HYBRID", "HYBRID.IMAGES_DIR", "H5.IMAGES_PATH"),
+                "the photos of DATA.H5.LABELS_PATH are read from a folder or from images.h5: set {0} true "
+                "and {1} to the folder, or {2} to images.h5",
+            )
+        ]
+    return []

@@ -1,5 +1,6 @@
-"""The species datasets by name: ``linnaeus_h5`` (linnaeus' ``labels.h5`` and a folder of photos,
-selected by ``DATA.H5.LABELS_PATH``) and ``image_table`` (a table of observations and a folder of
+"""The species datasets by name: ``linnaeus_h5`` (linnaeus' ``labels.h5``, selected by
+``DATA.H5.LABELS_PATH``, and a folder of photos, ``DATA.HYBRID``, or their pixels in linnaeus'
+``images.h5``, ``DATA.H5.IMAGES_PATH``) and ``image_table`` (a table of observations and a folder of
 photos). Both give the ``hierarchical`` task one head per rank.
 
 The taxonomy is built from every row of the file or table, before the split, as linnaeus builds
@@ -42,6 +43,7 @@ from ..registry import Split, register_dataset
 from .dataset import RowSource, SpeciesDataset
 from .images import POLICIES, ImageTransforms
 from .labels import ComponentSpec, LabelsFile, split_indices
+from .pixels import ImageSource, PhotoFolder, PixelsFile
 from .table import ObservationTable
 from .taxonomy import Taxonomy
 
@@ -79,8 +81,7 @@ def _dataset(
     options: DatasetOptions,
     train_share: float,
     split_seed: int,
-    images_dir: Path,
-    extension: str,
+    images: ImageSource,
 ) -> SpeciesDataset:
     columns = source.taxa_columns()
     ids = [columns[key] for key in source.task_keys]
@@ -95,10 +96,9 @@ def _dataset(
         source,
         rows,
         taxonomy,
-        images_dir,
+        images,
         transforms,
         seed=seed,
-        extension=extension,
         skip_unreadable=skip_unreadable,
     )
     dataset.check_images()
@@ -107,7 +107,8 @@ def _dataset(
 
 @register_dataset("linnaeus_h5")
 def build_linnaeus_h5(config: Config, split: Split) -> SpeciesDataset:
-    """linnaeus' files as its DATA section names them (``config/species.py``)."""
+    """linnaeus' files as its DATA section names them (``config/species.py``): the photos from
+    ``DATA.HYBRID.IMAGES_DIR`` with ``USE_HYBRID``, else the pixels of ``DATA.H5.IMAGES_PATH``."""
     data = config.DATA
     if data.H5.LABELS_PATH is None:
         raise ConfigError(
@@ -120,6 +121,12 @@ def build_linnaeus_h5(config: Config, split: Split) -> SpeciesDataset:
         if meta.ACTIVE and c.ENABLED
     ]
     source = LabelsFile(Path(data.H5.LABELS_PATH).expanduser(), data.TASK_KEYS_H5, components)
+    images: ImageSource
+    # The config allows one source: pixels only with USE_HYBRID false, as linnaeus reads them.
+    if data.H5.IMAGES_PATH is not None and not data.HYBRID.USE_HYBRID:
+        images = PixelsFile(Path(data.H5.IMAGES_PATH).expanduser(), len(source), source.path)
+    else:
+        images = PhotoFolder(Path(data.HYBRID.IMAGES_DIR).expanduser(), data.HYBRID.FILE_EXTENSION)
     options = DatasetOptions("linnaeus_h5", data.DATASET.OPTIONS, OPTIONS_KEY)
     return _dataset(
         data,
@@ -129,8 +136,7 @@ def build_linnaeus_h5(config: Config, split: Split) -> SpeciesDataset:
         options,
         data.H5.TRAIN_VAL_SPLIT_RATIO,
         data.H5.TRAIN_VAL_SPLIT_SEED,
-        Path(data.HYBRID.IMAGES_DIR).expanduser(),
-        data.HYBRID.FILE_EXTENSION,
+        images,
     )
 
 
@@ -169,6 +175,5 @@ def build_image_table(config: Config, split: Split) -> SpeciesDataset:
         options,
         1.0 - data.DATASET.VAL_FRACTION,
         split_seed,
-        Path(images_dir).expanduser(),
-        "",
+        PhotoFolder(Path(images_dir).expanduser(), key=f"{OPTIONS_KEY}.images_dir"),
     )

@@ -1,6 +1,7 @@
 """Species photos as training samples for the ``hierarchical`` task: a row source (linnaeus'
 ``labels.h5``, ``labels.LabelsFile``, or a table of observations, ``table.ObservationTable``), the
-rows of one split, the taxonomy, and the photos in a folder.
+rows of one split, the taxonomy, and the photos: in a folder (``pixels.PhotoFolder``) or as pixels in
+linnaeus' ``images.h5`` (``pixels.PixelsFile``).
 
 A sample is ``{"index", "image", "meta", "labels"}``: ``labels`` holds one class index per rank,
 coarse to fine, as the task takes them (the row source and the taxonomy list ranks finest first, as
@@ -23,7 +24,6 @@ blank image with every label null instead (``blank_sample``), and a warning name
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -34,14 +34,13 @@ import numpy.typing as npt
 import torch
 from torch.utils.data import Dataset
 
-from ...config import ConfigError
 from ..sampling import EpochSeededSampler
 from .errors import UnreadablePhoto
-from .images import ImageProblem, ImageTransforms, load_image
+from .images import ImageProblem, ImageTransforms
 from .labels import ComponentSpec, LabelRow, LabelRows
+from .pixels import ImageSource, Photo, PhotoFolder
 from .taxonomy import Taxonomy
 
-IMAGES_KEY = "DATA.HYBRID.IMAGES_DIR"
 SKIP_KEY = "DATA.DATASET.OPTIONS.skip_unreadable"
 
 log = logging.getLogger(__name__)
@@ -81,8 +80,9 @@ class KeyedEpochSampler(EpochSeededSampler):
 
 
 class SpeciesDataset(Dataset[dict[str, Any]]):
-    """``rows`` of the split (indices into ``source``), photos at ``images_dir / identifier``
-    (``extension`` appended when the identifier has none, as linnaeus' ``FILE_EXTENSION``).
+    """``rows`` of the split (indices into ``source``); ``images``: where the photos are, an
+    ``ImageSource`` or a folder, the photo of a row at ``images / identifier`` (``extension``
+    appended when the identifier has none, as linnaeus' ``FILE_EXTENSION``).
     ``seed``: EXPERIMENT.SEED, which keys the training transforms. ``skip_unreadable``: a photo that
     cannot be decoded gives ``blank_sample`` (counted in ``skipped``, per process) instead of
     raising ``UnreadablePhoto``."""
@@ -92,7 +92,7 @@ class SpeciesDataset(Dataset[dict[str, Any]]):
         source: RowSource,
         rows: npt.NDArray[np.int64] | Sequence[int],
         taxonomy: Taxonomy,
-        images_dir: str | Path,
+        images: ImageSource | str | Path,
         transforms: ImageTransforms,
         *,
         seed: int,
@@ -105,7 +105,9 @@ class SpeciesDataset(Dataset[dict[str, Any]]):
             )
         self.source, self.taxonomy, self.transforms, self.seed = source, taxonomy, transforms, seed
         self.rows = np.asarray(rows, dtype=np.int64)
-        self.images_dir, self.extension = Path(images_dir), extension
+        self.images: ImageSource = (
+            PhotoFolder(images, extension) if isinstance(images, (str, Path)) else images
+        )
         # The task's order: coarse to fine.
         self.levels = tuple(reversed(taxonomy.rank_names))
         self.num_classes = tuple(reversed(taxonomy.num_classes))
@@ -122,42 +124,17 @@ class SpeciesDataset(Dataset[dict[str, Any]]):
         """The Trainer's sampler for this dataset (``data.sampling.epoch_sampler``)."""
         return KeyedEpochSampler(self, seed, shuffle=shuffle)
 
-    def image_path(self, identifier: str) -> Path:
-        name = identifier if Path(identifier).suffix or not self.extension else identifier + self.extension
-        return self.images_dir / name
-
-    def missing_images(self, most: int = 5) -> list[tuple[int, Path]]:
-        """Up to ``most`` (row, path) of this split whose photo is not in the folder: one listing of
-        each folder the identifiers name, not one stat per photo (a split holds millions)."""
-        listed: dict[Path, set[str]] = {}
-        missing: list[tuple[int, Path]] = []
-        for row in self.rows.tolist():
-            path = self.image_path(self.source.row(row).identifier)
-            names = listed.get(path.parent)
-            if names is None:
-                names = listed[path.parent] = set(os.listdir(path.parent)) if path.parent.is_dir() else set()
-            if path.name not in names:
-                missing.append((row, path))
-                if len(missing) >= most:
-                    break
-        return missing
+    @property
+    def images_dir(self) -> Path:
+        """The folder of the photos, when they are in one."""
+        if not isinstance(self.images, PhotoFolder):
+            raise AttributeError(f"this dataset reads its photos from {self.images!r}, not a folder")
+        return self.images.directory
 
     def check_images(self) -> None:
-        """Before training: every photo of the split is in the folder, or one ``ConfigError``
-        naming the first missing ones (file and row)."""
-        missing = self.missing_images()
-        if missing:
-            first = ", ".join(f"{path} (row {row})" for row, path in missing)
-            raise ConfigError(
-                [
-                    (
-                        IMAGES_KEY,
-                        f"{len(missing)}{'+' if len(missing) >= 5 else ''} photo(s) of the labels are not in "
-                        f"{self.images_dir}: {first}; put them there, or point {IMAGES_KEY} at the folder "
-                        "that holds them",
-                    )
-                ]
-            )
+        """Before training: every photo of the split can be found (in the folder), or one
+        ``ConfigError`` naming the first missing ones (file and row)."""
+        self.images.check(self.rows, lambda row: self.source.row(row).identifier)
 
     def run_records(self) -> dict[str, dict[str, Any]]:
         """Kept by the run in ``assets/`` and beside its weights in ``final/``: the taxonomy (class
@@ -223,24 +200,22 @@ class SpeciesDataset(Dataset[dict[str, Any]]):
 
     def __getitem__(self, key: int | tuple[int, int]) -> dict[str, Any]:
         # (epoch, index) from the training sampler; a bare index elsewhere (validation, a subset).
-        epoch, index = key if isinstance(key, tuple) else (0, key)
-        return self._sample(epoch, index, self.source.row(int(self.rows[index])))
+        return self.__getitems__([key])[0]
 
     def __getitems__(self, keys: Sequence[int | tuple[int, int]]) -> list[dict[str, Any]]:
         """A batch's samples (torch's DataLoader asks for them together): their rows of the labels
-        read in one go, each file's datasets read once for the batch instead of once a sample."""
+        read in one go, each file's datasets (and images.h5's pixels) read once for the batch
+        instead of once a sample."""
         pairs = [key if isinstance(key, tuple) else (0, key) for key in keys]
         rows = self.source.rows([int(self.rows[index]) for _, index in pairs])
-        return [self._sample(epoch, index, rows[j]) for j, (epoch, index) in enumerate(pairs)]
+        photos = self.images.read(rows.indices.tolist(), rows.identifiers, self.transforms.size)
+        return [self._sample(epoch, index, rows[j], photos[j]) for j, (epoch, index) in enumerate(pairs)]
 
-    def _sample(self, epoch: int, index: int, row: LabelRow) -> dict[str, Any]:
-        row_index = int(row.index)
+    def _sample(self, epoch: int, index: int, row: LabelRow, photo: Photo) -> dict[str, Any]:
         values = torch.from_numpy(np.ascontiguousarray(row.meta, dtype=np.float32))
         meta = {c.name: values[self.source.component_slices[c.name]] for c in self.source.components}
-        try:
-            photo = load_image(self.image_path(row.identifier), self.transforms.size)
-        except ImageProblem as problem:
-            self._unreadable(problem, row_index, row.identifier)
+        if isinstance(photo, ImageProblem):
+            self._unreadable(photo, int(row.index), row.identifier)
             image, labels = self.blank_sample()
             return {"index": index, "image": image, "meta": meta, "labels": labels}
         image = self.transforms(photo, self.seed, epoch, index)

@@ -36,12 +36,13 @@ COMPONENTS_KEY = "DATA.META.COMPONENTS"
 Found = Mapping[str, tuple[tuple[int, ...], np.dtype[Any]]]
 
 
-def _h5py() -> Any:
-    # An optional extra: the rest of the package imports without it.
+def import_h5py(key: str = LABELS_KEY) -> Any:
+    """h5py, an optional extra (the rest of the package imports without it); missing, a
+    ConfigError under ``key``, the config key that names the file to read."""
     try:
         import h5py  # type: ignore[import-untyped]
     except ImportError:
-        raise ConfigError([(LABELS_KEY, f"reading a labels.h5 needs h5py: {SPECIES_EXTRA}")]) from None
+        raise ConfigError([(key, f"reading an HDF5 file needs h5py: {SPECIES_EXTRA}")]) from None
     return h5py
 
 
@@ -145,13 +146,13 @@ class LabelsFile:
     def _file(self) -> Any:
         pid = os.getpid()
         if self._handle is None or self._pid != pid:
-            self._handle = _h5py().File(self.path, "r")
+            self._handle = import_h5py().File(self.path, "r")
             self._pid = pid
         return self._handle
 
     def _check(self) -> int:
         """The number of rows, once every dataset the config names is there with the right shape."""
-        h5py = _h5py()
+        h5py = import_h5py()
         name = str(self.path)
         try:
             f = h5py.File(self.path, "r")
@@ -284,7 +285,7 @@ class LabelsFile:
         """Every row's taxon id, per task key: the whole columns (4 bytes a row per rank)."""
         # A handle of its own, closed at once: the process that builds the taxonomy then holds none
         # when it forks its DataLoader workers.
-        with _h5py().File(self.path, "r") as f:
+        with import_h5py().File(self.path, "r") as f:
             return {key: np.asarray(f[key][()], dtype=np.uint32) for key in self.task_keys}
 
     def row(self, index: int) -> LabelRow:
@@ -399,7 +400,7 @@ def write_labels_h5(
 
     Nothing is checked, so a malformed file can be written on purpose; ``LabelsFile`` checks it.
     """
-    h5py = _h5py()
+    h5py = import_h5py()
     path = Path(path)
     with h5py.File(path, "w") as f:
         f.create_dataset(

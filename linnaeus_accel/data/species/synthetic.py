@@ -1,6 +1,7 @@
 """A small synthetic species dataset in linnaeus' layout, written in well under a second: real
 JPEG photos in a folder, ``labels.h5`` (``write_labels_h5``) and, on request, the same observations
-as a CSV table for ``image_table``. For examples, tests and first runs without linnaeus' files.
+as a CSV table for ``image_table`` and the photos' decoded pixels in linnaeus' ``images.h5``
+(``write_images_h5``). For examples, tests and first runs without linnaeus' files.
 
 The taxonomy (``TAXA``): 2 orders > 3 families > 6 genera > 12 species, each rank with its own
 uint32 ids (species 1001-1012, genera 2001-2006, families 3001-3003, orders 4001-4002; 0 is null).
@@ -29,8 +30,10 @@ import numpy as np
 import numpy.typing as npt
 from PIL import Image
 
-from .labels import write_labels_h5
+from .images import load_image
+from .labels import import_h5py, write_labels_h5
 from .metadata import encode_elevation, encode_spatial, encode_temporal
+from .pixels import PIXELS_DATASET
 
 ORDERS = ("Asterales", "Fagales")
 FAMILIES = ("Asteraceae", "Campanulaceae", "Betulaceae")
@@ -54,6 +57,7 @@ ELEVATION_SOURCE = "elevation_broadrange_2"  # linnaeus' default ELEVATION.SOURC
 GENUS_ONLY_SHARE = 0.05
 MISSING_SHARE = {"location": 0.04, "date": 0.04, "elevation": 0.08}
 JPEG_QUALITY = 90
+_FULL_SCALE = 1 << 16  # a model side no photo reaches: load_image decodes a JPEG at full scale for it
 
 # One colour per genus (RGB): far apart, so a photo's genus survives noise, crops and flips.
 _COLOURS = np.array(
@@ -98,16 +102,17 @@ def _photo(genus: int, size: int, rng: np.random.Generator) -> npt.NDArray[np.ui
 
 
 def write_synthetic_species(
-    root: Path, rows: int = 240, seed: int = 0, *, size: int = 48, table: bool = False
+    root: Path, rows: int = 240, seed: int = 0, *, size: int = 48, table: bool = False, pixels: bool = False
 ) -> dict[str, Path]:
     """Write ``rows`` observations under ``root`` (created if needed): ``root/images/obs_NNNNN.jpg``
     (``size`` x ``size`` JPEGs), ``root/labels.h5`` (linnaeus' layout: ``img_identifiers``,
     ``taxa_L10`` to ``taxa_L40``, ``spatial``, ``temporal`` and ``elevation_broadrange_2``) and, with
-    ``table``, ``root/observations.csv`` (the same rows, taxa by name; ``TABLE_OPTIONS`` reads it).
+    ``table``, ``root/observations.csv`` (the same rows, taxa by name; ``TABLE_OPTIONS`` reads it)
+    and, with ``pixels``, ``root/images.h5`` (the JPEGs decoded, ``write_images_h5``).
 
     The same ``seed`` writes the same files. Species are balanced (``rows`` // 12 each, the rest
-    to the first ones). Returns the paths written: ``images``, ``labels`` and, with ``table``,
-    ``table``.
+    to the first ones). Returns the paths written: ``images``, ``labels`` and, with ``table`` and
+    ``pixels``, ``table`` and ``pixels``.
     """
     if rows < 1:
         raise ValueError(f"rows must be at least 1, not {rows}")
@@ -159,7 +164,29 @@ def write_synthetic_species(
         written["table"] = _write_table(
             root / "observations.csv", names, species, genus_only, latitude, longitude, dates, elevation
         )
+    if pixels:
+        written["pixels"] = write_images_h5(root / "images.h5", [images / name for name in names])
     return written
+
+
+def write_images_h5(path: Path, photos: list[Path]) -> Path:
+    """Write ``photos`` (image files, all of one size) decoded, in linnaeus' ``images.h5`` layout:
+    one dataset ``images``, uint8 of shape (photos, height, width, 3), row i the pixels of
+    ``photos[i]`` as training decodes them from the file (EXIF orientation applied), one chunk a
+    row so that a row is read alone."""
+    first = np.asarray(load_image(photos[0], _FULL_SCALE))
+    with import_h5py().File(path, "w") as f:
+        dataset = f.create_dataset(
+            PIXELS_DATASET, shape=(len(photos), *first.shape), dtype=np.uint8, chunks=(1, *first.shape)
+        )
+        for i, photo in enumerate(photos):
+            pixels = first if i == 0 else np.asarray(load_image(photo, _FULL_SCALE))
+            if pixels.shape != first.shape:
+                raise ValueError(
+                    f"{photo} is {pixels.shape}, not {first.shape} as {photos[0]}: one size for all"
+                )
+            dataset[i] = pixels
+    return path
 
 
 def _write_table(
