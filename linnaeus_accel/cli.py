@@ -273,6 +273,8 @@ def run_plan(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         sys.stdout.write(summary_text(settings, plan))
+        if config.OPTIMIZER.NAME == "muon":
+            sys.stdout.write("\n".join(muon_split_lines(config, plan.lr_curves[0].base_lr)) + "\n")
         from .checkpoint.resume.preview import resume_preview
 
         if preview := resume_preview(config.output_dir, plan, args.resume):
@@ -283,6 +285,32 @@ def run_plan(args: argparse.Namespace) -> int:
         # On stderr: with --json, stdout holds the JSON object alone.
         print(f"schedule plot written to {plot_for_cli(args.plot, settings, plan)}", file=sys.stderr)
     return 0
+
+
+def muon_split_lines(config: Config, adamw_peak: float) -> list[str]:
+    """The split of OPTIMIZER.NAME muon over the model, built on the meta device (no memory, no
+    weights read; a registered builder that cannot build there is built for real): what each side
+    trains and its peak LR (``adamw_peak``: LR group 0's; the Muon side's is it x MUON.LR / BASE_LR).
+    A model registered only in the user's script cannot be built here: the lines say so."""
+    import torch
+
+    from .data import build_dataset
+    from .models import build_model
+    from .optim.muon import muon_split
+
+    dataset = build_dataset(config, "train")
+    try:
+        with torch.device("meta"):
+            model = build_model(config, dataset)
+    except ConfigError as exc:
+        if "MODEL.TYPE" in {key for key, _ in exc.problems}:
+            return [f"Split:    shown when train starts ({exc.problems[0][1]})"]
+        raise
+    except Exception:
+        model = build_model(config, dataset)
+    ratio = config.OPTIMIZER.MUON.LR / config.LR_SCHEDULER.BASE_LR
+    lines = muon_split(model, config.OPTIMIZER.MUON).lines(adamw_peak * ratio, adamw_peak)
+    return ["Split:    " + lines[0], *("          " + line for line in lines[1:])]
 
 
 def run_train(args: argparse.Namespace) -> int:

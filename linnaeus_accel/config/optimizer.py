@@ -13,10 +13,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field
 
-from .base import NonNegativeFloat, PositiveFloat, Problem, Section, accepts
+from .base import NonNegativeFloat, PositiveFloat, PositiveInt, Problem, Section, accepts
 
 # The optimizers built in (linnaeus_accel.optim); others are registered from the user's script.
-BUILTIN_OPTIMIZERS = ("adamw", "sgd")
+BUILTIN_OPTIMIZERS = ("adamw", "sgd", "muon")
 DEFAULT_BETAS = (0.9, 0.999)
 DEFAULT_EPS = 1e-8
 Implementation = Literal["auto", "foreach", "fused", "for-loop"]
@@ -53,6 +53,55 @@ def _check_momentum(value: float) -> float:
 
 Betas = Annotated[list[float], AfterValidator(_check_betas)]
 Momentum = Annotated[float, AfterValidator(_check_momentum)]
+AdjustLR = Literal["original", "match_rms_adamw"]
+
+
+class MuonConfig(Section):
+    """``NAME: muon``'s own settings: Muon trains every 2-D weight of the hidden layers, AdamW (the
+    section's BETAS, EPS, WEIGHT_DECAY, at LR_SCHEDULER's LR) the rest: embeddings (input and output,
+    tied or not), the output head and every parameter that is not 2-D (docs/guides/optimizers.md).
+    The defaults are Keller Jordan's reference Muon, which nanochat and modded-nanogpt train with:
+    LR 0.02, momentum 0.95 with Nesterov, 5 Newton-Schulz steps, no weight decay."""
+
+    LR: PositiveFloat = Field(
+        0.02,
+        description="The Muon side's peak LR, where LR_SCHEDULER.BASE_LR is the AdamW side's: at every step "
+        "a Muon parameter's LR is its LR group's scheduled LR times LR / BASE_LR (the same warmup, decay "
+        "and batch-size scaling). Default 0.02 (Keller Jordan's Muon, nanochat's matrix_lr).",
+    )
+    MOMENTUM: Momentum = Field(0.95, description="Momentum of the gradient's running average, in [0, 1).")
+    NESTEROV: bool = Field(True, description="Nesterov momentum (the reference's, torch's default).")
+    NS_STEPS: PositiveInt = Field(
+        5, description="Newton-Schulz iterations that orthogonalise each update (torch requires < 100)."
+    )
+    WEIGHT_DECAY: NonNegativeFloat = Field(
+        0.0,
+        description="Decoupled weight decay of the Muon side (the AdamW side's is OPTIMIZER.WEIGHT_DECAY). "
+        "Default 0, as the reference and nanochat; a parameter that OPTIMIZER.NO_DECAY names never decays.",
+    )
+    ADJUST_LR: AdjustLR = Field(
+        "original",
+        description="How torch.optim.Muon scales the LR by a matrix's shape (rows A, columns B): original "
+        "(Keller Jordan's: x sqrt(max(1, A/B))) or match_rms_adamw (Moonshot's: x 0.2 sqrt(max(A, B)), "
+        "so that Muon can reuse AdamW's LR and weight decay).",
+    )
+    ADAMW_MATCH: list[str] = Field(
+        default_factory=list,
+        description="fnmatch patterns on parameter names (model.named_parameters()) sent to AdamW whatever "
+        "their shape: for what the automatic split sends to Muon wrongly (e.g. a head it does not "
+        "recognise). `plan` and train's start-up print which names go to AdamW.",
+    )
+    MUON_MATCH: list[str] = Field(
+        default_factory=list,
+        description="fnmatch patterns of 2-D parameters sent to Muon although the split would send them to "
+        "AdamW (an embedding or head you want orthogonalised); a pattern matching a parameter that is "
+        "not 2-D is an error (torch.optim.Muon takes matrices only). ADAMW_MATCH wins where both match.",
+    )
+
+    def problems(self) -> list[Problem]:
+        if self.NS_STEPS >= 100:
+            return [Problem(("NS_STEPS",), "{0} must be below 100 (torch.optim.Muon's bound); 5 is usual")]
+        return []
 
 
 class OptimizerConfig(Section):
@@ -81,6 +130,10 @@ class OptimizerConfig(Section):
         DEFAULT_EPS, description="adamw: added to the denominator; default torch's 1e-8 (adam_epsilon)."
     )
     MOMENTUM: Momentum = Field(0.0, description="sgd: momentum factor in [0, 1); 0 is plain SGD.")
+    MUON: MuonConfig = Field(
+        default_factory=MuonConfig,
+        description="muon: the Muon side's settings, and which parameters it trains (MuonConfig).",
+    )
     IMPLEMENTATION: Implementation = Field(
         "auto",
         description="torch's kernels for adamw and sgd: auto (torch's choice: foreach on a GPU), "
@@ -114,6 +167,25 @@ class OptimizerConfig(Section):
             if self.EPS != DEFAULT_EPS:
                 problems.append(
                     Problem(("EPS",), "{0} is AdamW's; SGD has none: remove {0}, or set NAME: adamw")
+                )
+        if self.NAME != "muon" and self.MUON != MuonConfig():
+            problems.append(
+                Problem(("MUON",), "{0} is read only with NAME: muon: set NAME: muon, or remove {0}")
+            )
+        if self.NAME == "muon":
+            if self.MOMENTUM != 0.0:
+                problems.append(
+                    Problem(
+                        ("MOMENTUM",), "{0} is SGD's; Muon's is MUON.MOMENTUM: remove {0}, or set it there"
+                    )
+                )
+            if self.OPTIONS:
+                problems.append(
+                    Problem(
+                        ("OPTIONS",),
+                        "{0} is not read with NAME: muon (two optimizers): set the Muon side in MUON, the AdamW "
+                        "side in BETAS, EPS, WEIGHT_DECAY and IMPLEMENTATION",
+                    )
                 )
         if self.NAME == "adamw" and self.MOMENTUM != 0.0:
             problems.append(

@@ -326,7 +326,8 @@ class HFVisionModel(nn.Module):
             backbone.requires_grad_(False)
             backbone.eval()
         if channels_last:
-            backbone.to(memory_format=torch.channels_last)
+            # torch's stub of Module.to lacks memory_format, which it takes.
+            backbone.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
 
     def train(self, mode: bool = True) -> HFVisionModel:
         super().train(mode)

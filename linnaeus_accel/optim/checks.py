@@ -73,6 +73,8 @@ def check_first_step(
         return
     if device is None:
         device = PartialState().device
+    # Muon's side takes no kernels: IMPLEMENTATION is its AdamW side's (optim.muon).
+    optimizer = getattr(optimizer, "sides", {}).get("adamw", optimizer)
     cls = type(optimizer)
     takes = _taken(cls)
     settings = {k: v for k, v in optimizer.defaults.items() if k in takes}  # AdamW's defaults hold more

@@ -70,6 +70,19 @@ def optimizer_line(optimizer: torch.optim.Optimizer) -> str:
     decaying = sum(_numel(g["params"]) for g, rate in zip(groups, rates, strict=True) if rate > 0)
     shown = sorted({rate for rate in rates if rate > 0})
     plural = "s" if len(groups) != 1 else ""
+    sides = [g.get("algorithm") for g in groups]
+    if "muon" in sides:  # OPTIMIZER.NAME muon: say how much each side trains (plan names them)
+        counts = {
+            side: (
+                sum(len(g["params"]) for g, s in zip(groups, sides, strict=True) if s == side),
+                sum(_numel(g["params"]) for g, s in zip(groups, sides, strict=True) if s == side),
+            )
+            for side in ("muon", "adamw")
+        }
+        what += (
+            f" (Muon {counts['muon'][0]} tensors, {counts['muon'][1]:,} parameters; "
+            f"AdamW {counts['adamw'][0]} tensors, {counts['adamw'][1]:,} parameters)"
+        )
     if not decaying:
         decay = f"no weight decay on its {total:,} trained parameters"
     else:

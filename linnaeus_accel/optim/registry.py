@@ -19,7 +19,11 @@ OPTIMIZERS: Registry[OptimizerBuilder] = Registry(
     "optimizer",
     "OPTIMIZER.NAME",
     "linnaeus_accel.register_optimizer",
-    {"adamw": "linnaeus_accel.optim.builtin", "sgd": "linnaeus_accel.optim.builtin"},
+    {
+        "adamw": "linnaeus_accel.optim.builtin",
+        "sgd": "linnaeus_accel.optim.builtin",
+        "muon": "linnaeus_accel.optim.muon",
+    },
 )
 register_optimizer = OPTIMIZERS.register
 

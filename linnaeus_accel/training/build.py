@@ -40,6 +40,7 @@ from .end.run_end import RunEnd
 from .metrics.meter import TrainMeter, meter_for
 from .metrics.train_log import TrainLog
 from .recovery import Recovery
+from .start.backends import check_optimizer_backend
 from .start.setup import (
     OptimizerFactory,
     as_loader,
@@ -150,6 +151,7 @@ def build_run(
     built = build_optimizer(
         optimizer, model, config.OPTIMIZER, config.LR_SCHEDULER, acc.device, from_config=from_config
     )
+    check_optimizer_backend(acc, built)
     line = optimizer_line(built)  # before prepare: whole parameters, as built
     prepared = prepare_run(
         acc,

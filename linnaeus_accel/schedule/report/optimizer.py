@@ -6,6 +6,7 @@ many parameters decay, once the model is built."""
 from __future__ import annotations
 
 import numbers
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from ...config.optimizer import BUILTIN_OPTIMIZERS, OptimizerConfig
@@ -38,7 +39,14 @@ def optimizer_lines(optimizer: OptimizerConfig) -> list[str]:
             f"{o.NAME} (no optimizer of that name is registered here: train fails unless the script that "
             f"runs it registers one with @register_optimizer; built in: {', '.join(BUILTIN_OPTIMIZERS)})"
         ]
-    if o.NAME == "adamw":
+    if o.NAME == "muon":
+        m = o.MUON
+        nesterov = " (Nesterov)" if m.NESTEROV else ""
+        parts.append(
+            f"Muon on the 2-D hidden weights: momentum {m.MOMENTUM:g}{nesterov}, {m.NS_STEPS} Newton-Schulz "
+            f"steps, LR adjustment {m.ADJUST_LR}, weight decay {m.WEIGHT_DECAY:g}; AdamW on the rest"
+        )
+    if o.NAME in ("adamw", "muon"):
         parts.append(f"betas ({o.BETAS[0]:g}, {o.BETAS[1]:g}), eps {o.EPS:g}")
     elif o.NAME == "sgd":
         parts.append(f"momentum {o.MOMENTUM:g}")
@@ -51,6 +59,14 @@ def optimizer_lines(optimizer: OptimizerConfig) -> list[str]:
     if o.NO_DECAY:
         decay += f", none on {', '.join(o.NO_DECAY)} parameters (groups of their own, at their LR group's LR)"
     return [f"Optimizer: {', '.join(parts)}; {decay}"]
+
+
+def muon_lr_lines(optimizer: OptimizerConfig, base_lr: float, curves: Sequence[Any]) -> list[str]:
+    """Each LR group's Muon-side peak: its curve times MUON.LR / BASE_LR (``base_lr``), which
+    ``train`` prints again with the split of the model's parameters."""
+    ratio = optimizer.MUON.LR / base_lr
+    peaks = ", ".join(f"'{c.label}' {c.base_lr * ratio:.4g} (min {c.min_lr * ratio:.4g})" for c in curves)
+    return [f"Muon LR:  each LR group's curve x {ratio:.4g} (MUON.LR / BASE_LR): peak {peaks}"]
 
 
 def built_optimizer_lines(optimizer: Optimizer) -> list[str]:

@@ -19,6 +19,7 @@ class ReportSettings:
     output_dir: Path  # <ENV.OUTPUT.BASE_DIR>/<EXPERIMENT.NAME>
     trackers: tuple[str, ...]  # EXPERIMENT.trackers
     reference_bs: int | None  # LR_SCHEDULER.REFERENCE_BS: the LR scale's divisor (None: no scaling)
+    base_lr: float  # LR_SCHEDULER.BASE_LR: with OPTIMIZER.NAME muon, the AdamW side's peak before scaling
     optimizer: OptimizerConfig  # what `plan` describes when no optimizer is given to the Trainer
     train: TrainConfig  # loss spikes, rollbacks, early stopping
     schedule: ScheduleConfig  # the validation budget, the checkpoints kept, the logging intervals asked for
@@ -33,6 +34,7 @@ def report_settings(config: Config) -> ReportSettings:
         output_dir=config.output_dir,
         trackers=config.EXPERIMENT.trackers,
         reference_bs=config.LR_SCHEDULER.REFERENCE_BS,
+        base_lr=config.LR_SCHEDULER.BASE_LR,
         optimizer=config.OPTIMIZER,
         train=config.TRAIN,
         schedule=config.SCHEDULE,

@@ -14,7 +14,7 @@ from ..ops import EventEpochs, OpsSchedule
 from ..resolved import ResolvedPlan
 from ..rollback import rollback_lines
 from .boundary_steps import EVENT_KINDS, event_steps, forced_at_end, interval_of, mid_epoch_multiples
-from .optimizer import Optimizer, built_optimizer_lines, optimizer_lines
+from .optimizer import Optimizer, built_optimizer_lines, muon_lr_lines, optimizer_lines
 from .settings import ReportSettings
 from .timeline import timeline
 from .validation_budget import validation_budget, validation_budget_line
@@ -94,6 +94,8 @@ def summary_text(settings: ReportSettings, plan: ResolvedPlan, optimizer: Optimi
         lines.append(f"{head}: peak {curve.base_lr:.4g}, min {curve.min_lr:.4g}")
         lines.append("  " + describe_lr(curve))
     lines += optimizer_lines(settings.optimizer) if optimizer is None else built_optimizer_lines(optimizer)
+    if settings.optimizer.NAME == "muon" and optimizer is None:
+        lines += muon_lr_lines(settings.optimizer, settings.base_lr, plan.lr_curves)
     lines.append("")
     lines.append(f"Validation:            {_event_text(plan, 'validation')}")
     lines += validation_budget_line(settings.schedule.VALIDATION, settings.val_batch_size, plan)

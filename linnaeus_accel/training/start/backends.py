@@ -62,6 +62,30 @@ def check_backend(
         fill_deepspeed_auto(ds, data, train)
 
 
+def check_optimizer_backend(accelerator: Accelerator, optimizer: Any) -> None:
+    """Refuse, before the first step, a Muon optimizer (OPTIMIZER.NAME muon, or a torch.optim.Muon
+    given) under FSDP or DeepSpeed: Muon orthogonalises each weight matrix whole, and there every
+    process holds only its shard of each matrix and its gradient, so each would orthogonalise a
+    slice instead (a different, wrong update) unless the matrices were gathered first."""
+    kind = accelerator.distributed_type
+    sides = getattr(optimizer, "sides", {}).values()
+    if kind not in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+        return
+    if not any(type(o).__name__ == "Muon" for o in (optimizer, *sides)):
+        return
+    backend = "FSDP" if kind == DistributedType.FSDP else "DeepSpeed"
+    raise ConfigError(
+        [
+            (
+                "OPTIMIZER.NAME",
+                f"Muon orthogonalises each weight matrix whole, but {backend} gives every process only a "
+                "shard of it: train Muon with DDP (accelerate_configs/multi_gpu.yaml), or set NAME: adamw "
+                f"under {backend}",
+            )
+        ]
+    )
+
+
 def backend_problems(
     kind: DistributedType,
     ds: Mapping[str, Any] | None,

@@ -141,7 +141,12 @@ def parameter_groups(
 
     Groups 0..N are the N+1 LR groups (as before OPTIMIZER existed); with OPTIMIZER.NO_DECAY, each
     LR group's parameters of those kinds follow as a group of their own, in LR-group order (an LR
-    group without any forms none)."""
+    group without any forms none).
+
+    With OPTIMIZER.NAME muon, every group also has ``algorithm``: the groups above keep the
+    parameters ``optim.muon.muon_split`` sends to AdamW (``adamw``), and the Muon side's follow in the
+    same order, an LR group's at a time (``muon``: ``lr_scale`` MUON.LR / BASE_LR, the factor on its
+    LR group's scheduled LR; ``weight_decay`` MUON.WEIGHT_DECAY, 0 for NO_DECAY's)."""
     groups = lr_scheduler.PARAMETER_GROUPS
     rule = set(optimizer_config.NO_DECAY)
     kinds = parameter_kinds(model) if rule else {}
@@ -160,17 +165,50 @@ def parameter_groups(
         )
     labels = ["default", *(g.LABEL for g in groups)]
     decay = optimizer_config.WEIGHT_DECAY
-    rate = {"weight_decay": decay} if decay else {}
+    rate: dict[str, Any] = {"weight_decay": decay} if decay else {}
+    muon: list[dict[str, Any]] = []
+    if optimizer_config.NAME == "muon":
+        members, exempt, muon = _muon_groups(model, optimizer_config, lr_scheduler, labels, members, exempt)
+        rate["algorithm"] = "adamw"
     out = [
         {"params": params, "name": label, "lr_group": i, **rate}
         for i, (label, params) in enumerate(zip(labels, members, strict=True))
     ]
     out += [
-        {"params": params, "name": label, "lr_group": i, "weight_decay": 0.0}
+        {"params": params, "name": label, "lr_group": i, **rate, "weight_decay": 0.0}
         for i, (label, params) in enumerate(zip(labels, exempt, strict=True))
         if params
     ]
-    return out
+    return out + muon
+
+
+def _muon_groups(
+    model: nn.Module,
+    optimizer_config: OptimizerConfig,
+    lr_scheduler: LRSchedulerConfig,
+    labels: list[str],
+    members: list[list[nn.Parameter]],
+    exempt: list[list[nn.Parameter]],
+) -> tuple[list[list[nn.Parameter]], list[list[nn.Parameter]], list[dict[str, Any]]]:
+    """``members`` and ``exempt`` (per LR group) less the Muon side's parameters, and the Muon
+    side's groups (see ``parameter_groups``)."""
+    from ...optim.muon import muon_split
+
+    split = muon_split(model, optimizer_config.MUON)
+    names = {id(p): n for n, p in model.named_parameters()}
+    to_muon = set(split.muon)
+    scale = optimizer_config.MUON.LR / lr_scheduler.BASE_LR
+    side = {"algorithm": "muon", "lr_scale": scale}
+    muon: list[dict[str, Any]] = []
+    for lists, decay in ((members, optimizer_config.MUON.WEIGHT_DECAY), (exempt, 0.0)):
+        for i, params in enumerate(lists):
+            moved = [p for p in params if names[id(p)] in to_muon]
+            if moved:
+                lists[i] = [p for p in params if names[id(p)] not in to_muon]
+                muon.append(
+                    {"params": moved, "name": labels[i], "lr_group": i, **side, "weight_decay": decay}
+                )
+    return members, exempt, muon
 
 
 def build_optimizer(

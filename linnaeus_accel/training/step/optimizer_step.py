@@ -106,9 +106,10 @@ class OptimizerStep:
         # Before any backward: under DeepSpeed the optimizer steps inside the last one.
         # A group's LR curve is its lr_group's (parameter_groups; OPTIMIZER.NO_DECAY's groups follow
         # the N+1 LR groups); an optimizer given built, or restored from an older checkpoint, has
-        # exactly the N+1 LR groups, in order.
+        # exactly the N+1 LR groups, in order. Muon's groups scale their LR group's curve (lr_scale:
+        # MUON.LR / BASE_LR); x 1.0 leaves every other group's LR the curve's, bit for bit.
         for i, group in enumerate(self.stepped.param_groups):
-            group["lr"] = self.plan.lr(k, group.get("lr_group", i))
+            group["lr"] = self.plan.lr(k, group.get("lr_group", i)) * group.get("lr_scale", 1.0)
         batches, units = [], []
         for mb in window:
             batch = task.prepare(mb.data, k, epoch, mb.position, mb.real)
