@@ -291,23 +291,26 @@ def muon_split_lines(config: Config, adamw_peak: float) -> list[str]:
     """The split of OPTIMIZER.NAME muon over the model, built on the meta device (no memory, no
     weights read; a registered builder that cannot build there is built for real): what each side
     trains and its peak LR (``adamw_peak``: LR group 0's; the Muon side's is it x MUON.LR / BASE_LR).
-    A model registered only in the user's script cannot be built here: the lines say so."""
+    A model registered only in the user's script, or data not on this machine (``plan
+    --dataset-size``), leaves the split to train's start-up: the line says why."""
     import torch
 
     from .data import build_dataset
     from .models import build_model
     from .optim.muon import muon_split
 
-    dataset = build_dataset(config, "train")
     try:
-        with torch.device("meta"):
+        dataset = build_dataset(config, "train")  # the model may size itself by it (vocabulary, classes)
+        try:
+            with torch.device("meta"):
+                model = build_model(config, dataset)
+        except ConfigError:
+            raise
+        except Exception:  # an operation without a meta kernel: build it for real
             model = build_model(config, dataset)
     except ConfigError as exc:
-        if "MODEL.TYPE" in {key for key, _ in exc.problems}:
-            return [f"Split:    shown when train starts ({exc.problems[0][1]})"]
-        raise
-    except Exception:
-        model = build_model(config, dataset)
+        key, message = exc.problems[0]
+        return [f"Split:    shown when train starts (the model cannot be built here: {key}: {message})"]
     ratio = config.OPTIMIZER.MUON.LR / config.LR_SCHEDULER.BASE_LR
     lines = muon_split(model, config.OPTIMIZER.MUON).lines(adamw_peak * ratio, adamw_peak)
     return ["Split:    " + lines[0], *("          " + line for line in lines[1:])]

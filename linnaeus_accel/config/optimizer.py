@@ -106,7 +106,7 @@ class MuonConfig(Section):
 
 class OptimizerConfig(Section):
     """The optimizer ``train`` builds (a Python ``optimizer=`` factory given to the Trainer builds its
-    own, from the parameter groups: docs/guides/configuration.md, "Build the optimizer in Python")."""
+    own, from the parameter groups: docs/guides/optimizers.md, "Build the optimizer in Python")."""
 
     NAME: str = Field(
         "adamw",

@@ -209,6 +209,15 @@ def muon(groups: list[dict[str, Any]], config: Config) -> torch.optim.Optimizer:
     """Over ``groups`` as ``training.start.setup.parameter_groups`` splits them (``algorithm`` and
     ``lr_scale`` on each); the AdamW side takes the section's BETAS, EPS and IMPLEMENTATION."""
     o = config.OPTIMIZER
+    if not hasattr(torch.optim, "Muon"):
+        raise ConfigError(
+            [
+                (
+                    "OPTIMIZER.NAME",
+                    f"muon needs torch.optim.Muon (torch 2.9 or newer); this torch is {torch.__version__}",
+                )
+            ]
+        )
     if not any("algorithm" in g for g in groups):
         raise ConfigError(
             [
