@@ -222,7 +222,9 @@ def test_what_torch_refuses_is_a_config_error_naming_the_key() -> None:
         as_the_trainer_builds(
             default_optimizer, Tiny(), config({"NAME": "sgd", "OPTIONS": {"nesterov": True}})
         )
-    with pytest.raises(ConfigError, match=r"OPTIMIZER\.NAME: no optimizer named 'adam_w'; known: adamw, muon, sgd"):
+    with pytest.raises(
+        ConfigError, match=r"OPTIMIZER\.NAME: no optimizer named 'adam_w'; known: adamw, muon, sgd"
+    ):
         as_the_trainer_builds(default_optimizer, Tiny(), config({"NAME": "adam_w"}))
 
 
