@@ -9,6 +9,7 @@ run, and the exit status is 1.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import importlib
 import json
@@ -26,6 +27,7 @@ from typing import Any
 
 from . import MODULES
 from .common import Row, cpu_model
+from .lockstep import shared_pair
 
 REPO = Path(__file__).resolve().parents[1]
 # The checked-in results are the latest full run of every benchmark; a smoke or partial run
@@ -202,15 +204,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows: list[Row] = []
     failed: list[str] = []
     durations: dict[str, float] = {}
-    for name in names:
-        print(f"-- {name}{' (smoke)' if args.smoke else ''} ...", file=sys.stderr, flush=True)
-        started = time.perf_counter()
-        module_rows, error = run_module(name, args.smoke)
-        durations[name] = round(time.perf_counter() - started, 2)
-        rows += module_rows
-        if error is not None:
-            failed.append(name)
-        print(f"   {name}: {durations[name]:.1f} s{' FAILED: ' + error if error else ''}", file=sys.stderr)
+    # A smoke run's lock-steps share one pair of workers (their imports paid once); a full run's
+    # take fresh pairs, as its statistics need.
+    with shared_pair() if args.smoke else contextlib.nullcontext():
+        for name in names:
+            print(f"-- {name}{' (smoke)' if args.smoke else ''} ...", file=sys.stderr, flush=True)
+            started = time.perf_counter()
+            module_rows, error = run_module(name, args.smoke)
+            durations[name] = round(time.perf_counter() - started, 2)
+            rows += module_rows
+            if error is not None:
+                failed.append(name)
+            print(
+                f"   {name}: {durations[name]:.1f} s{' FAILED: ' + error if error else ''}", file=sys.stderr
+            )
     print(table(rows))
     result = {
         "command": "python -m benchmarks " + " ".join(sys.argv[1:] if argv is None else argv),

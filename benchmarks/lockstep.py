@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Iterator
 from importlib import import_module
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -208,20 +209,52 @@ Case = tuple[str, dict[str, Any], dict[str, Any], int | None]  # name, side a, s
 Segment = tuple[dict[str, Any], dict[str, Any]]  # the results of sides a and b of one lock-step run
 
 
+_shared: list[Workers | None] = []  # inside ``shared_pair``: its one pair once started, else None
+
+
+@contextlib.contextmanager
+def shared_pair() -> Iterator[None]:
+    """Within it, every ``run_segments`` of one pair without swaps (a smoke run's) uses the same
+    pair of workers, started at the first: the benchmarks of one ``python -m benchmarks --smoke``
+    pay the workers' imports (torch, Accelerate, transformers: seconds each) once instead of once
+    each. A pair that failed is not reused."""
+    _shared.append(None)
+    try:
+        yield
+    finally:
+        if (workers := _shared.pop()) is not None:
+            workers.__exit__(None)
+
+
+def _run_on(workers: Workers, cases: list[Case], swap: bool, results: dict[str, list[Segment]]) -> None:
+    for name, a, b, rounds in cases:
+        results[name].append(workers.lockstep(a, b, rounds))
+        if swap:
+            second, first = workers.lockstep(b, a, rounds)
+            results[name].append((first, second))
+
+
 def run_segments(cases: list[Case], worker_pairs: int, swap: bool) -> dict[str, list[Segment]]:
     """Each case ``(name, side a, side b, rounds)`` run in lock-step (``Workers.lockstep``) on ``worker_pairs`` fresh
     pairs of workers, and with ``swap`` a second time on each pair with the workers' roles swapped.
     Why: the same loop runs up to ~3% (80 µs a step) faster in one of two workers than in the
     other, steadily, for the life of the pair, in either order (seen in A/A runs; code placement
-    in each process is the likely cause); swapping the roles and taking fresh pairs cancels it."""
+    in each process is the likely cause); swapping the roles and taking fresh pairs cancels it.
+    One pair without swaps inside ``shared_pair`` is that context's pair, not a fresh one."""
     results: dict[str, list[Segment]] = {name: [] for name, *_ in cases}
+    if _shared and worker_pairs == 1 and not swap:
+        workers = _shared[-1] or Workers()
+        _shared[-1] = None  # until the cases are done: a failure below leaves no broken pair to reuse
+        try:
+            _run_on(workers, cases, swap, results)
+        except BaseException as exc:
+            workers.__exit__(type(exc))
+            raise
+        _shared[-1] = workers
+        return results
     for _ in range(worker_pairs):
         with Workers() as workers:
-            for name, a, b, rounds in cases:
-                results[name].append(workers.lockstep(a, b, rounds))
-                if swap:
-                    second, first = workers.lockstep(b, a, rounds)
-                    results[name].append((first, second))
+            _run_on(workers, cases, swap, results)
     return results
 
 

@@ -22,7 +22,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers.configs import LM_CFG
-from helpers.in_process import run_cli
+from helpers.in_process import run_cli, run_here
 from helpers.nanogpt import EXAMPLE, ReadBacks, tiny_gpt
 from helpers.runs import TrainRun, assert_resumed_from, assert_same_run, committed
 from helpers.tokens import TINY_LM, cli_opts, write_sidecar, write_tokens
@@ -264,7 +264,8 @@ def test_both_on_killed_then_resumed_ends_byte_identical(tmp_path: Path) -> None
     ]
     (tmp_path / "ref").mkdir()
     (tmp_path / "killed").mkdir()
-    reference = TrainRun(tmp_path / "ref", opts, cfg=LM_CFG).run().check_ok()
+    # Trained here (a process of its own would spend seconds importing torch): the killed run is one.
+    reference = run_here(TrainRun(tmp_path / "ref", opts, cfg=LM_CFG)).check_ok()
     run = TrainRun(tmp_path / "killed", opts, cfg=LM_CFG)
     run.run(kill_at="optimizer_step:10").check_killed()
     # Step 8's checkpoint commits in the background while steps 9 and 10 train: on a loaded machine
