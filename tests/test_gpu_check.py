@@ -18,9 +18,10 @@ from safetensors.torch import save_file
 
 from benchmarks.gpu.common import compare_weights
 from benchmarks.gpu.host_sync import OURS, reason, where
+from benchmarks.gpu.species import workers_that_fit
 
 
-@pytest.mark.slow  # ~1.5 minutes: 8 training runs, 3 lock-stepped loops, then 2 more (the recipe)
+@pytest.mark.slow  # about a minute: every part at once, 8 training runs and 8 lock-stepped loops among them
 def test_the_gpu_check_runs_on_the_cpu_at_tiny_size(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "LINNAEUS_ACCEL_"))}
     env["CUDA_VISIBLE_DEVICES"] = ""
@@ -36,13 +37,14 @@ def test_the_gpu_check_runs_on_the_cpu_at_tiny_size(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     results = json.loads((tmp_path / "out" / "results.json").read_text(encoding="utf-8"))
     parts = {p["name"]: p for p in results["parts"]}
-    assert list(parts) == ["e2e", "sharded", "throughput", "recipe", "host_sync", "checkpoint"]
+    assert list(parts) == ["e2e", "sharded", "throughput", "recipe", "species", "host_sync", "checkpoint"]
     status = {name: p["status"] for name, p in parts.items()}
     assert status == {
         "e2e": "passed",
         "sharded": "not run",  # Accelerate selects FSDP and DeepSpeed only on accelerators
         "throughput": "passed",
         "recipe": "passed",
+        "species": "passed",
         "host_sync": "not run",  # torch.cuda.set_sync_debug_mode needs CUDA
         "checkpoint": "passed",
     }, {name: (p["status"], p["reason"]) for name, p in parts.items()}
@@ -67,6 +69,14 @@ def test_the_gpu_check_runs_on_the_cpu_at_tiny_size(tmp_path: Path) -> None:
     first = recipe["losses (first logged)"]
     assert first["ours"] == pytest.approx(first["accelerate"], rel=0.02), first
     assert recipe["documents in the token file"] > 1
+    # species: real JPEGs decoded, three sides (ours and the hand-written loop channels-last, ours
+    # channels-first); the same model, batches and transforms, so their first losses agree in fp32.
+    species = parts["species"]["figures"]
+    assert {"ours images/s", "accelerate images/s", "ours, channels first images/s", "ours / accelerate",
+            "channels-last speed-up (ours / ours, channels first)"} <= set(species)  # fmt: skip
+    first = species["losses (first logged)"]
+    assert first["ours"] == pytest.approx(first["accelerate"], rel=1e-4), first
+    assert species["decode + transforms, ms per photo (one core)"] > 0
     assert results["size"] == "tiny"
     assert results["device"]["name"] == "cpu"
     log = (tmp_path / "out" / "log.txt").read_text(encoding="utf-8")
@@ -109,3 +119,12 @@ def test_a_sync_is_expected_only_under_a_read_of_ours() -> None:
     assert reason([step, item]) is None  # a read-back inside the optimizer step: a quiet-step sync
     assert reason([frame("/elsewhere/meter.py", "flush"), item]) is None  # not ours: not excused
     assert where([step, item]) == "training/step/optimizer_step.py:1 run"
+
+
+def test_species_workers_are_fewer_where_their_batches_do_not_fit_in_shared_memory(tmp_path: Path) -> None:
+    stats = os.statvfs(tmp_path)
+    free = stats.f_bavail * stats.f_frsize  # others write there too: each row leaves a wide margin
+    assert workers_that_fit(8, 1024, str(tmp_path))[0] == 8  # small batches: every worker asked for
+    assert workers_that_fit(8, free // 18, str(tmp_path))[0] == 1  # 3 sides x 2 queued x 2 in flight
+    assert workers_that_fit(8, free, str(tmp_path))[0] == 0  # decoded in the side's own process
+    assert workers_that_fit(8, 1024, str(tmp_path / "absent")) == (8, None)  # no such folder: as asked

@@ -34,7 +34,15 @@ from . import CONCURRENT, PARTS
 from .common import REPO, Context, Part, cuda_device
 
 # Seconds each part may take at full size (a guard against a hang, well above what it needs).
-LIMITS = {"e2e": 300, "sharded": 360, "throughput": 360, "recipe": 420, "host_sync": 180, "checkpoint": 240}
+LIMITS = {
+    "e2e": 300,
+    "sharded": 360,
+    "throughput": 360,
+    "recipe": 420,
+    "species": 240,
+    "host_sync": 180,
+    "checkpoint": 240,
+}
 TINY_LIMIT = 300
 
 
@@ -113,8 +121,8 @@ def pack_run_logs(work: Path, target: Path) -> None:
 class Runner:
     """Starts parts as processes, each with its log and time limit, and gathers their results."""
 
-    def __init__(self, args: argparse.Namespace, size: str) -> None:
-        self.args, self.size = args, size
+    def __init__(self, args: argparse.Namespace, size: str, cuda: bool) -> None:
+        self.args, self.size, self.cuda = args, size, cuda
         self.started = time.perf_counter()
         self.work = (args.work or Path(tempfile.gettempdir()) / "linnaeus-gpu-work").resolve()
         self.log = args.out / "log.txt"
@@ -144,6 +152,10 @@ class Runner:
         command += ["--size", self.size, "--work", str(self.work)]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+        if not self.cuda:
+            # Parts that train in their own process share the CPU's cores with the others: torch's
+            # threads, one per core in each, would spin against each other (host_sync: 5x the CPU time).
+            env["OMP_NUM_THREADS"] = "1"
         with log.open("wb") as out:
             proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True)  # fmt: skip
@@ -188,7 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         work.mkdir(parents=True, exist_ok=True)
         return run_one(args.part, Context(work, size, cuda), work / f"{args.part}.json")
     args.out.mkdir(parents=True, exist_ok=True)
-    runner = Runner(args, size)
+    runner = Runner(args, size, cuda)
     shutil.rmtree(runner.work, ignore_errors=True)  # a previous check's runs would be resumed
     runner.work.mkdir(parents=True)
     command = "python -m benchmarks.gpu " + " ".join(sys.argv[1:] if argv is None else argv)
@@ -215,16 +227,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return out
 
-    together = [n for n in names if n in CONCURRENT]
-    begun = time.perf_counter()
-    running = {name: runner.start(name) for name in together}
-    for name in together:
-        results[name] = runner.finish(name, running[name], begun)
-        write_results()
-    for name in (n for n in names if n not in CONCURRENT):
+    if size == "tiny":  # nothing is timed: every part at once (one torch thread each on a CPU)
+        waves = [names]
+    else:  # the parts that check correctness together, then each timed part alone
+        waves = [[n for n in names if n in CONCURRENT], *([n] for n in names if n not in CONCURRENT)]
+    for wave in waves:
         begun = time.perf_counter()
-        results[name] = runner.finish(name, runner.start(name), begun)
-        write_results()
+        running = {name: runner.start(name) for name in wave}
+        for name in wave:
+            results[name] = runner.finish(name, running[name], begun)
+            write_results()
     out = write_results()
     pack_run_logs(runner.work, args.out / "run_logs.tar.gz")
     failed = [n for n in names if results[n]["status"] == "failed"]

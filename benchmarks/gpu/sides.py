@@ -223,8 +223,12 @@ def run_ours(spec: dict[str, Any], baton: BlockBaton, config: Any = None) -> dic
 
     from linnaeus_accel.data import build_dataset
     from linnaeus_accel.models import build_model
+    from linnaeus_accel.run_directory import outputs
     from linnaeus_accel.training import trainer as trainer_module
 
+    # The schedule plot (matplotlib, on a thread at start-up) is not drawn: set-up, not the loop,
+    # and a second of CPU a side (as in benchmarks/species.py).
+    setattr(outputs, "_draw_schedule", lambda *args: None)  # noqa: B010
     config = ours_config(spec) if config is None else config
     train = build_dataset(config, "train")
     torch.manual_seed(0)
@@ -410,10 +414,11 @@ SIDES = {"ours": run_ours, "accelerate": run_accelerate, "plain": run_plain}
 def worker(fd: int, sides: dict[str, Any] = SIDES) -> None:
     """One side's process: receives its spec, runs it, sends its result (or its traceback). With
     ``alone`` in its spec it starts only when the referee says go, and hands back its cached GPU
-    memory after each block (see ``BlockBaton``)."""
+    memory after each block (see ``BlockBaton``) unless ``release`` in its spec is false."""
     conn = Connection(fd)
     spec = conn.recv()
-    baton = BlockBaton(conn, spec["block"], spec["cuda"], release=spec.get("alone", False))
+    release = spec.get("release", spec.get("alone", False))
+    baton = BlockBaton(conn, spec["block"], spec["cuda"], release=release)
     try:
         if spec.get("alone"):
             conn.recv_bytes()
