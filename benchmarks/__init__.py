@@ -20,4 +20,5 @@ MODULES = (
     "sharded_streams",
     "resume_data",
     "species",
+    "muon",
 )

@@ -30,6 +30,7 @@ MODULES = (
     "sharded_streams",
     "resume_data",
     "species",
+    "muon",
 )
 
 
