@@ -302,23 +302,23 @@ def test_killed_then_rerun_ends_with_the_same_bytes(uninterrupted: Result, tmp_p
 
 
 @pytest.mark.slow
-def test_two_processes_killed_then_resumed_on_one_end_with_the_one_process_bytes(
+def test_killed_on_one_process_then_resumed_on_two_ends_with_the_same_bytes(
     uninterrupted: Result, tmp_path: Path
 ) -> None:
-    """Two processes of 4 sequences train the first 16 steps and are SIGKILLed; one process
-    accumulating two micro-batches of 4 resumes (elastic) and ends with the bytes of the run that
-    was one process throughout: both take the same 8 sequences a step, summed in the same order.
-    (Against one micro-batch of 8 they agree only to rounding: its gradient is summed in another
-    order, and torch's Muon orthogonalises it in bf16, where a rounding step can flip.)"""
-    run = TrainRun(tmp_path, MUON_RUN, processes=2, cfg=LM_CFG)
-    killed = run.run(kill_at="checkpoint_committed:2")
-    assert killed.returncode != 0, killed.tail()  # the launcher's status: one of its processes was killed
-    run.processes, run.opts = 1, list(ACCUMULATING)
-    resumed = run_here(run).check_ok()
+    """One process accumulating two micro-batches of 4 trains the first 16 steps and is SIGKILLed;
+    two processes of 4 resume it (elastic, onto more processes than wrote the checkpoint) and end
+    with the bytes of the run that was one process throughout: both take the same 8 sequences a
+    step, summed in the same order. (Against one micro-batch of 8 they agree only to rounding: its
+    gradient is summed in another order, and torch's Muon orthogonalises it in bf16, where a
+    rounding step can flip.)"""
+    run = TrainRun(tmp_path, ACCUMULATING, cfg=LM_CFG)
+    run.run(kill_at="checkpoint_committed:2").check_killed()
+    run.processes, run.opts = 2, list(MUON_RUN)
+    resumed = run.run().check_ok()
     assert_resumed_from(resumed.output, 16)
     final = resumed.dir / "final" / "model.safetensors"
     assert final.read_bytes() == (uninterrupted.dir / "final" / "model.safetensors").read_bytes()
-    # (the logged losses of the first 16 steps were added up across processes, in another order)
+    # (the losses logged after the resume are added up across processes, in another order)
     got, want = read_summary(resumed.dir), read_summary(uninterrupted.dir)
     assert [got[k] for k in ("global_step", "tokens_seen")] == [
         want[k] for k in ("global_step", "tokens_seen")

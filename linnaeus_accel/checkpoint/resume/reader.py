@@ -21,7 +21,14 @@ from ...config import ConfigError
 from ...config.sections import TrainConfig
 from ..directory import CheckpointStore
 from ..state import tensor_state
-from ..state.content import TENSORS_FILE, CheckpointLoadError, first_line, rng_problem
+from ..state.content import (
+    TENSORS_FILE,
+    CheckpointLoadError,
+    first_line,
+    rng_problem,
+    saved_processes,
+    seed_new_process,
+)
 from ..state.files import STATE_FILE, checkpoint_store, rank_files, read_json
 from ..state.journal import ValidationJournals
 from .find import ResumeRefused, discard_after, find_checkpoint
@@ -93,8 +100,14 @@ class CheckpointReader:
             raise CheckpointLoadError(
                 f"loading its model, optimizer and data state failed ({first_line(exc)})"
             ) from exc
-        problem = rng_problem(path, self.accelerator.process_index)
-        if problem is not None:
+        rank = self.accelerator.process_index
+        written_by = saved_processes(path)
+        if rank >= written_by > 0:
+            # Elastic resume onto more processes than wrote the checkpoint: this process has no
+            # RNG states of its own to restore (not a damaged checkpoint), so it draws from a seed
+            # that the checkpoint and its rank fix, the same in every rerun.
+            seed_new_process(path, rank)
+        elif (problem := rng_problem(path, rank)) is not None:
             raise CheckpointLoadError(problem)
         # Checkpoints are taken between optimizer steps, where the micro-batch counter is a multiple
         # of the accumulation; the restored count is another run's when resuming elastically.

@@ -217,6 +217,24 @@ def _tensors_problem(path: Path, state: dict[str, Any]) -> str | None:
     return None
 
 
+def saved_processes(path: Path) -> int:
+    """How many processes wrote the checkpoint at ``path``: one RNG-state file each (Accelerate's)."""
+    from accelerate.utils import RNG_STATE_NAME
+
+    return len(list(path.glob(f"{RNG_STATE_NAME}_*.pkl")))
+
+
+def seed_new_process(path: Path, process_index: int) -> None:
+    """Seed the RNGs (Python, numpy, torch, CUDA) of a process the checkpoint at ``path`` had no
+    process for: from process 0's saved torch state and ``process_index``, so that a rerun of the
+    same resume draws the same numbers and no two processes draw alike."""
+    from accelerate.utils import RNG_STATE_NAME, set_seed
+
+    states = load_as_data(path / f"{RNG_STATE_NAME}_0.pkl")
+    base = int.from_bytes(bytes(states["torch_manual_seed"][:8].tolist()), "little")
+    set_seed((base + process_index) % 2**32)
+
+
 def rng_problem(path: Path, process_index: int) -> str | None:
     """After ``load_state``: whether this process's RNG states are those of its file (Accelerate
     catches any error restoring them and logs it at INFO: the resumed run would silently draw other
