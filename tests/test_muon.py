@@ -17,6 +17,7 @@ import transformers
 from helpers.configs import CFG, LM_CFG, SMALL_LM
 from helpers.in_process import run_cli, run_here
 from helpers.nanogpt import load_example
+from helpers.rollback import NAN_RUN  # registers the poisoned_digits dataset
 from helpers.runs import Result, TrainRun, assert_resumed_from, assert_same_run, read_summary
 from safetensors.torch import load_file
 from torch import nn
@@ -336,16 +337,8 @@ def test_the_lr_of_each_side_follows_the_schedule(uninterrupted: Result) -> None
     assert lrs["adamw"] > 0
 
 
-# tests/test_rollback.py's run: sample 773 of the digits has NaN pixels, in steps 7 and 19.
-NAN_RUN = [
-    "TRAIN.EPOCHS", "2", "DATA.BATCH_SIZE", "128", "DATA.SHUFFLE", "false",
-    "SCHEDULE.METRICS.STEP_INTERVAL", "2",
-    "SCHEDULE.CHECKPOINT.INTERVAL_EPOCHS", "null", "SCHEDULE.CHECKPOINT.INTERVAL_STEPS", "4",
-    "SCHEDULE.CHECKPOINT.MID_EPOCH", "true",
-    "SCHEDULE.CHECKPOINT.KEEP_LAST_N", "1", "SCHEDULE.CHECKPOINT.KEEP_TOP_N", "0",
-    "DATA.DATASET.NAME", "poisoned_digits", "DATA.DATASET.OPTIONS", "{nan_at: [773]}",
-    "OPTIMIZER.NAME", "muon",
-]  # fmt: skip
+# tests/test_rollback.py's run (sample 773 of the digits has NaN pixels, in steps 7 and 19), with Muon.
+MUON_NAN_RUN = [*NAN_RUN[: NAN_RUN.index("TRAIN.NONFINITE")], "OPTIMIZER.NAME", "muon"]
 
 
 @pytest.mark.parametrize(
@@ -358,13 +351,12 @@ NAN_RUN = [
 def test_a_nan_is_skipped_or_rolled_back_and_the_weights_stay_finite(
     mode: str, rollbacks: int, tmp_path: Path
 ) -> None:
-    import helpers.rollback  # noqa: F401  (registers the poisoned_digits dataset)
     from helpers.in_process import reset_accelerate
 
     reset_accelerate()
     try:
         rc, out, err = run_cli(
-            "train", "--cfg", CFG, "--opts", *NAN_RUN, "TRAIN.NONFINITE", mode,
+            "train", "--cfg", CFG, "--opts", *MUON_NAN_RUN, "TRAIN.NONFINITE", mode,
             "ENV.OUTPUT.BASE_DIR", str(tmp_path), "EXPERIMENT.NAME", "run",
         )  # fmt: skip
     finally:

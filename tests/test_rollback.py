@@ -15,7 +15,7 @@ from helpers.configs import CFG
 from helpers.in_process import plan_text, reset_accelerate, run_cli, run_here
 from helpers.launches import launch_logged
 from helpers.processes import accelerate_launch_command
-from helpers.rollback import RUN_SCRIPT, SCRIPT  # registers poisoned_digits and blow_up here too
+from helpers.rollback import NAN_RUN, RUN_SCRIPT, SCRIPT  # registers poisoned_digits and blow_up here too
 from helpers.runs import TrainRun, assert_same_run, read_metrics, read_summary
 from safetensors.torch import load_file
 
@@ -122,22 +122,6 @@ def test_plan_warns_that_checkpoints_only_at_epoch_ends_leave_the_first_epochs_u
 
 
 # -- real runs -----------------------------------------------------------------------------------
-
-# Two epochs of 12 steps of 128 digits in their own order (no shuffle): sample 773 (NaN pixels) is
-# in step 7's batch of each epoch (steps 7 and 19). Metric records every 2 steps, checkpoints every 4
-# (mid-epoch), the newest one kept (retention must keep the one a rollback needs); one more step's
-# data skipped past each bad window.
-NAN_RUN = [
-    "TRAIN.EPOCHS", "2", "DATA.BATCH_SIZE", "128", "DATA.SHUFFLE", "false",
-    "SCHEDULE.METRICS.STEP_INTERVAL", "2",
-    "SCHEDULE.CHECKPOINT.INTERVAL_EPOCHS", "null", "SCHEDULE.CHECKPOINT.INTERVAL_STEPS", "4",
-    "SCHEDULE.CHECKPOINT.MID_EPOCH", "true",
-    "SCHEDULE.CHECKPOINT.KEEP_LAST_N", "1", "SCHEDULE.CHECKPOINT.KEEP_TOP_N", "0",
-    "SCHEDULE.VALIDATION.PARTIAL_MASK_META.ENABLED", "false",
-    "SCHEDULE.VALIDATION.FINAL_EPOCH.EXHAUSTIVE_PARTIAL_META_VALIDATION", "false",
-    "DATA.DATASET.NAME", "poisoned_digits", "DATA.DATASET.OPTIONS", "{nan_at: [773]}",
-    "TRAIN.NONFINITE", "rollback", "TRAIN.ROLLBACK.SKIP_STEPS", "1",
-]  # fmt: skip
 
 # What each rollback of NAN_RUN is: step 7 is NaN, found at the record of step 8; the last good
 # record is step 6, the newest checkpoint at or before it step 4; steps 5..9 make no update.

@@ -19,6 +19,22 @@ from linnaeus_accel import Callback, register_callback
 from linnaeus_accel.data.digits import DigitsDataset
 from linnaeus_accel.data.registry import register_dataset
 
+# Two epochs of 12 steps of 128 digits in their own order (no shuffle): sample 773 (NaN pixels) is
+# in step 7's batch of each epoch (steps 7 and 19). Metric records every 2 steps, checkpoints every 4
+# (mid-epoch), the newest one kept (retention must keep the one a rollback needs); one more step's
+# data skipped past each bad window.
+NAN_RUN = [
+    "TRAIN.EPOCHS", "2", "DATA.BATCH_SIZE", "128", "DATA.SHUFFLE", "false",
+    "SCHEDULE.METRICS.STEP_INTERVAL", "2",
+    "SCHEDULE.CHECKPOINT.INTERVAL_EPOCHS", "null", "SCHEDULE.CHECKPOINT.INTERVAL_STEPS", "4",
+    "SCHEDULE.CHECKPOINT.MID_EPOCH", "true",
+    "SCHEDULE.CHECKPOINT.KEEP_LAST_N", "1", "SCHEDULE.CHECKPOINT.KEEP_TOP_N", "0",
+    "SCHEDULE.VALIDATION.PARTIAL_MASK_META.ENABLED", "false",
+    "SCHEDULE.VALIDATION.FINAL_EPOCH.EXHAUSTIVE_PARTIAL_META_VALIDATION", "false",
+    "DATA.DATASET.NAME", "poisoned_digits", "DATA.DATASET.OPTIONS", "{nan_at: [773]}",
+    "TRAIN.NONFINITE", "rollback", "TRAIN.ROLLBACK.SKIP_STEPS", "1",
+]  # fmt: skip
+
 
 class PoisonedDigits(DigitsDataset):
     def __init__(self, split: Any, val_fraction: float, nan_at: list[int]) -> None:
