@@ -264,6 +264,7 @@ WHOLE_CONFIG = {
     "schedule/report/settings.py:report_settings",
     "evaluate.py:evaluate",
     "cli.py:plan_for",
+    "cli.py:muon_split_lines",  # builds the dataset and the model to show the split
     # the public dispatchers and the registered builders
     "data/registry.py:build_dataset",
     "models/registry.py:build_model",
@@ -283,6 +284,7 @@ WHOLE_CONFIG = {
     "models/vision.py:build_hf_vision",
     "optim/builtin.py:adamw",
     "optim/builtin.py:sgd",
+    "optim/muon.py:muon",
     # a task's hook
     "tasks/base.py:config_problems",
     "tasks/causal_lm.py:config_problems",
