@@ -25,7 +25,10 @@ transforms are ``DATA.IMG_SIZE`` and these ``DATA.DATASET.OPTIONS`` (both datase
 ``image_table`` also takes ``table``, ``images_dir``, ``image_column``, ``rank_columns`` (finest
 first), ``latitude_column``, ``longitude_column``, ``date_column``, ``elevation_column`` and
 ``temporal`` (``table.ObservationTable``); its split holds out ``DATA.DATASET.VAL_FRACTION`` of the
-rows, fixed by ``split_seed`` (default 0), whatever EXPERIMENT.SEED a run has.
+rows, fixed by ``split_seed`` (default 0), whatever EXPERIMENT.SEED a run has. Instead of ``table``
+and ``images_dir``, ``hf_dataset`` names a Hugging Face ``datasets`` dataset saved by
+``save_to_disk`` (a ``Dataset``, or a ``DatasetDict``'s ``train`` split) whose ``image_column``
+holds the photos and whose other columns are the table's (``hf_images``); the same options read it.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from ...config.sections import DataConfig
 from ..options import DatasetOptions
 from ..registry import Split, register_dataset
 from .dataset import RowSource, SpeciesDataset
+from .hf_images import hf_observations
 from .images import POLICIES, ImageTransforms
 from .labels import ComponentSpec, LabelsFile, split_indices
 from .pixels import ImageSource, PhotoFolder, PixelsFile
@@ -142,11 +146,13 @@ def build_linnaeus_h5(config: Config, split: Split) -> SpeciesDataset:
 
 @register_dataset("image_table")
 def build_image_table(config: Config, split: Split) -> SpeciesDataset:
-    """A table of observations (CSV, JSON Lines or Parquet) and a folder of photos."""
+    """A table of observations (CSV, JSON Lines or Parquet) and a folder of photos, or a Hugging Face
+    dataset holding both."""
     data = config.DATA
     options = DatasetOptions("image_table", data.DATASET.OPTIONS, OPTIONS_KEY)
     table = options.text("table")
     images_dir = options.text("images_dir")
+    hf_dataset = options.text("hf_dataset")
     image_column = options.text("image_column", "image")
     ranks = options.strings("rank_columns", required=True)
     columns = {
@@ -155,18 +161,40 @@ def build_image_table(config: Config, split: Split) -> SpeciesDataset:
     }
     temporal = options.text("temporal", "month", ("month", "day_of_year"))
     split_seed = options.integer("split_seed", 0, minimum=0)
-    for name, value in (("table", table), ("images_dir", images_dir)):
-        if value is None:
-            options.problem(name, "is required")
+    folder = f"{OPTIONS_KEY}.table and {OPTIONS_KEY}.images_dir"
+    if hf_dataset is not None and (table is not None or images_dir is not None):
+        options.problem(
+            "hf_dataset",
+            f"reads its photos and rows from one source: set {OPTIONS_KEY}.hf_dataset (a Hugging Face "
+            f"dataset) or {folder} (a table and a folder of photos), not both",
+        )
+    elif hf_dataset is None:
+        for name, value in (("table", table), ("images_dir", images_dir)):
+            if value is None:
+                options.problem(name, f"is required: set {folder}, or {OPTIONS_KEY}.hf_dataset instead")
     if options.problems:
+        # The photos' options are read too, as _dataset reads them: checked, and not taken for unknown.
+        _transforms(options, data.IMG_SIZE, split)
+        options.boolean("skip_unreadable", False)
         options.finish()  # raises them all, with any unknown option
-    source = ObservationTable(
-        Path(table).expanduser(),
-        image_column=image_column,
-        rank_columns=ranks or [],
-        temporal=temporal,
-        **columns,
-    )
+    images: ImageSource
+    if hf_dataset is not None:
+        source, images = hf_observations(
+            Path(hf_dataset).expanduser(),
+            image_column=image_column,
+            rank_columns=ranks or [],
+            temporal=temporal,
+            **columns,
+        )
+    else:
+        source = ObservationTable(
+            Path(table).expanduser(),
+            image_column=image_column,
+            rank_columns=ranks or [],
+            temporal=temporal,
+            **columns,
+        )
+        images = PhotoFolder(Path(images_dir).expanduser(), key=f"{OPTIONS_KEY}.images_dir")
     return _dataset(
         data,
         config.EXPERIMENT.SEED,
@@ -175,5 +203,5 @@ def build_image_table(config: Config, split: Split) -> SpeciesDataset:
         options,
         1.0 - data.DATASET.VAL_FRACTION,
         split_seed,
-        PhotoFolder(Path(images_dir).expanduser(), key=f"{OPTIONS_KEY}.images_dir"),
+        images,
     )

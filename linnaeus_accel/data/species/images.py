@@ -12,6 +12,7 @@ which ``describe`` records as plain data, so that serving preprocesses as traini
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -70,13 +71,14 @@ def _rebuild_problem(path: Path, message: str) -> ImageProblem:
     return problem
 
 
-def load_image(path: Path, size: int) -> Image.Image:
+def load_image(path: Path, size: int, data: bytes | None = None) -> Image.Image:
     """The photo at ``path`` as an RGB image, a JPEG decoded at a reduced scale that keeps its
     shorter side >= ``DRAFT_MARGIN`` x ``size`` (the model's input side), or at full scale when it
-    is smaller than that; any other format whole. Raises ``ImageProblem``."""
+    is smaller than that; any other format whole. ``data``: the file's bytes, when they are held
+    elsewhere (a dataset's column; ``path`` then only names them). Raises ``ImageProblem``."""
     path = Path(path)
     try:
-        opened = Image.open(path)
+        opened = Image.open(path if data is None else io.BytesIO(data))
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
         raise ImageProblem(path, "no such file") from exc
     except UnidentifiedImageError as exc:

@@ -46,6 +46,37 @@ def import_h5py(key: str = LABELS_KEY) -> Any:
     return h5py
 
 
+class ProcessLocalH5:
+    """An HDF5 file at ``path`` read through one h5py handle per process, opened on first use: a
+    handle survives neither fork (DataLoader workers) nor pickling, so a copy is handed the path.
+    ``key``: the config key that names the file, in the message of a missing h5py."""
+
+    def __init__(self, path: str | Path, key: str = LABELS_KEY) -> None:
+        self.path, self.key = Path(path), key
+        self._handle: Any = None
+        self._pid: int | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_handle"] = None
+        state["_pid"] = None
+        return state
+
+    def close(self) -> None:
+        """Close this process's handle; the next read opens it again."""
+        if self._handle is not None and self._pid == os.getpid():
+            self._handle.close()
+        self._handle = None
+        self._pid = None
+
+    def _file(self) -> Any:
+        pid = os.getpid()
+        if self._handle is None or self._pid != pid:
+            self._handle = import_h5py(self.key).File(self.path, "r")
+            self._pid = pid
+        return self._handle
+
+
 @dataclass(frozen=True)
 class ComponentSpec:
     """One metadata component of ``DATA.META.COMPONENTS``.
@@ -99,7 +130,7 @@ class LabelRows:
         )
 
 
-class LabelsFile:
+class LabelsFile(ProcessLocalH5):
     """A linnaeus ``labels.h5``, checked against the config when made, read on demand.
 
     ``path`` is ``DATA.H5.LABELS_PATH``; ``task_keys`` is ``DATA.TASK_KEYS_H5``; ``components`` are
@@ -110,12 +141,9 @@ class LabelsFile:
     def __init__(
         self, path: str | Path, task_keys: Sequence[str], components: Iterable[ComponentSpec]
     ) -> None:
-        self.path = Path(path)
+        super().__init__(path)
         self.task_keys = list(task_keys)
         self.components = tuple(sorted(components, key=lambda c: c.idx))
-        # An h5py handle does not survive fork (and cannot be pickled): each process opens its own.
-        self._handle: Any = None
-        self._pid: int | None = None
         self.n_rows = self._check()
         self.component_slices: dict[str, slice] = {}
         start = 0
@@ -129,26 +157,6 @@ class LabelsFile:
 
     def __repr__(self) -> str:
         return f"LabelsFile({str(self.path)!r}, {self.n_rows} rows)"
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_handle"] = None
-        state["_pid"] = None
-        return state
-
-    def close(self) -> None:
-        """Close this process's handle; the next read opens it again."""
-        if self._handle is not None and self._pid == os.getpid():
-            self._handle.close()
-        self._handle = None
-        self._pid = None
-
-    def _file(self) -> Any:
-        pid = os.getpid()
-        if self._handle is None or self._pid != pid:
-            self._handle = import_h5py().File(self.path, "r")
-            self._pid = pid
-        return self._handle
 
     def _check(self) -> int:
         """The number of rows, once every dataset the config names is there with the right shape."""

@@ -28,7 +28,7 @@ from PIL import Image
 from ...config import ConfigError
 from ..paths import resolved
 from .images import ImageProblem, load_image
-from .labels import import_h5py, row_indices
+from .labels import ProcessLocalH5, import_h5py, row_indices
 
 IMAGES_KEY = "DATA.HYBRID.IMAGES_DIR"
 PIXELS_KEY = "DATA.H5.IMAGES_PATH"
@@ -39,7 +39,8 @@ Photo = Image.Image | ImageProblem  # a photo, or why its file cannot be decoded
 
 
 class ImageSource(Protocol):
-    """What ``SpeciesDataset`` reads its photos from: ``PhotoFolder`` or ``PixelsFile``."""
+    """What ``SpeciesDataset`` reads its photos from: ``PhotoFolder``, ``PixelsFile`` or a Hugging
+    Face dataset's image column (``hf_images.HFImages``)."""
 
     def check(self, rows: npt.NDArray[np.int64], identifier: Callable[[int], str]) -> None:
         """Before training: every photo of the split (``rows`` of the labels, ``identifier`` giving
@@ -109,16 +110,13 @@ class PhotoFolder:
         return photos
 
 
-class PixelsFile:
+class PixelsFile(ProcessLocalH5):
     """linnaeus' ``images.h5`` at ``path`` (``DATA.H5.IMAGES_PATH``), checked when made against the
     labels it goes with: ``labels`` (their file, named in messages) of ``n_rows`` rows."""
 
     def __init__(self, path: str | Path, n_rows: int, labels: str | Path = "labels.h5") -> None:
-        self.path = Path(path)
+        super().__init__(path, PIXELS_KEY)
         self.labels = Path(labels)
-        # An h5py handle does not survive fork (and cannot be pickled): each process opens its own.
-        self._handle: Any = None
-        self._pid: int | None = None
         self.shape = self._check(n_rows)
 
     def __len__(self) -> int:
@@ -127,25 +125,8 @@ class PixelsFile:
     def __repr__(self) -> str:
         return f"PixelsFile({str(self.path)!r}, {self.shape[0]} rows)"
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_handle"] = None
-        state["_pid"] = None
-        return state
-
-    def close(self) -> None:
-        """Close this process's handle; the next read opens it again."""
-        if self._handle is not None and self._pid == os.getpid():
-            self._handle.close()
-        self._handle = None
-        self._pid = None
-
     def _dataset(self) -> Any:
-        pid = os.getpid()
-        if self._handle is None or self._pid != pid:
-            self._handle = import_h5py(PIXELS_KEY).File(self.path, "r")
-            self._pid = pid
-        return self._handle[PIXELS_DATASET]
+        return self._file()[PIXELS_DATASET]
 
     def _check(self, n_rows: int) -> tuple[int, ...]:
         """The ``images`` dataset's shape, once it holds one uint8 photo for each row of the labels."""

@@ -72,6 +72,9 @@ class ObservationTable:
     A rank of names gets ids by position: its distinct names sorted, numbered from 1, the same name
     the same id throughout the table. Another table (one more name) numbers them differently, so a
     run keeps the ids it trained on, with their ``names``, in its taxonomy file, never renumbering.
+
+    ``arrow``: the rows already read, as a pyarrow Table (a Hugging Face dataset's columns,
+    ``hf_images``), read instead of the file; ``path`` then only names them in messages.
     """
 
     def __init__(
@@ -86,6 +89,7 @@ class ObservationTable:
         elevation_column: str | None = None,
         temporal: TemporalKind = "month",
         elevation_scales: Sequence[float] = DEFAULT_ELEVATION_SCALES,
+        arrow: Any = None,
     ) -> None:
         self.path = Path(path)
         self._label = label = str(path)
@@ -95,7 +99,7 @@ class ObservationTable:
             self.task_keys, latitude_column, longitude_column, temporal, elevation_column, elevation_scales
         )
         bad_options = {key for key, _ in problems}
-        table = _read(self.path, image_column, date_column, problems)
+        table = _read(self.path, image_column, date_column, problems) if arrow is None else arrow
         present = ", ".join(table.column_names)
         location = [(LATITUDE_KEY, latitude_column), (LONGITUDE_KEY, longitude_column)] if located else []
         named = [(IMAGE_KEY, image_column), *((RANKS_KEY, rank) for rank in self.task_keys), *location]
