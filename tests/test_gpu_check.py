@@ -5,6 +5,7 @@ not run (never passed), and the results and log are written where the README say
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import tarfile
@@ -69,6 +70,14 @@ def test_the_gpu_check_runs_on_the_cpu_at_tiny_size(tmp_path: Path) -> None:
     first = recipe["losses (first logged)"]
     assert first["ours"] == pytest.approx(first["accelerate"], rel=0.02), first
     assert recipe["documents in the token file"] > 1
+    # recipe, Muon: configs/gpt2_124m_muon.yaml takes turns with ours; the same model and data, so
+    # the same loss before its first step; its tokens/s, its step time over ours', and
+    # optimizer.step() alone of Muon + AdamW and of AdamW.
+    assert first["ours, muon"] == pytest.approx(first["ours"], rel=1e-6), first
+    steps = recipe["optimizer.step() alone"]
+    figures = [recipe["ours, muon tokens/s"], recipe["ours, muon / ours step time"], steps["muon / adamw"]]
+    assert all(math.isfinite(x) and x > 0 for x in [*figures, steps["muon ms"], steps["adamw ms"]]), recipe
+    assert "ours, muon: loss logged and finite" in {c["name"] for c in parts["recipe"]["checks"]}
     # species: real JPEGs decoded, three sides (ours and the hand-written loop channels-last, ours
     # channels-first); the same model, batches and transforms, so their first losses agree in fp32.
     species = parts["species"]["figures"]

@@ -11,7 +11,7 @@ PARTS = {
     "e2e": "benchmarks.gpu.e2e",  # one GPU: bf16, kill -9 and resume, ASYNC, EMA, LoRA
     "sharded": "benchmarks.gpu.sharded",  # FSDP2 and ZeRO-3 through the shipped accelerate configs
     "throughput": "benchmarks.gpu.throughput",  # 124M GPT-2: ours vs hand-written loops
-    "recipe": "benchmarks.gpu.recipe",  # configs/gpt2_124m.yaml: tokens/s and MFU vs hand-written
+    "recipe": "benchmarks.gpu.recipe",  # configs/gpt2_124m.yaml: tokens/s and MFU vs hand-written; Muon
     "species": "benchmarks.gpu.species",  # configs/species.yaml, ConvNeXt-T, JPEG workers: vs hand-written
     "host_sync": "benchmarks.gpu.host_sync",  # no synchronising call on quiet steps
     "checkpoint": "benchmarks.gpu.checkpoint_cost",  # how long a checkpoint blocks, 124M + AdamW

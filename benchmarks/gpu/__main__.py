@@ -38,7 +38,7 @@ LIMITS = {
     "e2e": 300,
     "sharded": 360,
     "throughput": 360,
-    "recipe": 420,
+    "recipe": 480,
     "species": 240,
     "host_sync": 180,
     "checkpoint": 240,
@@ -62,6 +62,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--budget-s", type=float, default=None, help="stop starting parts once this many seconds have passed"
     )
     parser.add_argument("--part", help=argparse.SUPPRESS)  # internal: run one part in this process
+    parser.add_argument("--limit-s", type=float, help=argparse.SUPPRESS)  # internal: that part's time limit
     return parser.parse_args(argv)
 
 
@@ -149,7 +150,7 @@ class Runner:
         result, log = self.work / f"{name}.json", self.args.out / f"{name}.log"
         result.unlink(missing_ok=True)
         command = [sys.executable, "-m", "benchmarks.gpu", str(self.args.out), "--part", name]
-        command += ["--size", self.size, "--work", str(self.work)]
+        command += ["--size", self.size, "--work", str(self.work), "--limit-s", f"{limit:.0f}"]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
         if not self.cuda:
@@ -198,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.part is not None:  # one part, in this process
         work = args.work.resolve()
         work.mkdir(parents=True, exist_ok=True)
-        return run_one(args.part, Context(work, size, cuda), work / f"{args.part}.json")
+        return run_one(args.part, Context(work, size, cuda, args.limit_s), work / f"{args.part}.json")
     args.out.mkdir(parents=True, exist_ok=True)
     runner = Runner(args, size, cuda)
     shutil.rmtree(runner.work, ignore_errors=True)  # a previous check's runs would be resumed

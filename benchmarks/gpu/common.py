@@ -33,11 +33,13 @@ RTOL, ATOL = 2e-2, 2e-3
 @dataclasses.dataclass
 class Context:
     """Where a part works and how big it runs. ``size``: ``full`` (the GPU figures) or ``tiny``
-    (CPU, in CI: every code path, figures meaningless)."""
+    (CPU, in CI: every code path, figures meaningless); ``limit_s``: the seconds the part may take
+    before it is killed (None: not known), which ``--budget-s`` can make shorter than its own."""
 
     work: Path
     size: str
     cuda: bool
+    limit_s: float | None = None
 
     @property
     def full(self) -> bool:

@@ -17,28 +17,48 @@ memory after every block: two sides at 64 x 1,024 do not fit on one 80 GB GPU at
 the median tokens/s and MFU of each (6 x parameters x tokens/s over the device's bf16 peak), the
 median of the paired per-block ratios; the check: ours >= 0.98x the hand-written loop. MFU against
 the 40% goal is a figure, not a check.
+
+A third side, ours on ``configs/gpt2_124m_muon.yaml`` (``OPTIMIZER.NAME: muon``: torch's Muon on the
+hidden 2-D weights, fused AdamW on the rest), takes its turns on the same data with the same opts:
+its tokens/s, its step time over ours' (the median of paired per-block ratios) and the check that it
+trains, read from its logged losses alone (the lock-step ends the run before it writes ``final/``).
+Once the sides are done, ``optimizer.step()`` alone of each recipe's optimizer over the model's
+parameters with random gradients, timed over blocks of steps. The Muon side and that timing run only
+when the part may take ``MUON_MIN_LIMIT_S`` or more (``--budget-s`` can leave it less), so that a
+short budget keeps the recipe's own comparison.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .common import CONFIGS, Context, Part
+from .common import CONFIGS, Context, Part, tail
 from .sides import BlockBaton, TokenWindows, cosine_lr, run_ours, worker
 from .throughput import Referee, record_rates
 
 NAME = "recipe"
-TITLE = "configs/gpt2_124m.yaml (124M GPT-2, masking, chunked loss, fused AdamW, bf16, compiled): ours vs hand-written"
-RECIPE = CONFIGS / "gpt2_124m.yaml"
-SIDES = ("ours", "accelerate")
+TITLE = (
+    "configs/gpt2_124m.yaml (124M GPT-2, masking, chunked loss, fused AdamW, bf16, compiled): ours vs "
+    "hand-written, and ours with Muon (configs/gpt2_124m_muon.yaml)"
+)
+RECIPE, MUON_RECIPE = CONFIGS / "gpt2_124m.yaml", CONFIGS / "gpt2_124m_muon.yaml"
+MUON = "ours, muon"
+SIDES = ("ours", "accelerate", MUON)
+# The part's time limit below which the Muon side and the optimizer-step timing are left out: the
+# limit the part had without them (they were allowed about 60 s more on an H100).
+MUON_MIN_LIMIT_S = 420
+# optimizer.step() alone: untimed steps first (its state allocated), then blocks of steps.
+OPTIMIZER_STEPS = {"full": (3, 20, 3), "tiny": (1, 2, 1)}  # (untimed, steps a block, blocks)
 TARGET, GOAL_MFU = 0.98, 0.40
 BLOCK, WARMUP, ROUNDS = 2, 1, 6  # a block: BLOCK optimizer steps of 0.5M tokens, about 2 s on an H100
 # Tiny (CPU): every path at the smallest sizes.
@@ -92,7 +112,7 @@ def recipe_opts(spec: dict[str, Any]) -> list[str]:
     """What ours changes of the recipe: its data, its length, where it writes (and at tiny size,
     its sizes); the rest is the file's."""
     opts = {
-        "EXPERIMENT.NAME": NAME,
+        "EXPERIMENT.NAME": spec.get("name", NAME),
         "ENV.OUTPUT.BASE_DIR": spec["out"],
         "ENV.PROGRESS_BAR": False,
         "DATA.DATASET.OPTIONS.paths": [spec["tokens"]],
@@ -115,8 +135,21 @@ def recipe_opts(spec: dict[str, Any]) -> list[str]:
 def run_recipe_ours(spec: dict[str, Any], baton: BlockBaton) -> dict[str, Any]:
     from linnaeus_accel.config import load_config
 
-    config = load_config(RECIPE, recipe_opts(spec))
+    config = load_config(Path(spec.get("recipe", RECIPE)), recipe_opts(spec))
     return run_ours(spec, baton, config)
+
+
+def run_recipe_muon(spec: dict[str, Any], baton: BlockBaton) -> dict[str, Any]:
+    """Ours on the Muon recipe; should it fail, the side goes on taking (empty) turns, so that the
+    others' comparison stands, and its result says the error."""
+    try:
+        return run_recipe_ours(spec, baton)
+    except Exception:
+        error = traceback.format_exc()
+        print(error, flush=True)
+        while baton():
+            pass
+        return {"error": error}
 
 
 def run_recipe_accelerate(spec: dict[str, Any], baton: BlockBaton) -> dict[str, Any]:
@@ -178,7 +211,98 @@ def run_recipe_accelerate(spec: dict[str, Any], baton: BlockBaton) -> dict[str, 
     return {"logged": logged}
 
 
-LOOPS = {"ours": run_recipe_ours, "accelerate": run_recipe_accelerate}
+LOOPS = {"ours": run_recipe_ours, "accelerate": run_recipe_accelerate, MUON: run_recipe_muon}
+
+
+def optimizer_step_ms(spec: dict[str, Any], size: str) -> dict[str, Any]:
+    """Milliseconds per ``optimizer.step()`` of each recipe's optimizer, built as the Trainer builds
+    it (``parameter_groups``, the registry), over the model's parameters on the device, each with a
+    random gradient, every group at its peak LR; the device synchronised around each block of
+    steps, the median block. ``size``: ``full`` or ``tiny`` (how many steps)."""
+    import torch
+
+    from linnaeus_accel.config import load_config
+    from linnaeus_accel.models import build_model
+    from linnaeus_accel.optim import build_from_config
+    from linnaeus_accel.training.start.setup import parameter_groups
+
+    device = torch.device("cuda" if spec["cuda"] else "cpu")
+    untimed, steps, blocks = OPTIMIZER_STEPS[size]
+    out: dict[str, Any] = {}
+    for label, recipe in (("adamw", RECIPE), ("muon", MUON_RECIPE)):
+        config = load_config(recipe, recipe_opts(spec))
+        torch.manual_seed(0)
+        model = build_model(config, None).to(device)
+        optimizer = build_from_config(parameter_groups(model, config.OPTIMIZER, config.LR_SCHEDULER), config)
+        for group in optimizer.param_groups:
+            group["lr"] = config.LR_SCHEDULER.BASE_LR * group.get("lr_scale", 1.0)
+        for param in model.parameters():
+            param.grad = torch.randn_like(param) * 1e-4  # about a clipped gradient's scale
+        for _ in range(untimed):
+            optimizer.step()
+        times = []
+        for _ in range(blocks):
+            if spec["cuda"]:
+                torch.cuda.synchronize()
+            started = time.perf_counter()
+            for _ in range(steps):
+                optimizer.step()
+            if spec["cuda"]:
+                torch.cuda.synchronize()
+            times.append((time.perf_counter() - started) / steps)
+        out[f"{label} ms"] = round(statistics.median(times) * 1e3, 3)
+        if label == "muon":
+            muon = [p for g in optimizer.param_groups if g.get("algorithm") == "muon" for p in g["params"]]
+            out["muon side: tensors, parameters"] = [len(muon), sum(p.numel() for p in muon)]
+        del model, optimizer
+        if spec["cuda"]:
+            torch.cuda.empty_cache()
+    out["muon / adamw"] = round(out["muon ms"] / out["adamw ms"], 3)
+    out["adamw"] = "fused" if spec["cuda"] else "torch's default"
+    return out
+
+
+def check_muon(part: Part, full: bool, result: dict[str, Any], rates: dict[str, list[float]]) -> None:
+    """The Muon side's check and figures: it trains (its logged losses finite and, at full size,
+    lower at the last block than at the first), its step time over ours'."""
+    if "error" in result:
+        part.check(f"{MUON}: trains", False, tail(result["error"], 5))
+        return
+    logged = result["logged"]
+    losses = [r["train/loss"] for r in logged if r.get("train/loss") is not None]
+    finite = len(losses) >= 2 and all(map(math.isfinite, losses))
+    # At tiny size a block is a few dozen random tokens: its loss is noise, so only finite is asked.
+    name = f"{MUON}: loss finite and falling" if full else f"{MUON}: loss logged and finite"
+    part.check(name, finite and (losses[-1] < losses[0] or not full), [round(x, 4) for x in losses])
+    part.figures.setdefault("losses (first logged)", {})[MUON] = losses[0] if losses else None
+    part.figures[f"{MUON} / ours step time"] = round(
+        statistics.median(a / b for a, b in zip(rates["ours"], rates[MUON], strict=True)), 4
+    )
+
+
+def record_perf(part: Part, side: str, logged: list[dict[str, Any]]) -> None:
+    """What ``side`` (one of ours) logged as ``perf/``: the median of each."""
+    for key in ("perf/data_time_share", "perf/mfu"):
+        values = [r[key] for r in logged if r.get(key) is not None]
+        if values:  # its clock runs through the other sides' turns too
+            part.figures[f"{side} {key} as logged, lock-stepped (median)"] = round(
+                statistics.median(values), 4
+            )
+
+
+def with_muon(part: Part, ctx: Context) -> bool:
+    """Whether the Muon side runs; if not, why is noted in ``part.not_run``."""
+    import torch
+
+    if not hasattr(torch.optim, "Muon"):
+        part.not_run.append(f"{MUON}: torch {torch.__version__} has no torch.optim.Muon (2.9 or newer)")
+        return False
+    if ctx.full and ctx.limit_s is not None and ctx.limit_s < MUON_MIN_LIMIT_S:  # tiny: seconds
+        part.not_run.append(
+            f"{MUON}: the part may take {ctx.limit_s:.0f} s, under {MUON_MIN_LIMIT_S} (--budget-s)"
+        )
+        return False
+    return True
 
 
 def run_part(ctx: Context) -> Part:
@@ -196,15 +320,19 @@ def run_part(ctx: Context) -> Part:
         **sizes, "vocab": vocab, "tokens": str(tokens), "block": block, "steps": steps, "cuda": ctx.cuda,
         "compile": ctx.cuda, "alone": True, "out": str(root / "runs"),
     }  # fmt: skip
-    specs = {side: {**spec, "side": side} for side in SIDES}
+    sides = SIDES if with_muon(part, ctx) else SIDES[:2]
+    specs = {side: {**spec, "side": side} for side in sides}
+    if MUON in specs:  # a run directory of its own
+        specs[MUON].update(recipe=str(MUON_RECIPE), name=f"{NAME}_muon")
     ctx.say(f"recipe: {steps} steps a side, blocks of {block}, {rounds} timed rounds, {documents} documents")
     started = time.perf_counter()
     referee = Referee(specs, root, ctx.cuda, module="benchmarks.gpu.recipe")
     results = referee.play(warmup + rounds, first_timeout=900 if ctx.full else 300, alone=True)
     part.figures["seconds_to_first_block"] = round(time.perf_counter() - started, 1)
     tokens_per_block = block * sizes["accumulation"] * sizes["batch"] * (seq_len - 1)
-    rates = {side: [tokens_per_block / t for t in results[side]["times"][warmup:]] for side in SIDES}
-    for side in SIDES:
+    timed = [side for side in sides if "error" not in results[side]]
+    rates = {side: [tokens_per_block / t for t in results[side]["times"][warmup:]] for side in timed}
+    for side in timed:
         part.check(f"{side}: every block timed", len(rates[side]) == rounds, f"{len(rates[side])} blocks")
         part.figures[f"{side} profile"] = results[side]["diagnosis"]
     parameters = results["ours"]["parameters"]
@@ -225,6 +353,15 @@ def run_part(ctx: Context) -> Part:
         "ours": losses[0] if losses else None,
         "accelerate": (results["accelerate"]["logged"] or [None])[0],
     }
+    record_perf(part, "ours", logged)
+    if MUON in results:
+        check_muon(part, ctx.full, results[MUON], rates)
+        record_perf(part, MUON, results[MUON].get("logged", []))
+        try:
+            part.figures["optimizer.step() alone"] = optimizer_step_ms(spec, ctx.size)
+        except Exception as exc:
+            traceback.print_exc()
+            part.check("optimizer.step() alone timed", False, f"{type(exc).__name__}: {exc}")
     part.figures["parameters"] = parameters
     part.figures["tokens per step"] = sizes["accumulation"] * sizes["batch"] * (seq_len - 1)
     part.figures["documents in the token file"] = documents

@@ -125,7 +125,7 @@ class BlockBaton:
         events = self.profiler.key_averages()
         key = (
             "self_device_time_total"
-            if hasattr(events[0], "self_device_time_total")
+            if not events or hasattr(events[0], "self_device_time_total")  # none: a side's empty turn
             else "self_cuda_time_total"
         )
         device_us = sum(getattr(e, key, 0) for e in events)
