@@ -7,8 +7,9 @@ on 2-D weights) and ``examples/nanogpt_muon.yaml`` (Muon at LR 0.02 on the hidde
 train`` (``Trainer.fit`` in this process) except for the size: the GPT of
 ``examples/nanogpt_model.py`` with 2 layers of width 64 (block 64, batch 16 windows: 1,024 target
 tokens a step) for ``STEPS`` steps, with the recipes' warmup and cosine shortened to a tenth of the
-run, and validation on the recipes' fixed 20-batch subset every ``EVERY`` steps (the last too). Same data, same
-windows (``EXPERIMENT.SEED`` draws both the weights and the windows) for both recipes at a seed;
+run (and Muon's momentum warmup, 300 of the recipe's 1,000 steps, to the same share), and
+validation on the recipes' fixed 20-batch subset every ``EVERY`` steps (the last too). Same data,
+same windows (``EXPERIMENT.SEED`` draws both the weights and the windows) for both recipes at a seed;
 several seeds.
 
 Rows, each the median over the seeds of the paired values (Muon, AdamW):
@@ -96,7 +97,10 @@ def train(
     # The recipes' warmup start (an absolute LR) is their peak / (WARMUP_STEPS + 1), as nanoGPT's.
     from linnaeus_accel.config import load_config
 
-    peak = load_config(RECIPES[recipe], opts).LR_SCHEDULER.BASE_LR
+    config = load_config(RECIPES[recipe], opts)
+    peak = config.LR_SCHEDULER.BASE_LR
+    if config.OPTIMIZER.MUON.MOMENTUM_WARMUP_STEPS:  # the recipe's 300 of its 1,000 steps, in proportion
+        opts += ["OPTIMIZER.MUON.MOMENTUM_WARMUP_STEPS", str(max(1, 3 * steps // 10))]
     opts += ["LR_SCHEDULER.WARMUP_LR", repr(peak / (warmup + 1))]
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()) as err:
         code = main(["train", "--cfg", str(RECIPES[recipe]), "--opts", *opts])

@@ -25,7 +25,7 @@ from torch import nn
 from linnaeus_accel.config import ConfigError, load_config
 from linnaeus_accel.config.optimizer import MuonConfig
 from linnaeus_accel.optim import build_from_config
-from linnaeus_accel.optim.muon import MuonWithAdamW, muon_split
+from linnaeus_accel.optim.muon import MuonWithAdamW, muon_split, warmed_momentum
 from linnaeus_accel.training.start.backends import check_optimizer_backend
 from linnaeus_accel.training.start.setup import parameter_groups
 
@@ -138,6 +138,12 @@ def test_overrides_by_name_and_their_mistakes() -> None:
         ({"NAME": "muon", "OPTIONS": {"amsgrad": True}}, "OPTIMIZER.OPTIONS", "is not read with NAME: muon"),
         # torch's bound
         ({"NAME": "muon", "MUON": {"NS_STEPS": 100}}, "OPTIMIZER.MUON.NS_STEPS", "must be below 100"),
+        # a start with no warmup to start it
+        (
+            {"NAME": "muon", "MUON": {"MOMENTUM_START": 0.5}},
+            "OPTIMIZER.MUON.MOMENTUM_START, OPTIMIZER.MUON.MOMENTUM_WARMUP_STEPS",
+            "is read only with a warmup",
+        ),
         # torch.optim.Muon's two LR adjustments only
         (
             {"NAME": "muon", "MUON": {"ADJUST_LR": "none"}},
@@ -152,6 +158,20 @@ def test_config_mistakes_name_the_key(optimizer: dict[str, Any], key: str, start
     found = dict(exc.value.problems)
     assert key in found, exc.value.problems
     assert start in found[key]
+
+
+@pytest.mark.parametrize(
+    ("step", "expected"),
+    [
+        (0, 0.85),  # the first step at MOMENTUM_START
+        (150, 0.90),  # half way up the line
+        (299, 0.85 + 0.10 * 299 / 300),  # the last step of the warmup
+        (300, 0.95),  # MOMENTUM from the warmup's end
+        (10_000, 0.95),  # and held
+    ],
+)
+def test_the_momentum_warmup_is_nanochats_line(step: int, expected: float) -> None:
+    assert warmed_momentum(step, 0.85, 0.95, 300) == pytest.approx(expected, abs=1e-15)
 
 
 class MLP(nn.Module):
@@ -276,10 +296,12 @@ def test_plan_prints_each_sides_share_and_peak_lr() -> None:
 
 
 # lm_tiny, small: 24 steps of 8 sequences, each as two micro-batches of 4 (one process accumulating
-# two, or two processes), a checkpoint every 8.
+# two, or two processes), a checkpoint every 8; Muon's momentum warmed over the first 20 steps, so
+# that a resume at step 16 lands inside the warmup.
 MUON_RUN = [
     *SMALL_LM,
     "OPTIMIZER.NAME", "muon",
+    "OPTIMIZER.MUON.MOMENTUM_WARMUP_STEPS", "20",
     "TRAIN.TARGET_TOKENS", str(24 * 8 * 128),
     "SCHEDULE.CHECKPOINT.INTERVAL_STEPS", "8",
     "DATA.BATCH_SIZE", "4",
@@ -326,15 +348,19 @@ def test_killed_on_one_process_then_resumed_on_two_ends_with_the_same_bytes(
     ]
 
 
-def test_the_lr_of_each_side_follows_the_schedule(uninterrupted: Result) -> None:
-    """The loop sets lr/default from the schedule and the Muon groups at x MUON.LR / BASE_LR: the
-    resumed optimizer state holds both as the last step set them."""
+def test_the_lr_and_momentum_of_each_side_follow_the_schedule(uninterrupted: Result) -> None:
+    """The loop sets lr/default from the schedule, the Muon groups' LR at x MUON.LR / BASE_LR and
+    their momentum on its warmup: the checkpoints' optimizer state holds them as step 16's (inside
+    the warmup) and step 24's set them."""
     config = load_config(LM_CFG, ACCUMULATING)
-    checkpoints = sorted((uninterrupted.dir / "checkpoints").iterdir())
-    state = torch.load(checkpoints[-1] / "optimizer.bin", weights_only=True)
-    lrs = {g["algorithm"]: g["lr"] for g in state["param_groups"]}
-    assert lrs["muon"] == pytest.approx(lrs["adamw"] * config.OPTIMIZER.MUON.LR / config.LR_SCHEDULER.BASE_LR)
-    assert lrs["adamw"] > 0
+    ratio = config.OPTIMIZER.MUON.LR / config.LR_SCHEDULER.BASE_LR
+    checkpoints = uninterrupted.dir / "checkpoints"
+    for step, momentum in ((16, 0.85 + 0.10 * 15 / 20), (24, 0.95)):  # set before 0-based steps 15 and 23
+        state = torch.load(checkpoints / f"step_{step:08d}" / "optimizer.bin", weights_only=True)
+        groups = {g["algorithm"]: g for g in state["param_groups"]}
+        assert groups["muon"]["lr"] == pytest.approx(groups["adamw"]["lr"] * ratio)
+        assert groups["adamw"]["lr"] > 0
+        assert groups["muon"]["momentum"] == pytest.approx(momentum, abs=1e-12)
 
 
 # tests/test_rollback.py's run (sample 773 of the digits has NaN pixels, in steps 7 and 19), with Muon.

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field
 
-from .base import NonNegativeFloat, PositiveFloat, PositiveInt, Problem, Section, accepts
+from .base import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Problem, Section, accepts
 
 # The optimizers built in (linnaeus_accel.optim); others are registered from the user's script.
 BUILTIN_OPTIMIZERS = ("adamw", "sgd", "muon")
@@ -70,6 +70,15 @@ class MuonConfig(Section):
         "and batch-size scaling). Default 0.02 (Keller Jordan's Muon, nanochat's matrix_lr).",
     )
     MOMENTUM: Momentum = Field(0.95, description="Momentum of the gradient's running average, in [0, 1).")
+    MOMENTUM_WARMUP_STEPS: NonNegativeInt = Field(
+        0,
+        description="Optimizer steps over which the momentum rises in a line from MOMENTUM_START to MOMENTUM, "
+        "as nanochat and modded-nanogpt warm it (0.85 to 0.95 over 300 steps); 0 (default): MOMENTUM from "
+        "the first step. A pure function of the global step, set before each step.",
+    )
+    MOMENTUM_START: Momentum = Field(
+        0.85, description="The momentum of step 0 when MOMENTUM_WARMUP_STEPS is above 0."
+    )
     NESTEROV: bool = Field(True, description="Nesterov momentum (the reference's, torch's default).")
     NS_STEPS: PositiveInt = Field(
         5, description="Newton-Schulz iterations that orthogonalise each update (torch requires < 100)."
@@ -99,9 +108,19 @@ class MuonConfig(Section):
     )
 
     def problems(self) -> list[Problem]:
+        problems = []
         if self.NS_STEPS >= 100:
-            return [Problem(("NS_STEPS",), "{0} must be below 100 (torch.optim.Muon's bound); 5 is usual")]
-        return []
+            problems.append(
+                Problem(("NS_STEPS",), "{0} must be below 100 (torch.optim.Muon's bound); 5 is usual")
+            )
+        if self.MOMENTUM_WARMUP_STEPS == 0 and self.MOMENTUM_START != 0.85:
+            problems.append(
+                Problem(
+                    ("MOMENTUM_START", "MOMENTUM_WARMUP_STEPS"),
+                    "{0} is read only with a warmup: set {1} (e.g. 300), or remove {0}",
+                )
+            )
+        return problems
 
 
 class OptimizerConfig(Section):

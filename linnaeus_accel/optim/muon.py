@@ -204,6 +204,36 @@ class MuonWithAdamW(torch.optim.Optimizer):
         self._link()
 
 
+def warmed_momentum(step: int, start: float, end: float, warmup: int) -> float:
+    """Muon's momentum at global step ``step`` (0-based): ``start`` at step 0 rising in a line to
+    ``end`` at step ``warmup`` and held there (nanochat's and modded-nanogpt's warmup)."""
+    if step >= warmup:
+        return end
+    return start + (end - start) * step / warmup
+
+
+@dataclass(frozen=True)
+class MomentumWarmup:
+    """MUON.MOMENTUM_WARMUP_STEPS: the loop sets every Muon group's momentum before each step."""
+
+    start: float
+    end: float
+    steps: int
+
+    def apply(self, groups: list[dict[str, Any]], step: int) -> None:
+        momentum = warmed_momentum(step, self.start, self.end, self.steps)
+        for group in groups:
+            if group.get("algorithm") == "muon":
+                group["momentum"] = momentum
+
+
+def momentum_warmup(muon: MuonConfig, name: str) -> MomentumWarmup | None:
+    """The warmup the loop applies, for OPTIMIZER.NAME ``name``; None without one."""
+    if name != "muon" or muon.MOMENTUM_WARMUP_STEPS == 0:
+        return None
+    return MomentumWarmup(muon.MOMENTUM_START, muon.MOMENTUM, muon.MOMENTUM_WARMUP_STEPS)
+
+
 @register_optimizer("muon")
 def muon(groups: list[dict[str, Any]], config: Config) -> torch.optim.Optimizer:
     """Over ``groups`` as ``training.start.setup.parameter_groups`` splits them (``algorithm`` and

@@ -25,6 +25,7 @@ from ..checkpoint.save.nonfinite import NonFiniteGuard
 from ..checkpoint.state.registry import StateRegistry
 from ..config import Config
 from ..optim.groups import optimizer_line
+from ..optim.muon import momentum_warmup
 from ..optim.registry import build_from_config
 from ..process.gloo_exit import settle_gloo_threads_at_exit
 from ..process.preemption import PreemptionWatch
@@ -201,6 +202,7 @@ def build_run(
         clip_grad=config.TRAIN.CLIP_GRAD, gradnorm=gradnorm,
         shared_parameters=shared_parameters(acc.unwrap_model(model)) if gradnorm else None,
         skip_nonfinite=config.TRAIN.NONFINITE == "skip",
+        momentum_warmup=momentum_warmup(config.OPTIMIZER.MUON, config.OPTIMIZER.NAME),
     )  # fmt: skip
     nonfinite = NonFiniteGuard(acc, meter, model, config.TRAIN.NONFINITE)
     callback_list = CallbackList(all_callbacks, plan, acc.is_main_process)

@@ -42,8 +42,11 @@ def optimizer_lines(optimizer: OptimizerConfig) -> list[str]:
     if o.NAME == "muon":
         m = o.MUON
         nesterov = " (Nesterov)" if m.NESTEROV else ""
+        momentum = f"{m.MOMENTUM:g}"
+        if m.MOMENTUM_WARMUP_STEPS:
+            momentum = f"{m.MOMENTUM_START:g} rising to {m.MOMENTUM:g} over {m.MOMENTUM_WARMUP_STEPS} steps"
         parts.append(
-            f"Muon on the 2-D hidden weights: momentum {m.MOMENTUM:g}{nesterov}, {m.NS_STEPS} Newton-Schulz "
+            f"Muon on the 2-D hidden weights: momentum {momentum}{nesterov}, {m.NS_STEPS} Newton-Schulz "
             f"steps, LR adjustment {m.ADJUST_LR}, weight decay {m.WEIGHT_DECAY:g}; AdamW on the rest"
         )
     if o.NAME in ("adamw", "muon"):

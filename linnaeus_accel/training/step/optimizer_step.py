@@ -22,6 +22,7 @@ from accelerate.optimizer import AcceleratedOptimizer
 from accelerate.utils import DistributedType
 from torch import Tensor, nn
 
+from ...optim.muon import MomentumWarmup
 from ...schedule import OpsSchedule
 from ...tasks import Task
 from ..metrics.meter import TrainMeter
@@ -62,9 +63,11 @@ class OptimizerStep:
         gradnorm: GradNorm | None = None,
         shared_parameters: list[nn.Parameter] | None = None,
         skip_nonfinite: bool = False,
+        momentum_warmup: MomentumWarmup | None = None,
     ) -> None:
         """``skip_nonfinite`` (TRAIN.NONFINITE: skip): a step whose gradient norm is NaN or
-        infinite is dropped (one host read per step, as a gradient scaler does)."""
+        infinite is dropped (one host read per step, as a gradient scaler does).
+        ``momentum_warmup``: Muon's (MUON.MOMENTUM_WARMUP_STEPS), set with the LR before each step."""
         self.accelerator, self.model, self.optimizer = accelerator, model, optimizer
         self.task, self.ops, self.plan, self.meter = task, ops, ops.plan, meter
         self.weights = torch.tensor(weights, dtype=torch.float32, device=accelerator.device)
@@ -73,6 +76,7 @@ class OptimizerStep:
         self.unit_weights = gradnorm is None and all(w == 1.0 for w in weights)
         self.clip = clip_grad if clip_grad else float("inf")
         self.gradnorm = gradnorm
+        self.momentum_warmup = momentum_warmup
         self.shared_parameters = shared_parameters or []
         self.world = accelerator.num_processes
         self.parameters = list(model.parameters())  # listed once, not by walking the modules every step
@@ -110,6 +114,8 @@ class OptimizerStep:
         # MUON.LR / BASE_LR); x 1.0 leaves every other group's LR the curve's, bit for bit.
         for i, group in enumerate(self.stepped.param_groups):
             group["lr"] = self.plan.lr(k, group.get("lr_group", i)) * group.get("lr_scale", 1.0)
+        if self.momentum_warmup is not None:
+            self.momentum_warmup.apply(self.stepped.param_groups, k)
         batches, units = [], []
         for mb in window:
             batch = task.prepare(mb.data, k, epoch, mb.position, mb.real)
