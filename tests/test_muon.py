@@ -295,6 +295,14 @@ def test_plan_prints_each_sides_share_and_peak_lr() -> None:
     assert "  embedding: model.embed_tokens.weight" in out
 
 
+def test_plan_warns_of_a_momentum_warmup_longer_than_the_run() -> None:
+    opts = [*SMALL_LM, "OPTIMIZER.NAME", "muon", "OPTIMIZER.MUON.MOMENTUM_WARMUP_STEPS", "100000"]
+    rc, _, err = run_cli("plan", "--cfg", LM_CFG, "--opts", *opts)
+    assert rc == 0, err
+    assert "OPTIMIZER.MUON.MOMENTUM_WARMUP_STEPS: a warmup of 100000 steps is longer than the run (" in err
+    assert "the momentum never reaches MUON.MOMENTUM (0.95); shorten the warmup" in err
+
+
 # lm_tiny, small: 24 steps of 8 sequences, each as two micro-batches of 4 (one process accumulating
 # two, or two processes), a checkpoint every 8; Muon's momentum warmed over the first 20 steps, so
 # that a resume at step 16 lands inside the warmup.

@@ -15,6 +15,7 @@ from ..config import Config, ConfigError
 from ..config.augmentation import ProbabilityRamp
 from ..config.duration import Duration
 from ..config.lr import LRSchedulerConfig, ParameterGroup
+from ..config.optimizer import OptimizerConfig
 from .boundaries import Interval, exhaustive_combinations
 from .callback_steps import resolve_callbacks
 from .lr import LRCurve
@@ -189,8 +190,20 @@ def resolve_plan(
         *sanity_warnings(sched, lrc, config.TRAIN, plan),
         *rollback_warnings(config.TRAIN, plan),
         *source_warnings(plan, sources),
+        *muon_warnings(config.OPTIMIZER, plan.total_steps),
     )
     return replace(plan, warnings=warnings)
+
+
+def muon_warnings(optimizer: OptimizerConfig, total_steps: int) -> list[str]:
+    """Muon's momentum warmup longer than the run: the run ends before the momentum is MOMENTUM."""
+    warmup = optimizer.MUON.MOMENTUM_WARMUP_STEPS
+    if optimizer.NAME != "muon" or warmup <= total_steps:
+        return []
+    return [
+        f"OPTIMIZER.MUON.MOMENTUM_WARMUP_STEPS: a warmup of {warmup} steps is longer than the run ({total_steps} "
+        f"steps): the momentum never reaches MUON.MOMENTUM ({optimizer.MUON.MOMENTUM:g}); shorten the warmup"
+    ]
 
 
 def source_warnings(plan: ResolvedPlan, rows: Sequence[Any]) -> list[str]:
