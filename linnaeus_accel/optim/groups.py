@@ -70,18 +70,15 @@ def optimizer_line(optimizer: torch.optim.Optimizer) -> str:
     decaying = sum(_numel(g["params"]) for g, rate in zip(groups, rates, strict=True) if rate > 0)
     shown = sorted({rate for rate in rates if rate > 0})
     plural = "s" if len(groups) != 1 else ""
-    sides = [g.get("algorithm") for g in groups]
-    if "muon" in sides:  # OPTIMIZER.NAME muon: say how much each side trains (plan names them)
-        counts = {
-            side: (
-                sum(len(g["params"]) for g, s in zip(groups, sides, strict=True) if s == side),
-                sum(_numel(g["params"]) for g, s in zip(groups, sides, strict=True) if s == side),
-            )
-            for side in ("muon", "adamw")
-        }
+    if any(g.get("algorithm") == "muon" for g in groups):  # NAME muon: how much each side trains
+        tensors = {"muon": 0, "adamw": 0}
+        numel = {"muon": 0, "adamw": 0}
+        for g in groups:
+            tensors[g["algorithm"]] += len(g["params"])
+            numel[g["algorithm"]] += _numel(g["params"])
         what += (
-            f" (Muon {counts['muon'][0]} tensors, {counts['muon'][1]:,} parameters; "
-            f"AdamW {counts['adamw'][0]} tensors, {counts['adamw'][1]:,} parameters)"
+            f" (Muon {tensors['muon']} tensors, {numel['muon']:,} parameters; "
+            f"AdamW {tensors['adamw']} tensors, {numel['adamw']:,} parameters)"
         )
     if not decaying:
         decay = f"no weight decay on its {total:,} trained parameters"

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import torch
 from accelerate import Accelerator
 from accelerate.utils import DistributedType
 
@@ -71,7 +72,8 @@ def check_optimizer_backend(accelerator: Accelerator, optimizer: Any) -> None:
     sides = getattr(optimizer, "sides", {}).values()
     if kind not in (DistributedType.FSDP, DistributedType.DEEPSPEED):
         return
-    if not any(type(o).__name__ == "Muon" for o in (optimizer, *sides)):
+    muon = getattr(torch.optim, "Muon", ())  # () where this torch has none: nothing is one
+    if not any(isinstance(o, muon) for o in (optimizer, *sides)):
         return
     backend = "FSDP" if kind == DistributedType.FSDP else "DeepSpeed"
     raise ConfigError(
