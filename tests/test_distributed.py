@@ -30,7 +30,7 @@ import pytest
 from helpers.configs import CFG, REPO
 from helpers.in_process import plan_json, train_in_process
 from helpers.launches import Launch, accelerate_launch, torchrun
-from helpers.processes import LAUNCHER_VARIABLES, OWN_PREFIXES, lines_through_our_code
+from helpers.processes import LAUNCHER_VARIABLES, OWN_PREFIXES, after_commits, lines_through_our_code
 
 from linnaeus_accel.cli import plan_for
 from linnaeus_accel.config import load_config
@@ -316,7 +316,8 @@ def test_elastic_resume_from_two_processes_onto_one_with_accumulation_doubled(
         "SCHEDULE.CHECKPOINT.MID_EPOCH",
         "true",
     ]  # 84 batches of 17: 21 steps of 68 samples per epoch
-    kill_at = {"LINNAEUS_ACCEL_KILL_AT": "optimizer_step:35"}  # mid-epoch 2, after the step-30 checkpoint
+    # mid-epoch 2, after the step-30 checkpoint (the third; the kill waits for its commit)
+    kill_at = {"LINNAEUS_ACCEL_KILL_AT": "optimizer_step:35", **after_commits(3)}
     killed = accelerate_launch(
         "elastic", [*opts, "TRAIN.ACCUMULATION_STEPS", "2"], tmp_path, extra_env=kill_at
     )

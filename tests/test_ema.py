@@ -14,6 +14,7 @@ import pytest
 import torch
 from helpers.configs import DEFAULT_CONFIG
 from helpers.in_process import reset_accelerate, run_cli
+from helpers.processes import AFTER_FIRST_COMMIT
 from helpers.runs import TrainRun
 from safetensors.torch import load_file
 
@@ -120,7 +121,8 @@ def test_ema_added_to_a_run_under_way_starts_from_the_resumed_weights(tmp_path: 
 
     opts = ["TRAIN.EPOCHS", "2", "DATA.BATCH_SIZE", "256", "SCHEDULE.CHECKPOINT.INTERVAL_EPOCHS", "1"]
     run = TrainRun(tmp_path, opts)
-    assert run.run(kill_at="optimizer_step:9").returncode != 0  # after the checkpoint of step 6
+    # after the checkpoint of step 6 (the kill waits for its background commit)
+    assert run.run(kill_at="optimizer_step:9", extra_env=AFTER_FIRST_COMMIT).returncode != 0
     with_ema = TrainRun(tmp_path, [*opts, "CALLBACKS", "[{NAME: ema}]"])
     resumed = with_ema.run()
     assert resumed.returncode == 0, resumed.tail()

@@ -43,7 +43,7 @@ from typing import Any
 import psutil  # type: ignore[import-untyped]  # an Accelerate dependency
 import pytest
 from helpers.in_process import run_here
-from helpers.processes import kill_group
+from helpers.processes import after_commits, kill_group
 from helpers.runs import (
     KILLED,
     Result,
@@ -184,6 +184,11 @@ KILLS = [
 ]
 
 
+# A kill at a training step waits for the commits before it (they run in the background): the
+# checkpoint it resumes from is that many commits in (46: the first of "epoch"; 45: "mid"'s third).
+COMMITS_BEFORE = {46: 1, 45: 3}
+
+
 @pytest.mark.parametrize(("config", "kill_at", "resume_step"), KILLS)
 def test_kill_at_fault_point_then_rerun_ends_identically(
     config: str,
@@ -194,7 +199,8 @@ def test_kill_at_fault_point_then_rerun_ends_identically(
 ) -> None:
     reference: Result = request.getfixturevalue(f"ref_{config.split('-')[0]}")
     run = TrainRun(tmp_path, CONFIGS[config])
-    killed = run.run(kill_at=kill_at).check_killed()
+    gate = after_commits(COMMITS_BEFORE[resume_step]) if kill_at.startswith("optimizer_step") else None
+    killed = run.run(kill_at=kill_at, extra_env=gate).check_killed()
     assert not (run.dir / "summary.json").exists(), killed.tail()
 
     resumed = run_here(run)
@@ -206,6 +212,31 @@ def test_kill_at_fault_point_then_rerun_ends_identically(
     # Nothing half-written is left behind: no staging or half-deleted directory.
     leftovers = [p.name for p in (run.dir / "checkpoints").iterdir() if p.name.startswith(".")]
     assert not leftovers, leftovers
+
+
+def test_a_fault_held_back_by_a_commit_fires_at_its_first_point_after_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The step kills above rest on it: a commit arriving late (a loaded machine) moves the fault
+    to the first step after it, never skips it, and never fires it twice."""
+    import importlib
+
+    import linnaeus_accel.process.faults as faults
+
+    monkeypatch.setenv("LINNAEUS_ACCEL_RAISE_AT", "optimizer_step:2")
+    monkeypatch.setenv("LINNAEUS_ACCEL_FAULT_AFTER", "checkpoint_committed:1")
+    monkeypatch.delenv("LINNAEUS_ACCEL_FAULT_RANK", raising=False)
+    armed = importlib.reload(faults)
+    try:
+        for _ in range(4):  # steps 1-4: counted, held back (no commit yet)
+            armed.fault_point("optimizer_step")
+        armed.fault_point("checkpoint_committed")
+        with pytest.raises(RuntimeError, match="RAISE_AT"):
+            armed.fault_point("optimizer_step")  # step 5: the first after the commit
+        armed.fault_point("optimizer_step")  # fired once only
+    finally:
+        monkeypatch.undo()
+        importlib.reload(faults)
 
 
 def test_kill_right_after_final_commit_then_rerun_ends_identically(

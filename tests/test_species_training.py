@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import yaml
 from helpers.in_process import run_cli
+from helpers.processes import AFTER_FIRST_COMMIT
 from helpers.runs import KILLED, TrainRun, assert_same_run, read_metrics, read_summary
 from helpers.species import species_files
 
@@ -99,6 +100,7 @@ def test_killed_mid_epoch_with_workers_resumes_to_the_same_final_weights(tmp_pat
 
     (tmp_path / "killed").mkdir()
     run = TrainRun(tmp_path / "killed", [], cfg=cfg)
-    killed = run.run(kill_at="optimizer_step:5")  # inside epoch 2, after the checkpoint of step 4
+    # inside epoch 2, after epoch 1's checkpoint (step 3; the kill waits for its background commit)
+    killed = run.run(kill_at="optimizer_step:5", extra_env=AFTER_FIRST_COMMIT)
     assert killed.returncode == KILLED, killed.tail()
     assert_same_run(run.run(), reference)

@@ -20,6 +20,7 @@ from accelerate import Accelerator
 from accelerate.tracking import LOGGER_TYPE_TO_CLASS
 from helpers.configs import CFG
 from helpers.in_process import reset_accelerate, run_cli, train_in_process
+from helpers.processes import AFTER_FIRST_COMMIT
 from helpers.runs import read_metrics
 from helpers.trackers import wandb_history, wandb_records, wandb_run_files
 
@@ -199,7 +200,8 @@ def test_killed_run_resumes_the_same_wandb_run_and_tensorboard_dir(
     opts += ["EXPERIMENT.TRACKERS", "[tensorboard, wandb]"]
     opts += ["SCHEDULE.CHECKPOINT.INTERVAL_EPOCHS", "null", "SCHEDULE.CHECKPOINT.INTERVAL_STEPS", "8"]
     opts += ["SCHEDULE.CHECKPOINT.MID_EPOCH", "true"]
-    env = {**os.environ, "LINNAEUS_ACCEL_KILL_AT": "optimizer_step:11"}  # step 10 is logged first
+    # step 10 is logged first; the kill waits for the step-8 commit (in the background)
+    env = {**os.environ, "LINNAEUS_ACCEL_KILL_AT": "optimizer_step:11", **AFTER_FIRST_COMMIT}
     # A requeued job starts its own wandb service; inheriting this process's (WANDB_SERVICE, set by an
     # earlier test's run) would leave the killed run's stream open in it ("run ID ... is in use").
     env.pop("WANDB_SERVICE", None)

@@ -7,6 +7,11 @@ preemption notice arriving at that instant) and ``LINNAEUS_ACCEL_HANG_AT`` makes
 (sleep forever), ``LINNAEUS_ACCEL_RAISE_AT`` makes it raise a ``RuntimeError`` (a bug in a user's
 code on that process). ``LINNAEUS_ACCEL_FAULT_RANK=1`` limits them to the process of that rank. Unset
 (always, outside tests), a point costs one comparison.
+
+``LINNAEUS_ACCEL_FAULT_AFTER=checkpoint_committed:1`` holds a fault back until this process has
+reached that other point so many times; it then fires the first time its own point is reached at or
+past its count. Checkpoints commit in the background, so "killed at step 11, after the checkpoint of
+step 8" needs it: on a loaded machine the commit can come after step 11.
 """
 
 from __future__ import annotations
@@ -59,8 +64,16 @@ def _armed() -> dict[str, tuple[int, Callable[[], None]]]:
     return armed
 
 
+def _gate() -> tuple[str, int] | None:
+    name, _, count = os.environ.get("LINNAEUS_ACCEL_FAULT_AFTER", "").partition(":")
+    return (name, int(count or 1)) if name else None
+
+
 _ARMED = _armed()
+_GATE = _gate() if _ARMED else None
+_WATCHED = set(_ARMED) | ({_GATE[0]} if _GATE else set())
 _seen: Counter[str] = Counter()
+_fired: set[str] = set()
 
 POINTS = (
     "optimizer_step",
@@ -73,9 +86,14 @@ POINTS = (
 
 
 def fault_point(name: str) -> None:
-    if name not in _ARMED:
+    if name not in _WATCHED:
         return
     _seen[name] += 1
+    if name not in _ARMED or name in _fired:
+        return
+    if _GATE is not None and _seen[_GATE[0]] < _GATE[1]:
+        return
     at, action = _ARMED[name]
-    if _seen[name] == at:
+    if _seen[name] >= at:
+        _fired.add(name)
         action()

@@ -26,6 +26,15 @@ LAUNCHER_VARIABLES = frozenset(
 OWN_PREFIXES = ("ACCELERATE_", "LINNAEUS_ACCEL_", "B2_", "SHARDED_WORKER_")
 
 
+def after_commits(count: int) -> dict[str, str]:
+    """Environment holding a fault back until this process has committed ``count`` checkpoints:
+    commits run in the background, so "killed after the checkpoint of step N" must wait for it."""
+    return {"LINNAEUS_ACCEL_FAULT_AFTER": f"checkpoint_committed:{count}"}
+
+
+AFTER_FIRST_COMMIT = after_commits(1)
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
