@@ -13,6 +13,7 @@ import pytest
 import torch
 from helpers.configs import LM_CFG, REPO, SMALL_LM
 from helpers.in_process import reset_accelerate, run_cli
+from helpers.processes import AFTER_FIRST_COMMIT
 from helpers.runs import TrainRun, assert_resumed_from, committed
 from helpers.trackers import wandb_history, wandb_records, wandb_run_files
 from pydantic import BaseModel, ConfigDict
@@ -175,7 +176,7 @@ def test_callback_state_after_kill_and_rerun_counts_each_event_once(tmp_path: Pa
     checkpoint) ends as an uninterrupted run's would, each step, validation and commit counted once."""
     code = SCRIPT.read_text()
     run = TrainRun(tmp_path, CALLBACK_OPTS)
-    killed = run.run(kill_at="optimizer_step:35", python_code=code)
+    killed = run.run(kill_at="optimizer_step:35", python_code=code, extra_env=AFTER_FIRST_COMMIT)
     assert killed.returncode != 0, killed.tail()
     assert committed(run.dir) == ["step_00000023"]
     resumed = run.run(python_code=code).check_ok()

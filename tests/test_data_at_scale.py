@@ -25,6 +25,7 @@ import pytest
 import yaml
 from helpers.configs import CFG, LM_CFG
 from helpers.in_process import run_here
+from helpers.processes import after_commits
 from helpers.runs import (
     Result,
     TrainRun,
@@ -206,7 +207,9 @@ def test_sharded_hf_stream_on_two_processes_and_two_workers_resumes_byte_identic
     assert all(seen[s] - seen[s - 5] < 5 * 8 for s in (20, 25, 30)), seen
     cfg = lm_config(tmp_path / "stream.yaml", {"NAME": "hf_dataset", "OPTIONS": text_files}, STEPS=50)
     run = TrainRun(tmp_path, ["DATA.NUM_WORKERS", "2"], processes=2, cfg=cfg)
-    killed = run.run(kill_at="optimizer_step:24")  # inside the first pass's tail
+    killed = run.run(
+        kill_at="optimizer_step:24", extra_env=after_commits(2)
+    )  # in the first pass's tail, after 20's commit
     assert killed.returncode != 0, killed.tail()
     assert not (run.dir / "summary.json").exists(), killed.tail()
     # Inside a pass, each reader owns its shards' positions: another layout is refused, named.

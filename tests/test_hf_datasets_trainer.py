@@ -21,7 +21,7 @@ from types import ModuleType
 import pytest
 from helpers.configs import REPO
 from helpers.in_process import call_here
-from helpers.processes import accelerate_launch_command
+from helpers.processes import AFTER_FIRST_COMMIT, accelerate_launch_command
 from helpers.runs import Result, TrainRun, assert_same_run, committed, read_summary
 
 from linnaeus_accel.data.text import load_topics
@@ -103,7 +103,7 @@ def test_hf_dataset_killed_and_rerun_ends_byte_identical(
     assert read_summary(reference.dir)["global_step"] == 32
     run = ScriptRun(tmp_path / "killed", data_dir, mode, workers, processes)
     step = random.Random(f"{mode}{workers}{processes}").randint(9, 27)  # past the first checkpoint (7)
-    killed = run.run(kill_at=f"optimizer_step:{step}")
+    killed = run.run(kill_at=f"optimizer_step:{step}", extra_env=AFTER_FIRST_COMMIT)
     assert killed.returncode != 0, killed.tail()  # SIGKILLed (under a launcher: it reports a failure)
     assert not (run.dir / "summary.json").exists()
     assert committed(run.dir), killed.tail()

@@ -28,7 +28,7 @@ import pytest
 from helpers.configs import LM_CFG, SMALL_LM
 from helpers.hf import load_final
 from helpers.in_process import run_here_ending_workers
-from helpers.processes import kill_tree
+from helpers.processes import after_commits, kill_tree
 from helpers.runs import (
     KILLED,
     Result,
@@ -136,7 +136,7 @@ def test_stream_with_two_workers_killed_mid_epoch_resumes_byte_identical(
     ref_stream: Result, tmp_path: Path
 ) -> None:
     run = TrainRun(tmp_path, STREAM, cfg=LM_CFG)
-    run.run(kill_at="optimizer_step:55").check_killed()
+    run.run(kill_at="optimizer_step:55", extra_env=after_commits(2)).check_killed()  # after step 40's commit
     assert committed(run.dir) == ["step_00000020", "step_00000040"]
     resumed = run_here_ending_workers(run)
     # 40 steps into the epoch: each worker continues from its own saved position in the stream.

@@ -25,6 +25,7 @@ from helpers.configs import REPO
 from helpers.datasets import Sequences
 from helpers.in_process import run_cli
 from helpers.nanogpt import ReadBacks, tiny_gpt
+from helpers.processes import after_commits
 from helpers.runs import TrainRun, assert_resumed_from, assert_same_run
 from torch import Tensor, nn
 
@@ -236,7 +237,9 @@ def test_nanogpt_recipe_killed_then_resumed_ends_byte_identical(tmp_path: Path) 
     (tmp_path / "killed").mkdir()
     reference = TrainRun(tmp_path / "ref", opts, cfg=cfg).run(python_code=RUN_EXAMPLE).check_ok()
     run = TrainRun(tmp_path / "killed", opts, cfg=cfg)
-    run.run(kill_at="optimizer_step:10", python_code=RUN_EXAMPLE).check_killed()
+    run.run(
+        kill_at="optimizer_step:10", python_code=RUN_EXAMPLE, extra_env=after_commits(2)
+    ).check_killed()  # after step 8's
     resumed = run.run(python_code=RUN_EXAMPLE)
     assert_resumed_from(resumed.output, 8)
     assert_same_run(resumed, reference)

@@ -38,7 +38,7 @@ import pytest
 import torch
 from helpers.configs import REPO
 from helpers.in_process import run_here
-from helpers.processes import free_port
+from helpers.processes import AFTER_FIRST_COMMIT, free_port
 from helpers.runs import TrainRun, ckpt, committed, is_train, read_metrics, read_summary, wait_for_file
 from safetensors.torch import load_file
 
@@ -225,7 +225,7 @@ def test_a_compiled_model_through_save_resume_and_final(tmp_path: Path) -> None:
     run = TrainRun(tmp_path, opts)
     try:
         run_here(reference, extra_env=compiled).check_ok()
-        run.run(kill_at="optimizer_step:30", extra_env=compiled).check_killed()
+        run.run(kill_at="optimizer_step:30", extra_env={**compiled, **AFTER_FIRST_COMMIT}).check_killed()
         resumed = run_here(run, extra_env=compiled).check_ok()
     finally:
         # What dynamo compiled here stays cached on the model's code; a later test of this process

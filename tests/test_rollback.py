@@ -14,7 +14,7 @@ import torch
 from helpers.configs import CFG
 from helpers.in_process import plan_text, reset_accelerate, run_cli, run_here
 from helpers.launches import launch_logged
-from helpers.processes import accelerate_launch_command
+from helpers.processes import AFTER_FIRST_COMMIT, accelerate_launch_command
 from helpers.rollback import NAN_RUN, RUN_SCRIPT, SCRIPT  # registers poisoned_digits and blow_up here too
 from helpers.runs import TrainRun, assert_same_run, read_metrics, read_summary
 from safetensors.torch import load_file
@@ -191,7 +191,10 @@ def test_a_poisoned_sample_is_rolled_back_exactly_and_a_kill_anywhere_resumes_to
     # metrics and summary.
     run = TrainRun(mkdir(tmp_path / "killed"), NAN_RUN)
     run.run(kill_at="rollback:1", python_code=RUN_SCRIPT).check_killed()
-    first = run.run(kill_at="optimizer_step:9", python_code=RUN_SCRIPT).check_killed()
+    # the kill waits for step 12's commit, the first of this process (in the background)
+    first = run.run(
+        kill_at="optimizer_step:9", python_code=RUN_SCRIPT, extra_env=AFTER_FIRST_COMMIT
+    ).check_killed()
     assert "resumed from" in first.output
     assert "rolled back: a non-finite loss at step 8" in first.output
     resumed = run_here(run)  # the rerun needs no process of its own (helpers.rollback is imported)
