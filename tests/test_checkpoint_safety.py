@@ -33,6 +33,7 @@ import torch
 from helpers.checkpoints import RunsCode, reseal
 from helpers.configs import LM_CFG, REPO
 from helpers.in_process import run_cli, run_here
+from helpers.processes import AFTER_FIRST_COMMIT
 from helpers.runs import TrainRun, assert_resumed_from
 
 from linnaeus_accel.checkpoint.directory import MARKER, read_marker
@@ -299,7 +300,9 @@ def test_state_registered_by_users_survives_kill_and_resume(tmp_path: Path) -> N
     reference = new_run(tmp_path / "reference", opts)
     run_here(reference).check_ok()
     run = new_run(tmp_path / "run", opts)
-    assert run.run(kill_at="optimizer_step:15", python_code=SCRIPT).returncode != 0
+    assert (
+        run.run(kill_at="optimizer_step:15", python_code=SCRIPT, extra_env=AFTER_FIRST_COMMIT).returncode != 0
+    )
     run_here(run).check_ok()
     for name in ("tensor_sum", "accelerate_registered"):
         got = json.loads((run.dir / f"state_{name}.json").read_text())

@@ -187,7 +187,7 @@ def test_a_config_change_that_rewrites_the_past_is_refused_and_one_that_does_not
     naming the key, with nothing touched; a logging interval is applied and listed; with
     --allow-config-change the first change is applied too."""
     run = TrainRun(tmp_path, [*SHORT, "SCHEDULE.CHECKPOINT.INTERVAL_EPOCHS", "1"])
-    run.run(kill_at="optimizer_step:30").check_killed()
+    run.run(kill_at="optimizer_step:30", extra_env=AFTER_FIRST_COMMIT).check_killed()
     before = committed(run.dir)
     forced = run.clone(tmp_path / "forced")  # the same killed run, for --allow-config-change below
 
