@@ -6,7 +6,7 @@ reaches the point ``validation_pass``; ``LINNAEUS_ACCEL_TERM_AT`` sends it SIGTE
 preemption notice arriving at that instant) and ``LINNAEUS_ACCEL_HANG_AT`` makes it stop answering
 (sleep forever), ``LINNAEUS_ACCEL_RAISE_AT`` makes it raise a ``RuntimeError`` (a bug in a user's
 code on that process). ``LINNAEUS_ACCEL_FAULT_RANK=1`` limits them to the process of that rank. Unset
-(always, outside tests), a point costs one comparison.
+(always, outside tests), a point costs two comparisons.
 
 ``LINNAEUS_ACCEL_FAULT_AFTER=checkpoint_committed:1`` holds a fault back until this process has
 reached that other point so many times; it then fires the first time its own point is reached at or
@@ -70,10 +70,8 @@ def _gate() -> tuple[str, int] | None:
 
 
 _ARMED = _armed()
-_GATE = _gate() if _ARMED else None
-_WATCHED = set(_ARMED) | ({_GATE[0]} if _GATE else set())
+_GATE = _gate()
 _seen: Counter[str] = Counter()
-_fired: set[str] = set()
 
 POINTS = (
     "optimizer_step",
@@ -86,14 +84,17 @@ POINTS = (
 
 
 def fault_point(name: str) -> None:
-    if name not in _WATCHED:
-        return
+    if name in _ARMED:
+        _reached(name)
+    elif _GATE is not None and name == _GATE[0]:
+        _seen[name] += 1
+
+
+def _reached(name: str) -> None:
     _seen[name] += 1
-    if name not in _ARMED or name in _fired:
-        return
-    if _GATE is not None and _seen[_GATE[0]] < _GATE[1]:
-        return
     at, action = _ARMED[name]
-    if _seen[name] >= at:
-        _fired.add(name)
+    if _GATE is not None and _seen[_GATE[0]] < _GATE[1] and _seen[name] >= at:
+        _seen[name] = at - 1  # held back: it fires the first time it is reached after the gate
+        return
+    if _seen[name] == at:
         action()
