@@ -6,7 +6,7 @@ reaches the point ``validation_pass``; ``LINNAEUS_ACCEL_TERM_AT`` sends it SIGTE
 preemption notice arriving at that instant) and ``LINNAEUS_ACCEL_HANG_AT`` makes it stop answering
 (sleep forever), ``LINNAEUS_ACCEL_RAISE_AT`` makes it raise a ``RuntimeError`` (a bug in a user's
 code on that process). ``LINNAEUS_ACCEL_FAULT_RANK=1`` limits them to the process of that rank. Unset
-(always, outside tests), a point costs two comparisons.
+(always, outside tests), a point costs one comparison.
 
 ``LINNAEUS_ACCEL_FAULT_AFTER=checkpoint_committed:1`` holds a fault back until this process has
 reached that other point so many times; it then fires the first time its own point is reached at or
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -69,8 +70,14 @@ def _gate() -> tuple[str, int] | None:
     return (name, int(count or 1)) if name else None
 
 
+def _never() -> None:
+    raise AssertionError("a gate point only counts")
+
+
 _ARMED = _armed()
-_GATE = _gate()
+_GATE = _gate() if _ARMED else None
+if _GATE is not None:  # counted like an armed point (so an unarmed one still costs one lookup)
+    _ARMED.setdefault(_GATE[0], (sys.maxsize, _never))
 _seen: Counter[str] = Counter()
 
 POINTS = (
@@ -86,8 +93,6 @@ POINTS = (
 def fault_point(name: str) -> None:
     if name in _ARMED:
         _reached(name)
-    elif _GATE is not None and name == _GATE[0]:
-        _seen[name] += 1
 
 
 def _reached(name: str) -> None:
