@@ -214,12 +214,11 @@ def test_kill_at_fault_point_then_rerun_ends_identically(
     assert not leftovers, leftovers
 
 
-def test_a_fault_held_back_by_a_commit_fires_at_its_first_point_after_it(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The step kills above rest on it: a commit arriving late (a loaded machine) moves the fault
-    to the first step after it, never skips it, and never fires it twice."""
+def test_a_fault_held_by_a_commit_waits_at_its_step_for_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The step kills above rest on it: a commit arriving late (a loaded machine; it runs on the
+    writer's thread) holds the step the fault is armed at until it lands; the fault fires once."""
     import importlib
+    import threading
 
     import linnaeus_accel.process.faults as faults
 
@@ -227,14 +226,22 @@ def test_a_fault_held_back_by_a_commit_fires_at_its_first_point_after_it(
     monkeypatch.setenv("LINNAEUS_ACCEL_FAULT_AFTER", "checkpoint_committed:1")
     monkeypatch.delenv("LINNAEUS_ACCEL_FAULT_RANK", raising=False)
     armed = importlib.reload(faults)
-    try:
-        for _ in range(4):  # steps 1-4: counted, held back (no commit yet)
-            armed.fault_point("optimizer_step")
+    committed = threading.Event()
+
+    def commit() -> None:
+        committed.set()
         armed.fault_point("checkpoint_committed")
+
+    writer = threading.Timer(0.3, commit)
+    try:
+        armed.fault_point("optimizer_step")  # step 1: not armed there
+        writer.start()
         with pytest.raises(RuntimeError, match="RAISE_AT"):
-            armed.fault_point("optimizer_step")  # step 5: the first after the commit
+            armed.fault_point("optimizer_step")  # step 2: waits for the commit, then fires
+        assert committed.is_set()
         armed.fault_point("optimizer_step")  # fired once only
     finally:
+        writer.cancel()
         monkeypatch.undo()
         importlib.reload(faults)
 

@@ -8,10 +8,10 @@ preemption notice arriving at that instant) and ``LINNAEUS_ACCEL_HANG_AT`` makes
 code on that process). ``LINNAEUS_ACCEL_FAULT_RANK=1`` limits them to the process of that rank. Unset
 (always, outside tests), a point costs one comparison.
 
-``LINNAEUS_ACCEL_FAULT_AFTER=checkpoint_committed:1`` holds a fault back until this process has
-reached that other point so many times; it then fires the first time its own point is reached at or
-past its count. Checkpoints commit in the background, so "killed at step 11, after the checkpoint of
-step 8" needs it: on a loaded machine the commit can come after step 11.
+``LINNAEUS_ACCEL_FAULT_AFTER=checkpoint_committed:1``: a fault, once its point is reached, waits
+there until this process has reached that other point so many times. Checkpoints commit on a
+background thread, so "killed at step 11, after the checkpoint of step 8" needs it: on a loaded
+machine the commit can come after step 11, and the step then waits for it.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def _never() -> None:
 
 _ARMED = _armed()
 _GATE = _gate() if _ARMED else None
-if _GATE is not None:  # counted like an armed point (so an unarmed one still costs one lookup)
+if _GATE is not None:  # counted as an armed point is (so an unarmed one still costs one lookup)
     _ARMED.setdefault(_GATE[0], (sys.maxsize, _never))
 _seen: Counter[str] = Counter()
 
@@ -98,8 +98,16 @@ def fault_point(name: str) -> None:
 def _reached(name: str) -> None:
     _seen[name] += 1
     at, action = _ARMED[name]
-    if _GATE is not None and _seen[_GATE[0]] < _GATE[1] and _seen[name] >= at:
-        _seen[name] = at - 1  # held back: it fires the first time it is reached after the gate
+    if _seen[name] != at:
         return
-    if _seen[name] == at:
-        action()
+    if _GATE is not None:
+        _wait_for(*_GATE)
+    action()
+
+
+def _wait_for(point: str, count: int, timeout_s: float = 120.0) -> None:
+    """Hold this thread (the loop) until another (the checkpoint writer's) has reached ``point``
+    ``count`` times; past ``timeout_s`` the fault fires anyway, and the test sees where it landed."""
+    deadline = time.monotonic() + timeout_s
+    while _seen[point] < count and time.monotonic() < deadline:
+        time.sleep(0.005)
