@@ -11,7 +11,8 @@ code on that process). ``LINNAEUS_ACCEL_FAULT_RANK=1`` limits them to the proces
 ``LINNAEUS_ACCEL_FAULT_AFTER=checkpoint_committed:1``: a fault, once its point is reached, waits
 there until this process has reached that other point so many times. Checkpoints commit on a
 background thread, so "killed at step 11, after the checkpoint of step 8" needs it: on a loaded
-machine the commit can come after step 11, and the step then waits for it.
+machine the commit can come after step 11, and the step then waits for it (on the main process,
+which commits; the others fire at once, as without it).
 """
 
 from __future__ import annotations
@@ -66,8 +67,10 @@ def _armed() -> dict[str, tuple[int, Callable[[], None]]]:
 
 
 def _gate() -> tuple[str, int] | None:
+    """Only the main process waits: it is the one that commits (another process would wait for
+    commits it never makes, and outlive its launcher's SIGTERM)."""
     name, _, count = os.environ.get("LINNAEUS_ACCEL_FAULT_AFTER", "").partition(":")
-    return (name, int(count or 1)) if name else None
+    return (name, int(count or 1)) if name and os.environ.get("RANK", "0") == "0" else None
 
 
 def _never() -> None:
