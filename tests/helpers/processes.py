@@ -27,8 +27,8 @@ OWN_PREFIXES = ("ACCELERATE_", "LINNAEUS_ACCEL_", "B2_", "SHARDED_WORKER_")
 
 
 def after_commits(count: int) -> dict[str, str]:
-    """Environment holding a fault back until this process has committed ``count`` checkpoints:
-    commits run in the background, so "killed after the checkpoint of step N" must wait for it."""
+    """Environment making a fault wait at its point until the main process has committed ``count``
+    checkpoints: commits run in the background, so "killed after the checkpoint of step N" must."""
     return {"LINNAEUS_ACCEL_FAULT_AFTER": f"checkpoint_committed:{count}"}
 
 
