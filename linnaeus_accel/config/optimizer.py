@@ -113,7 +113,10 @@ class MuonConfig(Section):
             problems.append(
                 Problem(("NS_STEPS",), "{0} must be below 100 (torch.optim.Muon's bound); 5 is usual")
             )
-        if self.MOMENTUM_WARMUP_STEPS == 0 and self.MOMENTUM_START != 0.85:
+        if (
+            self.MOMENTUM_WARMUP_STEPS == 0
+            and self.MOMENTUM_START != type(self).model_fields["MOMENTUM_START"].default
+        ):
             problems.append(
                 Problem(
                     ("MOMENTUM_START", "MOMENTUM_WARMUP_STEPS"),
